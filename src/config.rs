@@ -1,0 +1,444 @@
+//! Configuration: per-namespace sizing and TTLs, and the service-wide request limits, read from a TOML file.
+//!
+//! ```toml
+//! [limits]
+//! max_batch_keys = 10000
+//!
+//! [namespaces.users]
+//! expected_keys = 50000000
+//! false_positive_rate = 0.01
+//! retention = "30d"
+//! windows = 8
+//! missing_ttl = "60s"
+//! ```
+//!
+//! Every field has a default; unknown fields and invalid values are startup errors that name the field.
+//! The `default` namespace always exists (a `[namespaces.default]` table tunes it).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::filter::{FilterSpec, Retention};
+
+/// The namespace an empty namespace string means.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// Longest namespace name.
+const MAX_NAMESPACE_LEN: usize = 128;
+
+/// Sizing and TTLs of one namespace.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NamespaceSettings {
+    /// Live keys the filter is sized for (across the retention).
+    pub expected_keys: u64,
+    /// Target false-positive rate of a lookup, all live windows together.
+    pub false_positive_rate: f64,
+    /// How long an added key is kept: `forever` or a duration (`30d`).
+    #[serde(deserialize_with = "retention")]
+    pub retention: Retention,
+    /// Live windows when the retention is finite (at least 2).
+    pub windows: u32,
+    /// Memory cap of the filter in bytes; default 8x its initial size.
+    pub max_filter_bytes: Option<u64>,
+    /// TTL of a `MISSING` tombstone when the caller asks for none.
+    #[serde(deserialize_with = "duration")]
+    pub missing_ttl: Duration,
+    /// TTL of a `DELETED` tombstone when the caller asks for none.
+    #[serde(deserialize_with = "duration")]
+    pub deleted_ttl: Duration,
+    /// Longest TTL any tombstone gets.
+    #[serde(deserialize_with = "duration")]
+    pub max_ttl: Duration,
+    /// Fraction by which each TTL is randomly shortened or lengthened, so a wave of absences does not
+    /// expire at once.
+    pub ttl_jitter: f64,
+    /// Most tombstones stored at once.
+    pub max_tombstones: u64,
+    /// Most tombstones stored per second (token bucket, bursts of one second).
+    pub max_tombstone_rate: u64,
+}
+
+impl Default for NamespaceSettings {
+    fn default() -> Self {
+        Self {
+            expected_keys: 10_000_000,
+            false_positive_rate: 0.01,
+            retention: Retention::Forever,
+            windows: 8,
+            max_filter_bytes: None,
+            missing_ttl: Duration::from_secs(60),
+            deleted_ttl: Duration::from_secs(600),
+            max_ttl: Duration::from_secs(3_600),
+            ttl_jitter: 0.1,
+            max_tombstones: 1_000_000,
+            max_tombstone_rate: 10_000,
+        }
+    }
+}
+
+impl NamespaceSettings {
+    /// The filter sizing these settings describe.
+    pub fn filter_spec(&self) -> FilterSpec {
+        let mut spec = FilterSpec {
+            expected_keys: self.expected_keys,
+            false_positive_rate: self.false_positive_rate,
+            retention: self.retention,
+            windows: self.windows,
+            max_bytes: 0,
+        };
+        spec.max_bytes = self
+            .max_filter_bytes
+            .unwrap_or_else(|| spec.initial_bytes().saturating_mul(8));
+        spec
+    }
+
+    /// Checks every field; errors name the field as `namespaces.NAME.FIELD`.
+    fn validate(&self, name: &str) -> Result<(), ConfigError> {
+        let field = |f: &str, problem: String| ConfigError::Invalid {
+            field: format!("namespaces.{name}.{f}"),
+            problem,
+        };
+        if self.expected_keys == 0 || self.expected_keys > 1 << 40 {
+            return Err(field(
+                "expected_keys",
+                format!("must be between 1 and 2^40, got {}", self.expected_keys),
+            ));
+        }
+        if !(self.false_positive_rate > 1e-9 && self.false_positive_rate <= 0.5) {
+            return Err(field(
+                "false_positive_rate",
+                format!("must be in (1e-9, 0.5], got {}", self.false_positive_rate),
+            ));
+        }
+        if self.retention != Retention::Forever && !(2..=1024).contains(&self.windows) {
+            return Err(field(
+                "windows",
+                format!(
+                    "must be between 2 and 1024 for a finite retention, got {}",
+                    self.windows
+                ),
+            ));
+        }
+        if let Retention::Millis(ms) = self.retention {
+            if ms < 1_000 {
+                return Err(field(
+                    "retention",
+                    format!("must be at least 1s, got {ms}ms"),
+                ));
+            }
+        }
+        let initial = self.filter_spec().initial_bytes();
+        if let Some(cap) = self.max_filter_bytes {
+            if cap < initial {
+                return Err(field(
+                    "max_filter_bytes",
+                    format!(
+                        "must be at least the initial filter size of {initial} bytes, got {cap}"
+                    ),
+                ));
+            }
+        }
+        for (name_of, ttl) in [
+            ("missing_ttl", self.missing_ttl),
+            ("deleted_ttl", self.deleted_ttl),
+            ("max_ttl", self.max_ttl),
+        ] {
+            if ttl < Duration::from_secs(1) {
+                return Err(field(name_of, format!("must be at least 1s, got {ttl:?}")));
+            }
+        }
+        if !(0.0..=0.5).contains(&self.ttl_jitter) {
+            return Err(field(
+                "ttl_jitter",
+                format!("must be between 0 and 0.5, got {}", self.ttl_jitter),
+            ));
+        }
+        if self.max_tombstone_rate == 0 {
+            return Err(field(
+                "max_tombstone_rate",
+                "must be at least 1 per second".to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Service-wide request limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Most keys in one `BatchMayExist` or `Add`.
+    pub max_batch_keys: usize,
+    /// Longest key in bytes.
+    pub max_key_bytes: usize,
+    /// Bytes of recent invalidations kept per namespace for subscribers that resume by seq; a subscriber
+    /// further behind gets a `RESYNC`.
+    pub replay_buffer_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_batch_keys: 10_000,
+            max_key_bytes: 1_024,
+            replay_buffer_bytes: 16 << 20,
+        }
+    }
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let field = |f: &str, problem: String| ConfigError::Invalid {
+            field: format!("limits.{f}"),
+            problem,
+        };
+        if !(1..=1_000_000).contains(&self.max_batch_keys) {
+            return Err(field(
+                "max_batch_keys",
+                format!("must be between 1 and 1000000, got {}", self.max_batch_keys),
+            ));
+        }
+        if !(1..=65_536).contains(&self.max_key_bytes) {
+            return Err(field(
+                "max_key_bytes",
+                format!("must be between 1 and 65536, got {}", self.max_key_bytes),
+            ));
+        }
+        if self.replay_buffer_bytes < 4_096 {
+            return Err(field(
+                "replay_buffer_bytes",
+                format!("must be at least 4096, got {}", self.replay_buffer_bytes),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The whole configuration: limits and namespaces (always including `default`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateConfig {
+    /// Request limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Namespaces by name.
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, NamespaceSettings>,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        Self::from_toml("").expect("the empty configuration is valid")
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// The file could not be read.
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The TOML is malformed, has an unknown field or a value of the wrong type.
+    Parse(String),
+    /// A value is out of range.
+    Invalid { field: String, problem: String },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Read { path, source } => write!(f, "cannot read config file {path}: {source}"),
+            Self::Parse(message) => write!(f, "invalid config: {message}"),
+            Self::Invalid { field, problem } => write!(f, "invalid config: {field} {problem}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl GateConfig {
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let mut config: GateConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config
+            .namespaces
+            .entry(DEFAULT_NAMESPACE.to_string())
+            .or_default();
+        config.limits.validate()?;
+        for (name, settings) in &config.namespaces {
+            validate_namespace_name(name)?;
+            settings.validate(name)?;
+        }
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+}
+
+fn validate_namespace_name(name: &str) -> Result<(), ConfigError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NAMESPACE_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            field: format!("namespaces.{name:?}"),
+            problem: format!(
+                "is not a valid name: use 1 to {MAX_NAMESPACE_LEN} of A-Z a-z 0-9 _ - ."
+            ),
+        })
+    }
+}
+
+/// Parses `500ms`, `90s`, `10m`, `2h`, `7d` or `1w`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(|| {
+        format!("`{text}` has no unit: write it like 500ms, 90s, 10m, 2h, 7d or 1w")
+    })?;
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 500ms, 90s, 10m, 2h, 7d or 1w"))?;
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "w" => 604_800_000,
+        _ => {
+            return Err(format!(
+                "`{text}` has unknown unit `{unit}`: use ms, s, m, h, d or w"
+            ))
+        }
+    };
+    value
+        .checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("`{text}` is too long"))
+}
+
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    parse_duration(&text).map_err(serde::de::Error::custom)
+}
+
+fn retention<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Retention, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.trim() == "forever" {
+        return Ok(Retention::Forever);
+    }
+    parse_duration(&text)
+        .map(|d| Retention::Millis(d.as_millis() as u64))
+        .map_err(|e| serde::de::Error::custom(format!("{e}, or `forever`")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_has_the_default_namespace_with_documented_defaults() {
+        let config = GateConfig::from_toml("").unwrap();
+        let default = &config.namespaces[DEFAULT_NAMESPACE];
+        assert_eq!(default, &NamespaceSettings::default());
+        assert_eq!(default.expected_keys, 10_000_000);
+        assert_eq!(config.limits.max_batch_keys, 10_000);
+        assert_eq!(config.limits.max_key_bytes, 1_024);
+    }
+
+    #[test]
+    fn namespaces_and_durations_parse() {
+        let config = GateConfig::from_toml(
+            r#"
+            [limits]
+            max_batch_keys = 500
+            [namespaces.users]
+            retention = "7d"
+            windows = 8
+            missing_ttl = "90s"
+            deleted_ttl = "10m"
+            max_ttl = "2h"
+            "#,
+        )
+        .unwrap();
+        let users = &config.namespaces["users"];
+        assert_eq!(users.retention, Retention::Millis(7 * 86_400_000));
+        assert_eq!(users.missing_ttl, Duration::from_secs(90));
+        assert_eq!(users.max_ttl, Duration::from_secs(7_200));
+        assert_eq!(config.limits.max_batch_keys, 500);
+        assert!(config.namespaces.contains_key(DEFAULT_NAMESPACE));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let unknown = GateConfig::from_toml("[namespaces.users]\nexpectd_keys = 5").unwrap_err();
+        assert!(unknown.to_string().contains("expectd_keys"), "{unknown}");
+        let bad_duration =
+            GateConfig::from_toml("[namespaces.users]\nmissing_ttl = \"9x\"").unwrap_err();
+        assert!(
+            bad_duration.to_string().contains("missing_ttl"),
+            "{bad_duration}"
+        );
+        assert!(
+            bad_duration.to_string().contains("unknown unit"),
+            "{bad_duration}"
+        );
+        let bad_rate =
+            GateConfig::from_toml("[namespaces.users]\nfalse_positive_rate = 2.0").unwrap_err();
+        assert!(
+            bad_rate
+                .to_string()
+                .contains("namespaces.users.false_positive_rate"),
+            "{bad_rate}"
+        );
+        let bad_windows =
+            GateConfig::from_toml("[namespaces.users]\nretention = \"1d\"\nwindows = 1")
+                .unwrap_err();
+        assert!(
+            bad_windows.to_string().contains("namespaces.users.windows"),
+            "{bad_windows}"
+        );
+        let bad_name = GateConfig::from_toml("[namespaces.\"a b\"]").unwrap_err();
+        assert!(
+            bad_name.to_string().contains("not a valid name"),
+            "{bad_name}"
+        );
+        let bad_limit = GateConfig::from_toml("[limits]\nmax_batch_keys = 0").unwrap_err();
+        assert!(
+            bad_limit.to_string().contains("limits.max_batch_keys"),
+            "{bad_limit}"
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1w").unwrap(), Duration::from_secs(604_800));
+        assert!(parse_duration("10").unwrap_err().contains("no unit"));
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn the_default_filter_cap_is_eight_times_the_initial_size() {
+        let spec = NamespaceSettings::default().filter_spec();
+        assert_eq!(spec.max_bytes, spec.initial_bytes() * 8);
+    }
+}

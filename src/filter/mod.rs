@@ -1,0 +1,8 @@
+//! The Bloom filter of keys that exist: a cache-line-blocked filter ([`bloom`]) per time window, windows
+//! rotated and grown by [`windowed`]. It answers "definitely not added within retention" or "maybe added".
+
+pub mod bloom;
+pub mod windowed;
+
+pub use bloom::{BloomLayer, Geometry};
+pub use windowed::{FilterSpec, FilterStats, Retention, WindowedFilter};

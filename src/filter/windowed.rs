@@ -1,0 +1,504 @@
+//! The time-windowed, growable filter of one namespace.
+//!
+//! # Windows
+//!
+//! With a finite retention `R` and `W` windows, time is cut into spans of `R / (W - 1)` aligned to the unix
+//! epoch (window id = ⌊t / span⌋, so replicas agree on ids). A key added at time `t` goes into window
+//! ⌊t / span⌋; a lookup at time `now` consults the windows with id ≥ ⌊now / span⌋ - (W - 1). Hence a key answers
+//! `MAY_EXIST` from `t` until at least `t + R` and at most `t + R + span`; then its window is dropped whole. A key
+//! that still exists must be re-added within its retention (re-adding puts it in the current window). With
+//! retention `forever` there is a single window that never rotates.
+//!
+//! # Sizing and growth
+//!
+//! The namespace's false-positive target `p` is for all live windows together: a lookup that misses must miss
+//! in all of them, so each of the `W` windows is sized for `p / W` and for the keys one span receives,
+//! `expected_keys / (W - 1)`. The union bound keeps the total at or under `p`.
+//!
+//! A window that fills past its capacity grows as a scalable Bloom filter does: a further layer with twice the
+//! capacity and half the rate, so a window that grows without end approaches `2·p/W`. Growth stops at the
+//! namespace's memory cap; the newest layer then saturates — more `MAY_EXIST`, never a wrong `ABSENT`.
+//!
+//! # Concurrency
+//!
+//! The set of windows and layers is an immutable [`Windows`] value behind a crossbeam-epoch pointer. Lookups
+//! pin the epoch and read it without locks; rotation and growth (rare, serialised by `structure`) build a new
+//! value sharing the existing layers and swap it in; the old value is freed once no reader can hold it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
+
+use super::bloom::{BloomLayer, Geometry};
+use crate::hashing::KeyHash;
+
+/// How long keys stay in the filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    /// Keys never expire; one window that never rotates.
+    Forever,
+    /// Keys expire this many milliseconds after their last `Add` (plus up to one span).
+    Millis(u64),
+}
+
+/// The sizing of a namespace's filter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FilterSpec {
+    /// Live keys the namespace is sized for (across its retention).
+    pub expected_keys: u64,
+    /// Target false-positive rate for all live windows together.
+    pub false_positive_rate: f64,
+    /// How long keys live.
+    pub retention: Retention,
+    /// Number of live windows (ignored for `Forever`).
+    pub windows: u32,
+    /// Memory cap for all windows and layers; growth stops here.
+    pub max_bytes: u64,
+}
+
+impl FilterSpec {
+    /// Live windows at any time.
+    fn live_windows(&self) -> u32 {
+        match self.retention {
+            Retention::Forever => 1,
+            Retention::Millis(_) => self.windows,
+        }
+    }
+
+    /// Milliseconds per window, `None` for a filter that never rotates.
+    pub fn span_ms(&self) -> Option<u64> {
+        match self.retention {
+            Retention::Forever => None,
+            // Rounded up, so that W - 1 spans always cover the retention.
+            Retention::Millis(ms) => Some(ms.div_ceil(u64::from(self.windows - 1)).max(1)),
+        }
+    }
+
+    /// The shape of a window's first layer.
+    pub fn base_geometry(&self) -> Geometry {
+        let windows = self.live_windows();
+        let keys_per_window = match self.retention {
+            Retention::Forever => self.expected_keys,
+            Retention::Millis(_) => self.expected_keys.div_ceil(u64::from(windows - 1)),
+        };
+        Geometry::for_target(
+            keys_per_window,
+            self.false_positive_rate / f64::from(windows),
+        )
+    }
+
+    /// Bytes of all windows before any growth: what the default memory cap is a multiple of.
+    pub fn initial_bytes(&self) -> u64 {
+        self.base_geometry().bytes() * u64::from(self.live_windows())
+    }
+}
+
+/// One time window: the layers that hold the keys added during its span.
+#[derive(Clone)]
+struct Window {
+    /// ⌊start time / span⌋; 0 for a filter that never rotates.
+    id: u64,
+    /// Oldest first; only the last one takes inserts.
+    layers: Vec<Arc<BloomLayer>>,
+}
+
+/// The immutable set of windows a lookup sees; oldest window first.
+#[derive(Clone, Default)]
+struct Windows {
+    list: Vec<Window>,
+}
+
+impl Windows {
+    fn bytes(&self) -> u64 {
+        self.list
+            .iter()
+            .flat_map(|w| &w.layers)
+            .map(|l| l.bytes())
+            .sum()
+    }
+}
+
+/// Per-namespace figures for `Stats` and metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FilterStats {
+    /// Live windows.
+    pub windows: usize,
+    /// Layers across live windows (more than `windows` once a window grew).
+    pub layers: usize,
+    /// Bytes of bit arrays.
+    pub bytes: u64,
+    /// Estimated distinct keys held across live windows.
+    pub keys: u64,
+    /// Estimated false-positive rate of a lookup now.
+    pub estimated_false_positive_rate: f64,
+    /// Fraction of bits set across all layers.
+    pub fill_ratio: f64,
+}
+
+/// A namespace's time-windowed, growable Bloom filter.
+pub struct WindowedFilter {
+    /// What it was sized for.
+    spec: FilterSpec,
+    /// The shape of each window's first layer.
+    base: Geometry,
+    /// The live windows; swapped whole on rotation and growth.
+    windows: Atomic<Windows>,
+    /// Serialises rotation and growth (inserts into existing layers need no lock).
+    structure: Mutex<()>,
+    /// Bytes of all live layers, for the memory cap.
+    bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for WindowedFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowedFilter")
+            .field("spec", &self.spec)
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for WindowedFilter {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self` means no reader or writer can still reach the pointer, so it may be taken and
+        // freed now rather than through the epoch.
+        unsafe {
+            let current = self.windows.swap(
+                epoch::Shared::null(),
+                Ordering::AcqRel,
+                epoch::unprotected(),
+            );
+            if !current.is_null() {
+                drop(current.into_owned());
+            }
+        }
+    }
+}
+
+impl WindowedFilter {
+    /// An empty filter.
+    pub fn new(spec: FilterSpec) -> Self {
+        let base = spec.base_geometry();
+        Self {
+            spec,
+            base,
+            windows: Atomic::new(Windows::default()),
+            structure: Mutex::new(()),
+            bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// The sizing it was built with.
+    pub fn spec(&self) -> &FilterSpec {
+        &self.spec
+    }
+
+    /// The window id that time `now_ms` falls in.
+    fn window_id(&self, now_ms: u64) -> u64 {
+        self.spec.span_ms().map_or(0, |span| now_ms / span)
+    }
+
+    /// The oldest window id still live at `now_ms`.
+    fn oldest_live_id(&self, now_ms: u64) -> u64 {
+        self.window_id(now_ms)
+            .saturating_sub(u64::from(self.spec.live_windows() - 1))
+    }
+
+    /// Reads the current windows under `guard`.
+    fn load<'g>(&self, guard: &'g Guard) -> &'g Windows {
+        let shared = self.windows.load(Ordering::Acquire, guard);
+        // SAFETY: the pointer is never null while `self` lives (set in `new`, replaced only by non-null values,
+        // nulled only in `drop`), and a value swapped out is destroyed only after every guard pinned before the
+        // swap — including `guard` — is dropped.
+        unsafe { shared.deref() }
+    }
+
+    /// Whether `hash` may have been added within its retention, as of `now_ms`.
+    #[inline]
+    pub fn contains(&self, hash: KeyHash, now_ms: u64) -> bool {
+        let guard = epoch::pin();
+        let oldest = self.oldest_live_id(now_ms);
+        self.load(&guard)
+            .list
+            .iter()
+            .rev()
+            .take_while(|w| w.id >= oldest)
+            .any(|w| w.layers.iter().any(|layer| layer.contains(hash)))
+    }
+
+    /// Answers for many hashes at once: prefetches every key's block in every live layer, then probes, so the
+    /// cache misses overlap instead of queueing one after another.
+    pub fn contains_many(&self, hashes: &[KeyHash], now_ms: u64, answers: &mut Vec<bool>) {
+        let guard = epoch::pin();
+        let oldest = self.oldest_live_id(now_ms);
+        let windows = self.load(&guard);
+        let live: Vec<&BloomLayer> = windows
+            .list
+            .iter()
+            .filter(|w| w.id >= oldest)
+            .flat_map(|w| w.layers.iter().map(Arc::as_ref))
+            .collect();
+        /// Keys whose blocks are in flight at once: enough to cover memory latency, few enough to stay in L1.
+        const LOOKAHEAD: usize = 16;
+        for hash in hashes.iter().take(LOOKAHEAD) {
+            live.iter().for_each(|layer| layer.prefetch(*hash));
+        }
+        answers.clear();
+        answers.extend(hashes.iter().enumerate().map(|(i, hash)| {
+            if let Some(ahead) = hashes.get(i + LOOKAHEAD) {
+                live.iter().for_each(|layer| layer.prefetch(*ahead));
+            }
+            live.iter().any(|layer| layer.contains(*hash))
+        }));
+    }
+
+    /// Adds `hash` as of time `at_ms`, rotating or growing as needed.
+    pub fn insert(&self, hash: KeyHash, at_ms: u64) {
+        let guard = epoch::pin();
+        let target_id = self.window_id(at_ms);
+        let windows = match self.load(&guard).list.last() {
+            Some(newest) if newest.id >= target_id => self.load(&guard),
+            _ => self.rotate(at_ms, &guard),
+        };
+        // A clock stepped backwards lands in the newest window: the key then lives longer, never shorter.
+        let window = windows.list.last().expect("rotate leaves a window");
+        let (newest, older) = window.layers.split_last().expect("a window has a layer");
+        if older.iter().any(|layer| layer.contains(hash)) {
+            return;
+        }
+        if newest.insert(hash) && newest.is_full() {
+            self.grow(window.id, &guard);
+        }
+    }
+
+    /// Drops windows that are no longer live at `now_ms` so their memory is freed, and returns how many.
+    pub fn expire(&self, now_ms: u64) -> usize {
+        let _structure = self.structure.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = epoch::pin();
+        let oldest = self.oldest_live_id(now_ms);
+        let current = self.load(&guard);
+        let dead = current.list.iter().take_while(|w| w.id < oldest).count();
+        if dead > 0 {
+            let mut next = current.clone();
+            next.list.drain(..dead);
+            self.publish(next, &guard);
+        }
+        dead
+    }
+
+    /// Makes sure a window for `at_ms` exists and drops the windows that are dead by then; returns the new set.
+    fn rotate<'g>(&self, at_ms: u64, guard: &'g Guard) -> &'g Windows {
+        let _structure = self.structure.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.load(guard);
+        let target_id = self.window_id(at_ms);
+        if current.list.last().is_some_and(|w| w.id >= target_id) {
+            return current; // another writer rotated first
+        }
+        let oldest = self.oldest_live_id(at_ms);
+        let mut next = Windows {
+            list: current
+                .list
+                .iter()
+                .filter(|w| w.id >= oldest)
+                .cloned()
+                .collect(),
+        };
+        next.list.push(Window {
+            id: target_id,
+            layers: vec![Arc::new(BloomLayer::new(self.base))],
+        });
+        self.publish(next, guard)
+    }
+
+    /// Adds a larger, tighter layer to window `id` if the memory cap allows; otherwise the window saturates.
+    fn grow(&self, id: u64, guard: &Guard) {
+        let _structure = self.structure.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.load(guard);
+        let Some(position) = current.list.iter().position(|w| w.id == id) else {
+            return; // the window was dropped meanwhile
+        };
+        let layers = &current.list[position].layers;
+        if !layers.last().is_some_and(|l| l.is_full()) {
+            return; // another writer grew it first
+        }
+        let growth = layers.len() as u32;
+        let geometry = Geometry::for_target(
+            self.base.capacity << growth.min(32),
+            self.spec.false_positive_rate
+                / f64::from(self.spec.live_windows())
+                / f64::from(1u32 << growth.min(30)),
+        );
+        if current.bytes() + geometry.bytes() > self.spec.max_bytes {
+            return;
+        }
+        let mut next = current.clone();
+        next.list[position]
+            .layers
+            .push(Arc::new(BloomLayer::new(geometry)));
+        self.publish(next, guard);
+    }
+
+    /// Swaps in `next` and schedules the old value's destruction once no reader can hold it.
+    fn publish<'g>(&self, next: Windows, guard: &'g Guard) -> &'g Windows {
+        self.bytes.store(next.bytes(), Ordering::Relaxed);
+        let old = self.windows.swap(Owned::new(next), Ordering::AcqRel, guard);
+        // SAFETY: `old` is no longer reachable from `self.windows`; readers that loaded it hold a guard pinned
+        // before this swap, and `defer_destroy` runs only after all such guards are gone.
+        unsafe { guard.defer_destroy(old) };
+        self.load(guard)
+    }
+
+    /// Bytes of all live layers.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Figures for stats and metrics as of `now_ms`.
+    pub fn stats(&self, now_ms: u64) -> FilterStats {
+        let guard = epoch::pin();
+        let oldest = self.oldest_live_id(now_ms);
+        let live: Vec<&Arc<BloomLayer>> = self
+            .load(&guard)
+            .list
+            .iter()
+            .filter(|w| w.id >= oldest)
+            .flat_map(|w| &w.layers)
+            .collect();
+        let pass_all = live
+            .iter()
+            .map(|l| 1.0 - l.estimated_false_positive_rate())
+            .product::<f64>();
+        let bytes: u64 = live.iter().map(|l| l.bytes()).sum();
+        let ones: f64 = live.iter().map(|l| l.fill_ratio() * l.bytes() as f64).sum();
+        FilterStats {
+            windows: self
+                .load(&guard)
+                .list
+                .iter()
+                .filter(|w| w.id >= oldest)
+                .count(),
+            layers: live.len(),
+            bytes,
+            keys: live.iter().map(|l| l.inserted()).sum(),
+            estimated_false_positive_rate: 1.0 - pass_all,
+            fill_ratio: if bytes == 0 { 0.0 } else { ones / bytes as f64 },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hashing::KeyHasher;
+
+    const HOUR: u64 = 3_600_000;
+
+    fn spec(retention: Retention, expected_keys: u64) -> FilterSpec {
+        let mut spec = FilterSpec {
+            expected_keys,
+            false_positive_rate: 0.01,
+            retention,
+            windows: 4,
+            max_bytes: 0,
+        };
+        spec.max_bytes = spec.initial_bytes() * 8;
+        spec
+    }
+
+    #[test]
+    fn a_key_lives_at_least_its_retention_and_at_most_one_span_more() {
+        let filter = WindowedFilter::new(spec(Retention::Millis(3 * HOUR), 1_000));
+        let span = filter.spec().span_ms().unwrap();
+        assert_eq!(span, HOUR);
+        let hash = KeyHasher::from_seed([1; 32]).hash(b"k");
+        let added_at = 100 * HOUR + 1234;
+        filter.insert(hash, added_at);
+        assert!(filter.contains(hash, added_at));
+        assert!(filter.contains(hash, added_at + 3 * HOUR));
+        // The window of `added_at` starts at 100h; it is dropped once 100h + 4 spans is reached.
+        assert!(filter.contains(hash, 104 * HOUR - 1));
+        assert!(!filter.contains(hash, 104 * HOUR));
+    }
+
+    #[test]
+    fn re_adding_refreshes_retention() {
+        let filter = WindowedFilter::new(spec(Retention::Millis(3 * HOUR), 1_000));
+        let hash = KeyHasher::from_seed([1; 32]).hash(b"k");
+        filter.insert(hash, 0);
+        filter.insert(hash, 3 * HOUR);
+        assert!(filter.contains(hash, 6 * HOUR));
+    }
+
+    #[test]
+    fn forever_never_rotates() {
+        let filter = WindowedFilter::new(spec(Retention::Forever, 1_000));
+        let hash = KeyHasher::from_seed([1; 32]).hash(b"k");
+        filter.insert(hash, 0);
+        assert!(filter.contains(hash, u64::MAX / 2));
+        assert_eq!(filter.expire(u64::MAX / 2), 0);
+    }
+
+    #[test]
+    fn expire_frees_dead_windows() {
+        let filter = WindowedFilter::new(spec(Retention::Millis(3 * HOUR), 1_000));
+        let hasher = KeyHasher::from_seed([1; 32]);
+        for hour in 0..4 {
+            filter.insert(hasher.hash(&[hour as u8]), hour * HOUR);
+        }
+        assert_eq!(filter.stats(5 * HOUR).windows, 2);
+        assert_eq!(filter.expire(5 * HOUR), 2);
+        assert_eq!(filter.bytes(), 2 * filter.spec().base_geometry().bytes());
+    }
+
+    #[test]
+    fn overfilled_windows_grow_and_keep_the_rate_near_target() {
+        let mut roomy = spec(Retention::Forever, 10_000);
+        roomy.max_bytes = roomy.initial_bytes() * 64;
+        let filter = WindowedFilter::new(roomy);
+        let hasher = KeyHasher::from_seed([2; 32]);
+        for i in 0..80_000u32 {
+            filter.insert(hasher.hash(&i.to_le_bytes()), 0);
+        }
+        for i in 0..80_000u32 {
+            assert!(filter.contains(hasher.hash(&i.to_le_bytes()), 0));
+        }
+        let stats = filter.stats(0);
+        assert!(stats.layers >= 3, "{stats:?}");
+        let fp = (0..100_000u32)
+            .filter(|i| filter.contains(hasher.hash(&(i + 10_000_000).to_le_bytes()), 0))
+            .count() as f64
+            / 100_000.0;
+        assert!(fp < 0.02, "measured {fp} after 8x growth");
+    }
+
+    #[test]
+    fn growth_stops_at_the_memory_cap_and_the_filter_saturates_without_losing_keys() {
+        let mut capped = spec(Retention::Forever, 1_000);
+        capped.max_bytes = capped.initial_bytes() * 3;
+        let filter = WindowedFilter::new(capped);
+        let hasher = KeyHasher::from_seed([2; 32]);
+        for i in 0..50_000u32 {
+            filter.insert(hasher.hash(&i.to_le_bytes()), 0);
+        }
+        assert!(filter.bytes() <= capped.max_bytes);
+        for i in 0..50_000u32 {
+            assert!(filter.contains(hasher.hash(&i.to_le_bytes()), 0));
+        }
+    }
+
+    #[test]
+    fn batch_answers_match_single_answers() {
+        let filter = WindowedFilter::new(spec(Retention::Millis(3 * HOUR), 1_000));
+        let hasher = KeyHasher::from_seed([5; 32]);
+        let hashes: Vec<KeyHash> = (0..500u32).map(|i| hasher.hash(&i.to_le_bytes())).collect();
+        for (i, hash) in hashes.iter().enumerate().step_by(3) {
+            filter.insert(*hash, i as u64 * 60_000);
+        }
+        let now = 500 * 60_000;
+        let mut answers = Vec::new();
+        filter.contains_many(&hashes, now, &mut answers);
+        let single: Vec<bool> = hashes.iter().map(|h| filter.contains(*h, now)).collect();
+        assert_eq!(answers, single);
+    }
+}

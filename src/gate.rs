@@ -1,0 +1,282 @@
+//! The gate: every namespace, the request limits, the log and the clock — the core's whole public surface.
+//!
+//! It validates requests (precise messages naming the limit and, for repeated keys, the index), resolves
+//! namespaces, answers while warming, and routes writes through the [`Log`]. It knows nothing of gRPC; the
+//! gRPC layer maps [`GateError`] to status codes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use metrics::Counter;
+
+use crate::clock::Clock;
+use crate::config::{GateConfig, Limits, DEFAULT_NAMESPACE};
+use crate::hashing::KeyHasher;
+use crate::invalidations::Subscription;
+use crate::log::{Log, LogError, Mutation};
+use crate::namespace::{AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Recorded};
+
+/// Why a request was refused. Nothing was changed and no seq was used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateError {
+    /// The namespace is not configured.
+    UnknownNamespace(String),
+    /// The request breaks a rule; the message says which and what the limit is.
+    InvalidArgument(String),
+    /// The mutation could not be logged, or the gate is shutting down.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for GateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::UnknownNamespace(name) => write!(f, "namespace {name:?} does not exist"),
+            Self::InvalidArgument(message) | Self::Unavailable(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for GateError {}
+
+impl From<LogError> for GateError {
+    fn from(error: LogError) -> Self {
+        Self::Unavailable(error.to_string())
+    }
+}
+
+/// A namespace and the counter of its warming answers.
+struct Entry {
+    namespace: Arc<Namespace>,
+    warming_answers: Counter,
+}
+
+/// All namespaces and the machinery around them.
+pub struct Gate {
+    namespaces: HashMap<String, Entry>,
+    limits: Limits,
+    log: Arc<dyn Log>,
+    clock: Arc<dyn Clock>,
+    /// Whether loading is done; until then lookups fail open (`MAY_EXIST` + `WARMING`).
+    ready: AtomicBool,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("namespaces", &self.namespaces.keys().collect::<Vec<_>>())
+            .field("limits", &self.limits)
+            .field("ready", &self.is_ready())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gate {
+    /// A gate with the namespaces of `config`, not yet ready.
+    pub fn new(
+        config: &GateConfig,
+        hasher: KeyHasher,
+        log: Arc<dyn Log>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let hasher = Arc::new(hasher);
+        let namespaces = config
+            .namespaces
+            .iter()
+            .map(|(name, settings)| {
+                let namespace = Namespace::new(
+                    name,
+                    settings.clone(),
+                    Arc::clone(&hasher),
+                    config.limits.replay_buffer_bytes,
+                );
+                let entry = Entry {
+                    namespace: Arc::new(namespace),
+                    warming_answers: crate::metrics::warming_answers(name),
+                };
+                (name.clone(), entry)
+            })
+            .collect();
+        Self {
+            namespaces,
+            limits: config.limits.clone(),
+            log,
+            clock,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks loading as done (or not): lookups stop (or start) failing open.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether loading is done.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The request limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The namespaces, sorted by name.
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        let mut all: Vec<_> = self
+            .namespaces
+            .values()
+            .map(|e| Arc::clone(&e.namespace))
+            .collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, GateError> {
+        let canonical = if name.is_empty() {
+            DEFAULT_NAMESPACE
+        } else {
+            name
+        };
+        self.namespaces
+            .get(canonical)
+            .ok_or_else(|| GateError::UnknownNamespace(name.to_string()))
+    }
+
+    /// The namespace called `name` ("" is `default`).
+    pub fn namespace(&self, name: &str) -> Result<&Arc<Namespace>, GateError> {
+        self.entry(name).map(|e| &e.namespace)
+    }
+
+    fn check_key(&self, key: &[u8], index: Option<usize>) -> Result<(), GateError> {
+        let name = index.map_or_else(|| "key".to_string(), |i| format!("keys[{i}]"));
+        if key.is_empty() {
+            return Err(GateError::InvalidArgument(format!(
+                "{name} is empty; keys must be 1 to {} bytes",
+                self.limits.max_key_bytes
+            )));
+        }
+        if key.len() > self.limits.max_key_bytes {
+            return Err(GateError::InvalidArgument(format!(
+                "{name} is {} bytes; the limit is max_key_bytes = {}",
+                key.len(),
+                self.limits.max_key_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_keys(&self, keys: &[Bytes]) -> Result<(), GateError> {
+        if keys.len() > self.limits.max_batch_keys {
+            return Err(GateError::InvalidArgument(format!(
+                "the request has {} keys; the limit is max_batch_keys = {}",
+                keys.len(),
+                self.limits.max_batch_keys
+            )));
+        }
+        keys.iter()
+            .enumerate()
+            .try_for_each(|(i, key)| self.check_key(key, Some(i)))
+    }
+
+    /// Can `key` exist in `namespace`? Returns the answer and the seq it reflects.
+    pub fn may_exist(&self, namespace: &str, key: &[u8]) -> Result<(Lookup, u64), GateError> {
+        let entry = self.entry(namespace)?;
+        self.check_key(key, None)?;
+        let observed_seq = entry.namespace.latest_seq();
+        if !self.is_ready() {
+            entry.warming_answers.increment(1);
+            return Ok((Lookup::WARMING, observed_seq));
+        }
+        Ok((
+            entry.namespace.lookup(key, self.clock.now_ms()),
+            observed_seq,
+        ))
+    }
+
+    /// Answers for `keys` in order into `answers`; returns the seq they reflect.
+    pub fn batch_may_exist(
+        &self,
+        namespace: &str,
+        keys: &[Bytes],
+        answers: &mut Vec<Lookup>,
+    ) -> Result<u64, GateError> {
+        let entry = self.entry(namespace)?;
+        self.check_keys(keys)?;
+        let observed_seq = entry.namespace.latest_seq();
+        if !self.is_ready() {
+            entry.warming_answers.increment(keys.len() as u64);
+            answers.clear();
+            answers.resize(keys.len(), Lookup::WARMING);
+            return Ok(observed_seq);
+        }
+        entry
+            .namespace
+            .lookup_many(keys, self.clock.now_ms(), answers);
+        Ok(observed_seq)
+    }
+
+    /// Adds `keys` to `namespace` under one new seq.
+    pub fn add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Added, GateError> {
+        let namespace = self.namespace(namespace)?;
+        if keys.is_empty() {
+            return Err(GateError::InvalidArgument(
+                "Add needs at least one key".to_string(),
+            ));
+        }
+        self.check_keys(&keys)?;
+        Ok(namespace.add(keys, self.clock.now_ms(), self.log.as_ref())?)
+    }
+
+    /// Records that the source does not have `report.key`.
+    pub fn record_absent(
+        &self,
+        namespace: &str,
+        report: AbsenceReport,
+    ) -> Result<Recorded, GateError> {
+        let namespace = self.namespace(namespace)?;
+        self.check_key(&report.key, None)?;
+        Ok(namespace.record_absent(report, self.clock.now_ms(), self.log.as_ref())?)
+    }
+
+    /// Subscribes to `namespace`'s invalidations after `after_seq`; returns the canonical name with it.
+    pub fn subscribe(
+        &self,
+        namespace: &str,
+        after_seq: u64,
+    ) -> Result<(Arc<str>, Subscription), GateError> {
+        let namespace = self.namespace(namespace)?;
+        Ok((Arc::clone(namespace.name()), namespace.subscribe(after_seq)))
+    }
+
+    /// Applies mutations read back from a log, in order.
+    pub fn replay(&self, mutations: impl IntoIterator<Item = Mutation>) -> Result<(), GateError> {
+        for mutation in mutations {
+            self.namespace(mutation.namespace())?.apply(mutation);
+        }
+        Ok(())
+    }
+
+    /// Frees dead windows and expired tombstones in every namespace.
+    pub fn maintain(&self) {
+        let now = self.clock.now_ms();
+        self.namespaces
+            .values()
+            .for_each(|e| e.namespace.maintain(now));
+    }
+
+    /// Figures of every namespace, sorted by name.
+    pub fn stats(&self) -> Vec<NamespaceStats> {
+        let now = self.clock.now_ms();
+        self.namespaces().iter().map(|n| n.stats(now)).collect()
+    }
+
+    /// Publishes every namespace's gauges.
+    pub fn export_gauges(&self) {
+        let now = self.clock.now_ms();
+        self.namespaces
+            .values()
+            .for_each(|e| e.namespace.export_gauges(now));
+    }
+}

@@ -1,0 +1,114 @@
+//! The ordered log of mutations that feeds the core.
+//!
+//! Every change to what `MayExist` can answer is a [`Mutation`] with its namespace's next seq and absolute
+//! times (when it was added; when a tombstone expires), decided before it is logged — TTL jitter included —
+//! so that applying the same mutations in the same order always yields the same answers. The gate appends a
+//! mutation to its [`Log`] and only then applies it; a log that persists (a write-ahead file) or distributes
+//! (a replicated stream) plugs in here without the core changing.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use crate::tombstones::AbsenceKind;
+
+/// One state change of one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mutation {
+    /// Keys that exist.
+    Add {
+        /// Canonical namespace name.
+        namespace: Arc<str>,
+        /// The seq all these keys share.
+        seq: u64,
+        /// Unix ms when the keys were added: picks their window.
+        at_ms: u64,
+        /// The keys.
+        keys: Vec<Bytes>,
+    },
+    /// A tombstone for a key the source says does not exist.
+    RecordAbsent {
+        /// Canonical namespace name.
+        namespace: Arc<str>,
+        /// The tombstone's seq.
+        seq: u64,
+        /// Unix ms when it was recorded.
+        at_ms: u64,
+        /// The key.
+        key: Bytes,
+        /// Why it is absent.
+        kind: AbsenceKind,
+        /// Unix ms at which it stops answering (TTL and jitter already applied).
+        expires_at_ms: u64,
+    },
+}
+
+impl Mutation {
+    /// The namespace it changes.
+    pub fn namespace(&self) -> &str {
+        match self {
+            Self::Add { namespace, .. } | Self::RecordAbsent { namespace, .. } => namespace,
+        }
+    }
+
+    /// Its seq.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } => *seq,
+        }
+    }
+}
+
+/// A log write that failed: the mutation was not applied and the caller must be told.
+#[derive(Debug)]
+pub struct LogError(pub std::io::Error);
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "log write failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for LogError {}
+
+/// Where mutations are recorded before they are applied. Appends of one namespace arrive in seq order.
+pub trait Log: Send + Sync + 'static {
+    /// Records `mutation` as durably as this log promises; the mutation is applied only if this succeeds.
+    fn append(&self, mutation: &Mutation) -> Result<(), LogError>;
+}
+
+/// The log of a gate that keeps its state in memory only: nothing survives a restart, so it records nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct VolatileLog;
+
+impl Log for VolatileLog {
+    fn append(&self, _mutation: &Mutation) -> Result<(), LogError> {
+        Ok(())
+    }
+}
+
+/// A log held in memory in full: for replaying a gate's history into another (tests of determinism).
+#[derive(Debug, Default)]
+pub struct MemoryLog {
+    mutations: Mutex<Vec<Mutation>>,
+}
+
+impl MemoryLog {
+    /// Every mutation appended so far, in order.
+    pub fn mutations(&self) -> Vec<Mutation> {
+        self.mutations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Log for MemoryLog {
+    fn append(&self, mutation: &Mutation) -> Result<(), LogError> {
+        self.mutations
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(mutation.clone());
+        Ok(())
+    }
+}

@@ -1,0 +1,246 @@
+//! Prometheus metrics, all named `existence_*`.
+//!
+//! Metric handles are resolved once (per namespace, per RPC and status) and then only incremented: a
+//! `counter!` macro call with labels looks the series up in a registry on every use, which would cost more than
+//! the lookup it measures.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::namespace::{Answer, Basis, Lookup, NamespaceStats};
+
+/// Latency buckets in seconds, from 5 µs to 1 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Installs the process-wide Prometheus recorder (once) and returns the handle that renders it.
+pub fn install_recorder() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Suffix("duration_seconds".to_string()),
+                    LATENCY_BUCKETS,
+                )
+                .expect("buckets are non-empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder was installed first (an embedding program's): then ours renders
+            // nothing, which is that program's choice.
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "existence_answers_total",
+        "Answers given, by namespace, answer and basis."
+    );
+    describe_counter!("existence_keys_added_total", "Keys passed to Add.");
+    describe_counter!(
+        "existence_filter_false_positives_total",
+        "RecordAbsent(MISSING) for keys the filter passed: false positives as clients see them."
+    );
+    describe_counter!(
+        "existence_tombstones_throttled_total",
+        "RecordAbsent refused by the tombstone rate."
+    );
+    describe_counter!(
+        "existence_tombstones_evicted_total",
+        "Tombstones evicted to make room."
+    );
+    describe_counter!(
+        "existence_requests_total",
+        "gRPC requests by rpc and status code."
+    );
+    describe_histogram!(
+        "existence_request_duration_seconds",
+        Unit::Seconds,
+        "gRPC handler latency by rpc and status code."
+    );
+    describe_gauge!("existence_tombstones", "Stored tombstones.");
+    describe_gauge!("existence_tombstone_bytes", "Bytes of tombstone tables.");
+    describe_gauge!("existence_filter_bytes", "Bytes of live filter windows.");
+    describe_gauge!("existence_filter_windows", "Live filter windows.");
+    describe_gauge!(
+        "existence_filter_layers",
+        "Live filter layers (more than windows once one grew)."
+    );
+    describe_gauge!(
+        "existence_filter_keys",
+        "Estimated distinct keys in live windows."
+    );
+    describe_gauge!(
+        "existence_filter_estimated_false_positive_rate",
+        "False-positive rate expected from the filter's fill."
+    );
+    describe_gauge!("existence_seq", "Latest applied seq.");
+    describe_gauge!(
+        "existence_replay_buffer_bytes",
+        "Bytes of recent invalidations kept for resuming subscribers."
+    );
+}
+
+/// The metric handles of one namespace.
+#[derive(Debug)]
+pub struct NamespaceMetrics {
+    /// `[absent, may_exist] × [filter, tombstone]`.
+    answers: [[Counter; 2]; 2],
+    pub(crate) keys_added: Counter,
+    pub(crate) false_positives: Counter,
+    pub(crate) throttled: Counter,
+    pub(crate) tombstones_evicted: Counter,
+    tombstones: Gauge,
+    tombstone_bytes: Gauge,
+    filter_bytes: Gauge,
+    filter_windows: Gauge,
+    filter_layers: Gauge,
+    filter_keys: Gauge,
+    filter_false_positive_rate: Gauge,
+    seq: Gauge,
+    replay_buffer_bytes: Gauge,
+}
+
+impl NamespaceMetrics {
+    /// Resolves the handles of namespace `name`.
+    pub fn new(name: &str) -> Self {
+        let ns = name.to_string();
+        let answer = |answer: &'static str, basis: &'static str| counter!("existence_answers_total", "namespace" => ns.clone(), "answer" => answer, "basis" => basis);
+        let labelled_counter = |metric: &'static str| counter!(metric, "namespace" => ns.clone());
+        let labelled_gauge = |metric: &'static str| gauge!(metric, "namespace" => ns.clone());
+        Self {
+            answers: [
+                [answer("absent", "filter"), answer("absent", "tombstone")],
+                [
+                    answer("may_exist", "filter"),
+                    answer("may_exist", "tombstone"),
+                ],
+            ],
+            keys_added: labelled_counter("existence_keys_added_total"),
+            false_positives: labelled_counter("existence_filter_false_positives_total"),
+            throttled: labelled_counter("existence_tombstones_throttled_total"),
+            tombstones_evicted: labelled_counter("existence_tombstones_evicted_total"),
+            tombstones: labelled_gauge("existence_tombstones"),
+            tombstone_bytes: labelled_gauge("existence_tombstone_bytes"),
+            filter_bytes: labelled_gauge("existence_filter_bytes"),
+            filter_windows: labelled_gauge("existence_filter_windows"),
+            filter_layers: labelled_gauge("existence_filter_layers"),
+            filter_keys: labelled_gauge("existence_filter_keys"),
+            filter_false_positive_rate: labelled_gauge(
+                "existence_filter_estimated_false_positive_rate",
+            ),
+            seq: labelled_gauge("existence_seq"),
+            replay_buffer_bytes: labelled_gauge("existence_replay_buffer_bytes"),
+        }
+    }
+
+    /// Counts one answer from the filter or a tombstone (warming answers are counted by the gate).
+    #[inline]
+    pub fn count_answer(&self, lookup: Lookup) {
+        let answer = match lookup.answer {
+            Answer::Absent => 0,
+            Answer::MayExist => 1,
+        };
+        let basis = match lookup.basis {
+            Basis::Tombstone => 1,
+            Basis::Filter | Basis::Warming => 0,
+        };
+        self.answers[answer][basis].increment(1);
+    }
+
+    /// Sets the gauges from `stats`.
+    pub fn export(&self, stats: &NamespaceStats, replay_buffer_bytes: usize) {
+        self.tombstones.set(stats.tombstones as f64);
+        self.tombstone_bytes.set(stats.tombstone_bytes as f64);
+        self.filter_bytes.set(stats.filter.bytes as f64);
+        self.filter_windows.set(stats.filter.windows as f64);
+        self.filter_layers.set(stats.filter.layers as f64);
+        self.filter_keys.set(stats.filter.keys as f64);
+        self.filter_false_positive_rate
+            .set(stats.filter.estimated_false_positive_rate);
+        self.seq.set(stats.seq as f64);
+        self.replay_buffer_bytes.set(replay_buffer_bytes as f64);
+    }
+}
+
+/// Counter of fail-open answers given while warming, per namespace.
+pub fn warming_answers(namespace: &str) -> Counter {
+    counter!("existence_answers_total", "namespace" => namespace.to_string(), "answer" => "may_exist", "basis" => "warming")
+}
+
+/// The RPCs, for labelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rpc {
+    MayExist = 0,
+    BatchMayExist,
+    Add,
+    RecordAbsent,
+    SubscribeInvalidations,
+}
+
+impl Rpc {
+    fn name(self) -> &'static str {
+        match self {
+            Rpc::MayExist => "MayExist",
+            Rpc::BatchMayExist => "BatchMayExist",
+            Rpc::Add => "Add",
+            Rpc::RecordAbsent => "RecordAbsent",
+            Rpc::SubscribeInvalidations => "SubscribeInvalidations",
+        }
+    }
+}
+
+/// gRPC status codes 0..=16 by name, for labelling.
+const CODE_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// Request counters and latency histograms per RPC and status, resolved on first use.
+#[derive(Debug, Default)]
+pub struct RpcMetrics {
+    series: [[OnceLock<(Counter, Histogram)>; 17]; 5],
+}
+
+impl RpcMetrics {
+    /// Records one finished call of `rpc` that began at `started` and ended with status code `code` (0..=16).
+    #[inline]
+    pub fn record(&self, rpc: Rpc, code: usize, started: Instant) {
+        let rpc_index = rpc as usize;
+        let code = code.min(CODE_NAMES.len() - 1);
+        let (count, latency) = self.series[rpc_index][code].get_or_init(|| {
+            let labels = [("rpc", rpc.name()), ("code", CODE_NAMES[code])];
+            (
+                counter!("existence_requests_total", &labels),
+                histogram!("existence_request_duration_seconds", &labels),
+            )
+        });
+        count.increment(1);
+        latency.record(started.elapsed().as_secs_f64());
+    }
+}

@@ -1,0 +1,409 @@
+//! One namespace: its filter, tombstones, seq and invalidations — the deterministic state machine the log
+//! feeds, and the decisions (`REDUNDANT`, `SUPERSEDED`, `THROTTLED`, TTL and jitter) that turn a request into a
+//! mutation.
+//!
+//! Reads never take the writer lock: the filter is lock-free, tombstones take a shard read lock. Writes
+//! (`Add`, stored tombstones) are serialised by the writer lock, which makes seq order, log order and apply
+//! order the same.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+
+use crate::config::NamespaceSettings;
+use crate::filter::{FilterStats, WindowedFilter};
+use crate::hashing::{KeyHash, KeyHasher};
+use crate::invalidations::{Hub, Invalidation, Subscription};
+use crate::log::{Log, LogError, Mutation};
+use crate::metrics::NamespaceMetrics;
+use crate::rate_limit::TokenBucket;
+use crate::recent_adds::RecentAdds;
+use crate::tombstones::{AbsenceKind, TombstoneStore};
+
+/// The answer to "can this key exist?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Answer {
+    /// Definitely absent: skip the source.
+    Absent,
+    /// May exist: ask the source.
+    MayExist,
+}
+
+/// What an answer rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Basis {
+    /// The Bloom filter of added keys.
+    Filter,
+    /// A live tombstone.
+    Tombstone,
+    /// The gate is still loading and fails open.
+    Warming,
+}
+
+/// An answer with its basis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lookup {
+    /// The answer.
+    pub answer: Answer,
+    /// Its basis.
+    pub basis: Basis,
+}
+
+impl Lookup {
+    /// The fail-open answer given while warming.
+    pub const WARMING: Lookup = Lookup {
+        answer: Answer::MayExist,
+        basis: Basis::Warming,
+    };
+}
+
+/// The result of an `Add`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Added {
+    /// The seq shared by the call's keys.
+    pub seq: u64,
+    /// Live tombstones of these keys that were removed.
+    pub tombstones_cleared: u32,
+}
+
+/// What `RecordAbsent` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordOutcome {
+    /// A tombstone was stored or replaced.
+    Recorded,
+    /// The filter already answers absent: nothing stored.
+    Redundant,
+    /// The key may have been added after the caller's observation: nothing stored.
+    Superseded,
+    /// Over the namespace's tombstone rate: nothing stored.
+    Throttled,
+}
+
+/// The result of a `RecordAbsent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// What was done.
+    pub outcome: RecordOutcome,
+    /// The tombstone's seq if recorded, else the namespace's latest seq.
+    pub seq: u64,
+    /// The TTL applied in ms; 0 unless recorded.
+    pub expires_in_ms: u64,
+}
+
+/// A `RecordAbsent` request, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbsenceReport {
+    /// The key.
+    pub key: Bytes,
+    /// Why it is absent.
+    pub kind: AbsenceKind,
+    /// The seq of the lookup that sent the caller to the source; 0 = unknown.
+    pub observed_seq: u64,
+    /// Requested TTL in seconds; 0 = the namespace default for the kind.
+    pub ttl_seconds: u32,
+}
+
+/// Figures for stats and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamespaceStats {
+    /// Canonical name.
+    pub name: Arc<str>,
+    /// Latest applied seq.
+    pub seq: u64,
+    /// Keys passed to `Add` since start.
+    pub keys_added: u64,
+    /// The filter's figures.
+    pub filter: FilterStats,
+    /// Stored tombstones.
+    pub tombstones: u64,
+    /// Bytes of the tombstone tables.
+    pub tombstone_bytes: u64,
+}
+
+/// State only writers touch.
+struct Writer {
+    /// Bounds on each key's newest `Add` seq, for `SUPERSEDED`.
+    recent_adds: RecentAdds,
+    /// Tombstone admission rate.
+    admission: TokenBucket,
+}
+
+/// One key space.
+pub struct Namespace {
+    name: Arc<str>,
+    settings: NamespaceSettings,
+    hasher: Arc<KeyHasher>,
+    filter: WindowedFilter,
+    tombstones: TombstoneStore,
+    /// Latest applied seq; shared with subscriptions for `RESYNC`.
+    latest_seq: Arc<AtomicU64>,
+    keys_added: AtomicU64,
+    hub: Arc<Hub>,
+    writer: Mutex<Writer>,
+    metrics: NamespaceMetrics,
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("name", &self.name)
+            .field("seq", &self.latest_seq())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Namespace {
+    /// An empty namespace.
+    pub fn new(
+        name: &str,
+        settings: NamespaceSettings,
+        hasher: Arc<KeyHasher>,
+        replay_buffer_bytes: usize,
+    ) -> Self {
+        let writer = Writer {
+            recent_adds: RecentAdds::default(),
+            admission: TokenBucket::new(settings.max_tombstone_rate),
+        };
+        Self {
+            name: Arc::from(name),
+            filter: WindowedFilter::new(settings.filter_spec()),
+            tombstones: TombstoneStore::new(settings.max_tombstones),
+            settings,
+            hasher,
+            latest_seq: Arc::new(AtomicU64::new(0)),
+            keys_added: AtomicU64::new(0),
+            hub: Arc::new(Hub::new(replay_buffer_bytes)),
+            writer: Mutex::new(writer),
+            metrics: NamespaceMetrics::new(name),
+        }
+    }
+
+    /// Canonical name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &NamespaceSettings {
+        &self.settings
+    }
+
+    /// Latest applied seq.
+    pub fn latest_seq(&self) -> u64 {
+        self.latest_seq.load(Ordering::Acquire)
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer for one key at `now_ms`.
+    #[inline]
+    pub fn lookup(&self, key: &[u8], now_ms: u64) -> Lookup {
+        let hash = self.hasher.hash(key);
+        self.answer(hash, now_ms, || self.filter.contains(hash, now_ms))
+    }
+
+    /// Answers for many keys at once, in order, into `answers`: the filter probes them as a batch so that
+    /// their cache misses overlap.
+    pub fn lookup_many(&self, keys: &[Bytes], now_ms: u64, answers: &mut Vec<Lookup>) {
+        let hashes: Vec<KeyHash> = keys.iter().map(|k| self.hasher.hash(k)).collect();
+        let mut in_filter = Vec::with_capacity(hashes.len());
+        self.filter.contains_many(&hashes, now_ms, &mut in_filter);
+        answers.clear();
+        answers.extend(
+            hashes
+                .iter()
+                .zip(in_filter)
+                .map(|(hash, in_filter)| self.answer(*hash, now_ms, || in_filter)),
+        );
+    }
+
+    /// A live tombstone answers first; otherwise the filter (`in_filter`, asked only if needed) decides.
+    #[inline]
+    fn answer(&self, hash: KeyHash, now_ms: u64, in_filter: impl FnOnce() -> bool) -> Lookup {
+        let lookup = if self.tombstones.lookup(hash, now_ms) {
+            Lookup {
+                answer: Answer::Absent,
+                basis: Basis::Tombstone,
+            }
+        } else {
+            Lookup {
+                answer: if in_filter() {
+                    Answer::MayExist
+                } else {
+                    Answer::Absent
+                },
+                basis: Basis::Filter,
+            }
+        };
+        self.metrics.count_answer(lookup);
+        lookup
+    }
+
+    /// Adds `keys` (non-empty, validated) at `now_ms`.
+    pub fn add(&self, keys: Vec<Bytes>, now_ms: u64, log: &dyn Log) -> Result<Added, LogError> {
+        let mut writer = self.writer();
+        let mutation = Mutation::Add {
+            namespace: Arc::clone(&self.name),
+            seq: self.latest_seq() + 1,
+            at_ms: now_ms,
+            keys,
+        };
+        let seq = mutation.seq();
+        log.append(&mutation)?;
+        let tombstones_cleared = self.apply_locked(&mut writer, mutation);
+        Ok(Added {
+            seq,
+            tombstones_cleared,
+        })
+    }
+
+    /// Decides what to do with a reported absence and, if it is to be stored, logs and applies it.
+    pub fn record_absent(
+        &self,
+        report: AbsenceReport,
+        now_ms: u64,
+        log: &dyn Log,
+    ) -> Result<Recorded, LogError> {
+        let hash = self.hasher.hash(&report.key);
+        let mut writer = self.writer();
+        let not_stored = |outcome| Recorded {
+            outcome,
+            seq: self.latest_seq(),
+            expires_in_ms: 0,
+        };
+        if !self.filter.contains(hash, now_ms) {
+            return Ok(not_stored(RecordOutcome::Redundant));
+        }
+        if report.observed_seq != 0
+            && writer
+                .recent_adds
+                .may_have_been_added_after(hash, report.observed_seq)
+        {
+            return Ok(not_stored(RecordOutcome::Superseded));
+        }
+        if report.kind == AbsenceKind::Missing {
+            // The filter passed a key the source does not have: a false positive as clients see it.
+            self.metrics.false_positives.increment(1);
+        }
+        if !writer.admission.try_take(now_ms) {
+            self.metrics.throttled.increment(1);
+            return Ok(not_stored(RecordOutcome::Throttled));
+        }
+        let ttl_ms = self.ttl_ms(report.kind, report.ttl_seconds);
+        let seq = self.latest_seq() + 1;
+        let mutation = Mutation::RecordAbsent {
+            namespace: Arc::clone(&self.name),
+            seq,
+            at_ms: now_ms,
+            key: report.key,
+            kind: report.kind,
+            expires_at_ms: now_ms + ttl_ms,
+        };
+        log.append(&mutation)?;
+        self.apply_locked(&mut writer, mutation);
+        Ok(Recorded {
+            outcome: RecordOutcome::Recorded,
+            seq,
+            expires_in_ms: ttl_ms,
+        })
+    }
+
+    /// The TTL for a tombstone: requested or default, clamped to the maximum, jittered (never above it).
+    fn ttl_ms(&self, kind: AbsenceKind, requested_seconds: u32) -> u64 {
+        let base = match (requested_seconds, kind) {
+            (0, AbsenceKind::Missing) => self.settings.missing_ttl,
+            (0, AbsenceKind::Deleted) => self.settings.deleted_ttl,
+            (seconds, _) => Duration::from_secs(u64::from(seconds)),
+        };
+        let max_ms = self.settings.max_ttl.as_millis() as f64;
+        let base_ms = (base.as_millis() as f64).min(max_ms);
+        let jitter = self.settings.ttl_jitter;
+        let factor = if jitter > 0.0 {
+            1.0 + rand::rng().random_range(-jitter..=jitter)
+        } else {
+            1.0
+        };
+        (base_ms * factor).round().clamp(1.0, max_ms) as u64
+    }
+
+    /// Applies a mutation from the log (replay, or a replica's feed). Mutations must arrive in seq order.
+    pub fn apply(&self, mutation: Mutation) -> u32 {
+        let mut writer = self.writer();
+        self.apply_locked(&mut writer, mutation)
+    }
+
+    /// The state machine's step; returns how many live tombstones an `Add` cleared.
+    fn apply_locked(&self, writer: &mut Writer, mutation: Mutation) -> u32 {
+        match mutation {
+            Mutation::Add {
+                seq, at_ms, keys, ..
+            } => {
+                let mut cleared = 0;
+                for key in &keys {
+                    let hash = self.hasher.hash(key);
+                    self.filter.insert(hash, at_ms);
+                    writer.recent_adds.record(hash, seq);
+                    cleared += u32::from(self.tombstones.remove(hash, at_ms));
+                }
+                self.keys_added
+                    .fetch_add(keys.len() as u64, Ordering::Relaxed);
+                self.metrics.keys_added.increment(keys.len() as u64);
+                self.hub
+                    .publish(Invalidation { seq, keys }, &self.latest_seq);
+                cleared
+            }
+            Mutation::RecordAbsent {
+                seq,
+                at_ms,
+                key,
+                kind,
+                expires_at_ms,
+                ..
+            } => {
+                let hash = self.hasher.hash(&key);
+                if self
+                    .tombstones
+                    .insert(hash, kind, expires_at_ms, at_ms)
+                    .evicted
+                {
+                    self.metrics.tombstones_evicted.increment(1);
+                }
+                self.latest_seq.store(seq, Ordering::Release);
+                0
+            }
+        }
+    }
+
+    /// A subscription to this namespace's invalidations after `after_seq` (0 = from now on).
+    pub fn subscribe(&self, after_seq: u64) -> Subscription {
+        self.hub.subscribe(after_seq, &self.latest_seq)
+    }
+
+    /// Frees dead windows and expired tombstones; the server calls it periodically.
+    pub fn maintain(&self, now_ms: u64) {
+        self.filter.expire(now_ms);
+        self.tombstones.purge_expired(now_ms);
+    }
+
+    /// Current figures.
+    pub fn stats(&self, now_ms: u64) -> NamespaceStats {
+        NamespaceStats {
+            name: Arc::clone(&self.name),
+            seq: self.latest_seq(),
+            keys_added: self.keys_added.load(Ordering::Relaxed),
+            filter: self.filter.stats(now_ms),
+            tombstones: self.tombstones.len(),
+            tombstone_bytes: self.tombstones.bytes(),
+        }
+    }
+
+    /// Publishes the gauges of this namespace.
+    pub fn export_gauges(&self, now_ms: u64) {
+        self.metrics.export(&self.stats(now_ms), self.hub.bytes());
+    }
+}
