@@ -16,7 +16,7 @@
 //! - [`metrics`]: Prometheus metrics with pre-resolved handles.
 //! - [`grpc`]: the thin gRPC layer that maps the contract onto the gate.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
-//! - [`server`]: wiring, startup and graceful shutdown.
+//! - [`server`]: wiring, startup and graceful shutdown; [`shutdown`]: the signal every part watches.
 //!
 //! The core (everything above `grpc`) knows nothing of tonic.
 
@@ -24,16 +24,17 @@ pub mod clock;
 pub mod config;
 pub mod filter;
 pub mod gate;
-// pub mod grpc;
+pub mod grpc;
 pub mod hashing;
-// pub mod http;
+pub mod http;
 pub mod invalidations;
 pub mod log;
 pub mod metrics;
 pub mod namespace;
 pub mod rate_limit;
 pub mod recent_adds;
-// pub mod server;
+pub mod server;
+pub mod shutdown;
 pub mod tombstones;
 
 /// Types generated from `proto/existence/v1/existence.proto`.

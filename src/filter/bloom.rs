@@ -96,29 +96,34 @@ impl Geometry {
 pub fn blocked_false_positive_rate(bits_per_key: f64, probes: u32) -> f64 {
     let block = f64::from(BLOCK_BITS);
     let lambda = block / bits_per_key;
-    let miss_per_probe = 1.0 - 1.0 / block;
+    // Probability that one key's probes all miss a given bit.
+    let key_misses_bit = (1.0 - 1.0 / block).powi(probes as i32);
     let last = (lambda + 12.0 * lambda.sqrt() + 20.0) as u32;
     let mut poisson = (-lambda).exp();
+    let mut all_keys_miss_bit = 1.0_f64;
     let mut rate = 0.0;
     for keys_in_block in 0..=last {
-        let bit_set = 1.0 - miss_per_probe.powf(f64::from(probes * keys_in_block));
-        rate += poisson * bit_set.powi(probes as i32);
+        rate += poisson * (1.0 - all_keys_miss_bit).powi(probes as i32);
         poisson *= lambda / f64::from(keys_in_block + 1);
+        all_keys_miss_bit *= key_misses_bit;
     }
     rate
 }
 
 /// The fewest bits per key (and the probe count that achieves it) for a blocked filter at rate `target`.
 fn bits_per_key_for(target: f64) -> (f64, u32) {
+    // The best probe count lies near the classic optimum c·ln 2; search a few either side of it.
     let best_probes = |bits_per_key: f64| -> (f64, u32) {
-        (1..=MAX_PROBES)
+        let classic = (bits_per_key * std::f64::consts::LN_2).round() as u32;
+        let most = (classic + 3).min(MAX_PROBES);
+        (classic.saturating_sub(3).clamp(1, most)..=most)
             .map(|k| (blocked_false_positive_rate(bits_per_key, k), k))
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .expect("at least one probe count")
     };
     // The best achievable rate falls as bits per key grow: bisect on it.
     let (mut low, mut high) = (0.5_f64, 128.0_f64);
-    for _ in 0..48 {
+    for _ in 0..40 {
         let mid = (low + high) / 2.0;
         if best_probes(mid).0 <= target {
             high = mid;

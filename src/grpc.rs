@@ -1,0 +1,242 @@
+//! The gRPC surface: decodes requests, calls the [`Gate`], encodes answers, maps errors to statuses, and
+//! records per-RPC metrics. No decisions are made here.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::gate::{Gate, GateError};
+use crate::invalidations::Delivery;
+use crate::metrics::{Rpc, RpcMetrics};
+use crate::namespace::{self, AbsenceReport, Answer, Basis};
+use crate::proto;
+use crate::proto::existence_gate_server::ExistenceGate;
+use crate::shutdown::Shutdown;
+use crate::tombstones::AbsenceKind;
+
+/// The `ExistenceGate` service.
+#[derive(Debug, Clone)]
+pub struct GateService {
+    gate: Arc<Gate>,
+    metrics: Arc<RpcMetrics>,
+    shutdown: Shutdown,
+}
+
+impl GateService {
+    /// Serves `gate` until `shutdown`.
+    pub fn new(gate: Arc<Gate>, shutdown: Shutdown) -> Self {
+        Self {
+            gate,
+            metrics: Arc::new(RpcMetrics::default()),
+            shutdown,
+        }
+    }
+
+    /// Refuses new calls once shutdown has begun, so clients move to another replica.
+    fn check_open(&self) -> Result<(), Status> {
+        if self.shutdown.is_triggered() {
+            Err(Status::unavailable(
+                "the server is shutting down; retry on another replica",
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Records the call's metrics and wraps its reply.
+    fn finish<T>(
+        &self,
+        rpc: Rpc,
+        started: Instant,
+        result: Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        let code = result.as_ref().map_or_else(|s| s.code() as usize, |_| 0);
+        self.metrics.record(rpc, code, started);
+        result.map(Response::new)
+    }
+}
+
+/// The status for a refused request.
+pub fn status(error: GateError) -> Status {
+    match &error {
+        GateError::UnknownNamespace(_) => Status::not_found(error.to_string()),
+        GateError::InvalidArgument(_) => Status::invalid_argument(error.to_string()),
+        GateError::Unavailable(_) => Status::unavailable(error.to_string()),
+    }
+}
+
+fn answer(answer: Answer) -> proto::Answer {
+    match answer {
+        Answer::Absent => proto::Answer::Absent,
+        Answer::MayExist => proto::Answer::MayExist,
+    }
+}
+
+fn basis(basis: Basis) -> proto::Basis {
+    match basis {
+        Basis::Filter => proto::Basis::Filter,
+        Basis::Tombstone => proto::Basis::Tombstone,
+        Basis::Warming => proto::Basis::Warming,
+    }
+}
+
+fn absence_kind(value: i32) -> Result<AbsenceKind, Status> {
+    match proto::AbsenceKind::try_from(value) {
+        Ok(proto::AbsenceKind::Unspecified | proto::AbsenceKind::Missing) => Ok(AbsenceKind::Missing),
+        Ok(proto::AbsenceKind::Deleted) => Ok(AbsenceKind::Deleted),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "kind {value} is not a known AbsenceKind; use ABSENCE_KIND_MISSING (1) or ABSENCE_KIND_DELETED (2)"
+        ))),
+    }
+}
+
+fn record_outcome(outcome: namespace::RecordOutcome) -> proto::RecordOutcome {
+    match outcome {
+        namespace::RecordOutcome::Recorded => proto::RecordOutcome::Recorded,
+        namespace::RecordOutcome::Redundant => proto::RecordOutcome::Redundant,
+        namespace::RecordOutcome::Superseded => proto::RecordOutcome::Superseded,
+        namespace::RecordOutcome::Throttled => proto::RecordOutcome::Throttled,
+    }
+}
+
+fn invalidation(namespace: &str, delivery: Delivery) -> proto::Invalidation {
+    match delivery {
+        Delivery::Added(event) => proto::Invalidation {
+            namespace: namespace.to_string(),
+            keys: event.keys.clone(),
+            seq: event.seq,
+            cause: proto::InvalidationCause::Added as i32,
+        },
+        Delivery::Resync { seq } => proto::Invalidation {
+            namespace: namespace.to_string(),
+            keys: Vec::new(),
+            seq,
+            cause: proto::InvalidationCause::Resync as i32,
+        },
+    }
+}
+
+type InvalidationStream = Pin<Box<dyn Stream<Item = Result<proto::Invalidation, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExistenceGate for GateService {
+    async fn may_exist(
+        &self,
+        request: Request<proto::MayExistRequest>,
+    ) -> Result<Response<proto::MayExistResponse>, Status> {
+        let started = Instant::now();
+        let request = request.get_ref();
+        let result = self.check_open().and_then(|()| {
+            let (lookup, observed_seq) = self
+                .gate
+                .may_exist(&request.namespace, &request.key)
+                .map_err(status)?;
+            Ok(proto::MayExistResponse {
+                answer: answer(lookup.answer) as i32,
+                basis: basis(lookup.basis) as i32,
+                observed_seq,
+            })
+        });
+        self.finish(Rpc::MayExist, started, result)
+    }
+
+    async fn batch_may_exist(
+        &self,
+        request: Request<proto::BatchMayExistRequest>,
+    ) -> Result<Response<proto::BatchMayExistResponse>, Status> {
+        let started = Instant::now();
+        let request = request.get_ref();
+        let result = self.check_open().and_then(|()| {
+            let mut lookups = Vec::with_capacity(request.keys.len());
+            let observed_seq = self
+                .gate
+                .batch_may_exist(&request.namespace, &request.keys, &mut lookups)
+                .map_err(status)?;
+            Ok(proto::BatchMayExistResponse {
+                answers: lookups.iter().map(|l| answer(l.answer) as i32).collect(),
+                observed_seq,
+            })
+        });
+        self.finish(Rpc::BatchMayExist, started, result)
+    }
+
+    async fn add(
+        &self,
+        request: Request<proto::AddRequest>,
+    ) -> Result<Response<proto::AddResponse>, Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let result = self.check_open().and_then(|()| {
+            let added = self
+                .gate
+                .add(&request.namespace, request.keys)
+                .map_err(status)?;
+            Ok(proto::AddResponse {
+                seq: added.seq,
+                tombstones_cleared: added.tombstones_cleared,
+            })
+        });
+        self.finish(Rpc::Add, started, result)
+    }
+
+    async fn record_absent(
+        &self,
+        request: Request<proto::RecordAbsentRequest>,
+    ) -> Result<Response<proto::RecordAbsentResponse>, Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let result = self.check_open().and_then(|()| {
+            let report = AbsenceReport {
+                kind: absence_kind(request.kind)?,
+                key: request.key,
+                observed_seq: request.observed_seq,
+                ttl_seconds: request.ttl_seconds,
+            };
+            let recorded = self
+                .gate
+                .record_absent(&request.namespace, report)
+                .map_err(status)?;
+            Ok(proto::RecordAbsentResponse {
+                outcome: record_outcome(recorded.outcome) as i32,
+                seq: recorded.seq,
+                expires_in_ms: recorded.expires_in_ms,
+            })
+        });
+        self.finish(Rpc::RecordAbsent, started, result)
+    }
+
+    type SubscribeInvalidationsStream = InvalidationStream;
+
+    async fn subscribe_invalidations(
+        &self,
+        request: Request<proto::SubscribeInvalidationsRequest>,
+    ) -> Result<Response<Self::SubscribeInvalidationsStream>, Status> {
+        let started = Instant::now();
+        let request = request.get_ref();
+        let result = self.check_open().and_then(|()| {
+            let (namespace, mut subscription) =
+                self.gate.subscribe(&request.namespace, request.after_seq).map_err(status)?;
+            let shutdown = self.shutdown.clone();
+            let stream: InvalidationStream = Box::pin(async_stream::stream! {
+                loop {
+                    tokio::select! {
+                        biased;
+                        () = shutdown.wait() => {
+                            yield Err(Status::unavailable(format!(
+                                "the server is shutting down; resubscribe with after_seq = {}",
+                                subscription.cursor()
+                            )));
+                            break;
+                        }
+                        delivery = subscription.next() => yield Ok(invalidation(&namespace, delivery)),
+                    }
+                }
+            });
+            Ok(stream)
+        });
+        self.finish(Rpc::SubscribeInvalidations, started, result)
+    }
+}

@@ -1,0 +1,80 @@
+//! Helpers shared by the integration tests: a real server on ephemeral loopback ports, real clients.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use existence_gate::clock::{Clock, ManualClock, SystemClock};
+use existence_gate::config::GateConfig;
+use existence_gate::proto::existence_gate_client::ExistenceGateClient;
+use existence_gate::server::{self, RunningServer, ServeOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+
+/// A unix time far from window boundaries, for manual clocks.
+pub const START_MS: u64 = 1_800_000_000_000;
+
+/// A server started on ephemeral ports with `config` (TOML) and `clock`.
+pub async fn start_with(
+    config: &str,
+    clock: Arc<dyn Clock>,
+    max_message_bytes: usize,
+) -> RunningServer {
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        http_listen: "127.0.0.1:0".parse().unwrap(),
+        config: GateConfig::from_toml(config).expect("test config is valid"),
+        max_message_bytes,
+        drain_timeout: Duration::from_secs(5),
+    };
+    server::start(options, clock).await.expect("server starts")
+}
+
+/// A server with `config` on the system clock.
+pub async fn start(config: &str) -> RunningServer {
+    start_with(config, Arc::new(SystemClock), 16 << 20).await
+}
+
+/// A server with `config` on a manual clock (returned too).
+pub async fn start_manual(config: &str) -> (RunningServer, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    (start_with(config, clock.clone(), 16 << 20).await, clock)
+}
+
+/// A channel to the server's gRPC port.
+pub async fn channel(server: &RunningServer) -> Channel {
+    Channel::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connects")
+}
+
+/// A gate client with large message limits.
+pub async fn client(server: &RunningServer) -> ExistenceGateClient<Channel> {
+    ExistenceGateClient::new(channel(server).await)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+/// `GET path` on the HTTP port: (status code, body).
+pub async fn http_get(server: &RunningServer, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(server.http_addr)
+        .await
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,187 @@
+//! Many threads adding and looking up while windows rotate: once an `Add` returns, every thread must see its
+//! keys as `MAY_EXIST` (no false absent under concurrency), and tombstones recorded concurrently with Adds
+//! never make an added key absent unless the record observed that Add.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+use bytes::Bytes;
+use existence_gate::clock::ManualClock;
+use existence_gate::config::GateConfig;
+use existence_gate::gate::Gate;
+use existence_gate::hashing::KeyHasher;
+use existence_gate::log::VolatileLog;
+use existence_gate::namespace::{AbsenceReport, Answer, Basis, RecordOutcome};
+use existence_gate::tombstones::AbsenceKind;
+
+const START_MS: u64 = 1_800_000_000_000;
+const MINUTE_MS: u64 = 60_000;
+const WRITERS: u64 = 3;
+const KEYS_PER_WRITER: u64 = 20_000;
+const BATCH: u64 = 50;
+
+fn key(writer: u64, i: u64) -> Bytes {
+    Bytes::from(format!("w{writer}-k{i}"))
+}
+
+fn gate(clock: Arc<ManualClock>) -> Arc<Gate> {
+    // One hour in four windows: 20-minute spans. The clock moves at most 59 minutes, so every key added
+    // during the test stays within its retention, while windows rotate at least twice.
+    let config = GateConfig::from_toml(
+        "[namespaces.default]\nexpected_keys = 10000\nretention = \"1h\"\nwindows = 4",
+    )
+    .unwrap();
+    let gate = Arc::new(Gate::new(
+        &config,
+        KeyHasher::from_seed([7; 32]),
+        Arc::new(VolatileLog),
+        clock,
+    ));
+    gate.set_ready(true);
+    gate
+}
+
+#[test]
+fn adds_are_visible_to_every_thread_during_rotation_and_growth() {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let gate = gate(clock.clone());
+    // How many keys each writer has had acknowledged (its Adds returned).
+    let acknowledged: Arc<Vec<AtomicU64>> =
+        Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
+    let done = Arc::new(AtomicBool::new(false));
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let (gate, acknowledged) = (gate.clone(), acknowledged.clone());
+            thread::spawn(move || {
+                for start in (0..KEYS_PER_WRITER).step_by(BATCH as usize) {
+                    let keys: Vec<Bytes> = (start..start + BATCH).map(|i| key(writer, i)).collect();
+                    gate.add("", keys.clone()).unwrap();
+                    for k in &keys {
+                        let (lookup, _) = gate.may_exist("", k).unwrap();
+                        assert_eq!(lookup.answer, Answer::MayExist, "own key {k:?} lost");
+                    }
+                    acknowledged[writer as usize].store(start + BATCH, Ordering::Release);
+                }
+            })
+        })
+        .collect();
+
+    let readers: Vec<_> = (0..2)
+        .map(|reader| {
+            let (gate, acknowledged, done) = (gate.clone(), acknowledged.clone(), done.clone());
+            thread::spawn(move || {
+                let mut checked = 0u64;
+                let mut round = 0u64;
+                while !done.load(Ordering::Acquire) {
+                    round += 1;
+                    let writer = (round + reader) % WRITERS;
+                    let visible = acknowledged[writer as usize].load(Ordering::Acquire);
+                    if visible == 0 {
+                        continue;
+                    }
+                    let batch: Vec<Bytes> = (0..64)
+                        .map(|j| key(writer, (round * 7919 + j * 31) % visible))
+                        .collect();
+                    let mut lookups = Vec::new();
+                    gate.batch_may_exist("", &batch, &mut lookups).unwrap();
+                    for (k, lookup) in batch.iter().zip(&lookups) {
+                        assert_eq!(
+                            lookup.answer,
+                            Answer::MayExist,
+                            "acknowledged key {k:?} answered absent"
+                        );
+                    }
+                    checked += batch.len() as u64;
+                }
+                checked
+            })
+        })
+        .collect();
+
+    let rotator = {
+        let (clock, gate, done) = (clock.clone(), gate.clone(), done.clone());
+        thread::spawn(move || {
+            for _ in 0..59 {
+                if done.load(Ordering::Acquire) {
+                    break;
+                }
+                clock.advance(MINUTE_MS);
+                gate.maintain();
+                thread::yield_now();
+            }
+        })
+    };
+
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    done.store(true, Ordering::Release);
+    rotator.join().unwrap();
+    let checked: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert!(checked > 0, "readers checked nothing");
+
+    for writer in 0..WRITERS {
+        for i in 0..KEYS_PER_WRITER {
+            let (lookup, _) = gate.may_exist("", &key(writer, i)).unwrap();
+            assert_eq!(
+                lookup.answer,
+                Answer::MayExist,
+                "key {writer}/{i} lost at the end"
+            );
+        }
+    }
+    let stats = &gate.stats()[0];
+    assert!(
+        stats.filter.layers > stats.filter.windows || stats.filter.windows > 1,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let gate = gate(clock);
+    let hot = Bytes::from_static(b"hot");
+    gate.add("", vec![hot.clone()]).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+
+    // A reporter keeps observing and recording the key absent, as a client racing the source would.
+    let reporter = {
+        let (gate, hot, done) = (gate.clone(), hot.clone(), done.clone());
+        thread::spawn(move || {
+            let mut recorded = 0;
+            while !done.load(Ordering::Acquire) {
+                let (_, observed_seq) = gate.may_exist("", &hot).unwrap();
+                let report = AbsenceReport {
+                    key: hot.clone(),
+                    kind: AbsenceKind::Missing,
+                    observed_seq,
+                    ttl_seconds: 60,
+                };
+                if gate.record_absent("", report).unwrap().outcome == RecordOutcome::Recorded {
+                    recorded += 1;
+                }
+            }
+            recorded
+        })
+    };
+
+    // Each Add must clear the tombstone; a tombstone seen afterwards must come from a record whose
+    // observation was at or after this Add (its seq is then above the Add's).
+    for _ in 0..5_000 {
+        let added = gate.add("", vec![hot.clone()]).unwrap();
+        let (lookup, seq) = gate.may_exist("", &hot).unwrap();
+        if lookup.basis == Basis::Tombstone {
+            assert!(
+                seq > added.seq,
+                "a tombstone older than the Add answered: add {} lookup {seq}",
+                added.seq
+            );
+        }
+    }
+    done.store(true, Ordering::Release);
+    let recorded = reporter.join().unwrap();
+    assert!(recorded > 0, "the race was never exercised");
+}

@@ -1,0 +1,218 @@
+//! What operators and load balancers see: gRPC health, reflection, the HTTP port, and the binary's graceful
+//! shutdown on SIGTERM.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use existence_gate::proto::{AddRequest, MayExistRequest, SubscribeInvalidationsRequest};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_stream::StreamExt;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+#[tokio::test]
+async fn health_reports_serving_for_the_server_and_the_contract() {
+    let server = start("").await;
+    let mut health = HealthClient::new(channel(&server).await);
+    for service in ["", "existence.v1.ExistenceGate"] {
+        let reply = health
+            .check(HealthCheckRequest {
+                service: service.to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            reply.status(),
+            ServingStatus::Serving,
+            "service {service:?}"
+        );
+    }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "nope".into(),
+        })
+        .await
+        .expect_err("unknown service");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn reflection_lists_the_services_in_v1_and_v1alpha() {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let server = start("").await;
+
+    let mut client =
+        v1::server_reflection_client::ServerReflectionClient::new(channel(&server).await);
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut replies = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = replies.next().await.unwrap().unwrap();
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("unexpected reply {reply:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"existence.v1.ExistenceGate".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
+
+    let mut alpha =
+        v1alpha::server_reflection_client::ServerReflectionClient::new(channel(&server).await);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "existence.v1.ExistenceGate".into(),
+            ),
+        ),
+    };
+    let mut replies = alpha
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = replies.next().await.unwrap().unwrap();
+    assert!(
+        matches!(
+            reply.message_response,
+            Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(_))
+        ),
+        "{reply:?}"
+    );
+}
+
+#[tokio::test]
+async fn http_port_serves_health_readiness_and_metrics() {
+    let server = start("[namespaces.metered]\nexpected_keys = 1000").await;
+    assert_eq!(http_get(&server, "/healthz").await.0, 200);
+    assert_eq!(http_get(&server, "/readyz").await.0, 200);
+    assert_eq!(http_get(&server, "/nope").await.0, 404);
+
+    let mut client = client(&server).await;
+    client
+        .add(AddRequest {
+            namespace: "metered".into(),
+            keys: vec![Bytes::from_static(b"k")],
+        })
+        .await
+        .unwrap();
+    client
+        .may_exist(MayExistRequest {
+            namespace: "metered".into(),
+            key: Bytes::from_static(b"k"),
+        })
+        .await
+        .unwrap();
+    let (status, metrics) = http_get(&server, "/metrics").await;
+    assert_eq!(status, 200);
+    for needle in [
+        "existence_answers_total{namespace=\"metered\",answer=\"may_exist\",basis=\"filter\"} 1",
+        "existence_keys_added_total{namespace=\"metered\"} 1",
+        "existence_tombstones{namespace=\"metered\"} 0",
+        "existence_filter_bytes{namespace=\"metered\"}",
+        "existence_filter_windows{namespace=\"metered\"} 1",
+        "existence_filter_estimated_false_positive_rate{namespace=\"metered\"}",
+        "existence_filter_false_positives_total{namespace=\"metered\"}",
+        "existence_requests_total{rpc=\"MayExist\",code=\"OK\"}",
+        "existence_request_duration_seconds_bucket{rpc=\"Add\",code=\"OK\",le=",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "metrics lack {needle}:\n{metrics}"
+        );
+    }
+
+    let stopping = server.shutdown_handle();
+    stopping.trigger();
+    // Readiness turns 503 as soon as shutdown begins (the port may already be closing, which is fine too).
+    if let Ok(Ok((status, _))) = tokio::time::timeout(Duration::from_secs(2), async {
+        tokio::spawn(async move { http_get(&server, "/readyz").await }).await
+    })
+    .await
+    {
+        assert_eq!(status, 503);
+    }
+}
+
+/// The real binary: serves with defaults on the given ports, and on SIGTERM ends streams with UNAVAILABLE,
+/// drains and exits 0.
+#[tokio::test]
+async fn the_binary_shuts_down_gracefully_on_sigterm() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grpc_addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("grpc_addr=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the binary exited before serving");
+    })
+    .await
+    .expect("serves within 30 s");
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client =
+        existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
+    let mut stream = client
+        .subscribe_invalidations(SubscribeInvalidationsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+
+    let pid = child.id().expect("running");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+
+    let status = stream
+        .message()
+        .await
+        .expect_err("the stream ends with a status");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let exit = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits within the drain deadline")
+        .unwrap();
+    assert!(exit.success(), "exit status {exit:?}");
+}
