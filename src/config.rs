@@ -307,6 +307,13 @@ fn validate_namespace_name(name: &str) -> Result<(), ConfigError> {
 }
 
 /// Parses `500ms`, `90s`, `10m`, `2h`, `7d` or `1w`.
+///
+/// ```
+/// use existence_gate::config::parse_duration;
+/// assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
+/// assert_eq!(parse_duration("7d").unwrap().as_secs(), 7 * 86_400);
+/// assert!(parse_duration("7 days").is_err());
+/// ```
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(|| {

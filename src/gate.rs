@@ -5,8 +5,7 @@
 //! gRPC layer maps [`GateError`] to status codes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use metrics::Counter;
@@ -56,10 +55,10 @@ struct Entry {
 pub struct Gate {
     namespaces: HashMap<String, Entry>,
     limits: Limits,
-    log: Arc<dyn Log>,
     clock: Arc<dyn Clock>,
-    /// Whether loading is done; until then lookups fail open (`MAY_EXIST` + `WARMING`).
-    ready: AtomicBool,
+    /// Where writes go; set once loading is done. Until then lookups fail open (`MAY_EXIST` + `WARMING`)
+    /// and writes are refused.
+    log: OnceLock<Arc<dyn Log>>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -73,13 +72,9 @@ impl std::fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// A gate with the namespaces of `config`, not yet ready.
-    pub fn new(
-        config: &GateConfig,
-        hasher: KeyHasher,
-        log: Arc<dyn Log>,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
+    /// A gate with the namespaces of `config`, still warming: call [`open`](Self::open) once its state is
+    /// loaded.
+    pub fn new(config: &GateConfig, hasher: KeyHasher, clock: Arc<dyn Clock>) -> Self {
         let hasher = Arc::new(hasher);
         let namespaces = config
             .namespaces
@@ -101,20 +96,19 @@ impl Gate {
         Self {
             namespaces,
             limits: config.limits.clone(),
-            log,
             clock,
-            ready: AtomicBool::new(false),
+            log: OnceLock::new(),
         }
     }
 
-    /// Marks loading as done (or not): lookups stop (or start) failing open.
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Release);
+    /// Ends warming: lookups answer from state, writes go to `log`. Only the first call counts.
+    pub fn open(&self, log: Arc<dyn Log>) {
+        let _ = self.log.set(log);
     }
 
     /// Whether loading is done.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.log.get().is_some()
     }
 
     /// The request limits.
@@ -226,7 +220,8 @@ impl Gate {
             ));
         }
         self.check_keys(&keys)?;
-        Ok(namespace.add(keys, self.clock.now_ms(), self.log.as_ref())?)
+        let log = self.writable_log()?;
+        Ok(namespace.add(keys, self.clock.now_ms(), log)?)
     }
 
     /// Records that the source does not have `report.key`.
@@ -237,7 +232,8 @@ impl Gate {
     ) -> Result<Recorded, GateError> {
         let namespace = self.namespace(namespace)?;
         self.check_key(&report.key, None)?;
-        Ok(namespace.record_absent(report, self.clock.now_ms(), self.log.as_ref())?)
+        let log = self.writable_log()?;
+        Ok(namespace.record_absent(report, self.clock.now_ms(), log)?)
     }
 
     /// Subscribes to `namespace`'s invalidations after `after_seq`; returns the canonical name with it.
@@ -251,11 +247,76 @@ impl Gate {
     }
 
     /// Applies mutations read back from a log, in order.
-    pub fn replay(&self, mutations: impl IntoIterator<Item = Mutation>) -> Result<(), GateError> {
-        for mutation in mutations {
-            self.namespace(mutation.namespace())?.apply(mutation);
+    pub fn replay(&self, mutations: impl IntoIterator<Item = Mutation>) -> Result<(), String> {
+        mutations.into_iter().try_for_each(|m| self.replay_one(m))
+    }
+
+    /// Applies one mutation read back from a log: skipped if the namespace's state already includes it (a
+    /// snapshot covered it), applied if it is the next seq, refused if seqs are missing before it.
+    pub fn replay_one(&self, mutation: Mutation) -> Result<(), String> {
+        let namespace = self.namespace(mutation.namespace()).map_err(|_| {
+            format!(
+                "the log has mutations of namespace {:?}, which is not configured; add it back to the \
+                 configuration (or move the data directory aside to start without it)",
+                mutation.namespace()
+            )
+        })?;
+        let (seq, latest) = (mutation.seq(), namespace.latest_seq());
+        if seq <= latest {
+            return Ok(());
         }
+        if seq != latest + 1 {
+            return Err(format!(
+                "namespace {:?} jumps from seq {latest} to {seq}: mutations are missing from the log",
+                mutation.namespace()
+            ));
+        }
+        namespace.apply(mutation);
         Ok(())
+    }
+
+    /// Loads one namespace's state from a snapshot.
+    pub fn restore_image(
+        &self,
+        image: crate::persistence::snapshot::NamespaceImage,
+    ) -> Result<(), String> {
+        let namespace = self.namespace(&image.name).map_err(|_| {
+            format!(
+                "it holds namespace {:?}, which is not configured; add it back to the configuration (or move \
+                 the data directory aside to start without it)",
+                image.name
+            )
+        })?;
+        let expected = namespace.settings().filter_spec().fingerprint();
+        if image.fingerprint != expected {
+            return Err(format!(
+                "namespace {:?} was written with another filter sizing (expected_keys, false_positive_rate, \
+                 retention or windows changed); changing sizing needs a rebuild: start with an empty data \
+                 directory and re-derive the keys with the Admin Rebuild call, or restore the old settings",
+                image.name
+            ));
+        }
+        namespace.restore(
+            image.seq,
+            image.keys_added,
+            image.windows,
+            &image.tombstones,
+            self.clock.now_ms(),
+        );
+        Ok(())
+    }
+
+    /// The gate's clock, now.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The log, once loading is done; writes before that are refused (their seqs would collide with the
+    /// log being replayed).
+    fn writable_log(&self) -> Result<&dyn Log, GateError> {
+        self.log.get().map(|log| log.as_ref()).ok_or_else(|| {
+            GateError::Unavailable("the gate is still loading its state; retry shortly".to_string())
+        })
     }
 
     /// Frees dead windows and expired tombstones in every namespace.

@@ -23,16 +23,34 @@ pub struct GateService {
     gate: Arc<Gate>,
     metrics: Arc<RpcMetrics>,
     shutdown: Shutdown,
+    /// Whether writes wait for an fsync: they then run on the blocking pool, not on a request thread.
+    blocking_writes: bool,
 }
 
 impl GateService {
-    /// Serves `gate` until `shutdown`.
-    pub fn new(gate: Arc<Gate>, shutdown: Shutdown) -> Self {
+    /// Serves `gate` until `shutdown`. `blocking_writes`: writes wait for fsync.
+    pub fn new(gate: Arc<Gate>, shutdown: Shutdown, blocking_writes: bool) -> Self {
         Self {
             gate,
             metrics: Arc::new(RpcMetrics::default()),
             shutdown,
+            blocking_writes,
         }
+    }
+
+    /// Runs a write on the blocking pool when it may wait for an fsync, inline otherwise.
+    async fn write<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Gate) -> Result<T, Status> + Send + 'static,
+    ) -> Result<T, Status> {
+        self.check_open()?;
+        if !self.blocking_writes {
+            return write(&self.gate);
+        }
+        let gate = Arc::clone(&self.gate);
+        tokio::task::spawn_blocking(move || write(&gate))
+            .await
+            .map_err(|e| Status::internal(format!("write task failed: {e}")))?
     }
 
     /// Refuses new calls once shutdown has begun, so clients move to another replica.
@@ -169,16 +187,15 @@ impl ExistenceGate for GateService {
     ) -> Result<Response<proto::AddResponse>, Status> {
         let started = Instant::now();
         let request = request.into_inner();
-        let result = self.check_open().and_then(|()| {
-            let added = self
-                .gate
-                .add(&request.namespace, request.keys)
-                .map_err(status)?;
-            Ok(proto::AddResponse {
-                seq: added.seq,
-                tombstones_cleared: added.tombstones_cleared,
+        let result = self
+            .write(move |gate| {
+                let added = gate.add(&request.namespace, request.keys).map_err(status)?;
+                Ok(proto::AddResponse {
+                    seq: added.seq,
+                    tombstones_cleared: added.tombstones_cleared,
+                })
             })
-        });
+            .await;
         self.finish(Rpc::Add, started, result)
     }
 
@@ -188,23 +205,24 @@ impl ExistenceGate for GateService {
     ) -> Result<Response<proto::RecordAbsentResponse>, Status> {
         let started = Instant::now();
         let request = request.into_inner();
-        let result = self.check_open().and_then(|()| {
-            let report = AbsenceReport {
-                kind: absence_kind(request.kind)?,
-                key: request.key,
-                observed_seq: request.observed_seq,
-                ttl_seconds: request.ttl_seconds,
-            };
-            let recorded = self
-                .gate
-                .record_absent(&request.namespace, report)
-                .map_err(status)?;
-            Ok(proto::RecordAbsentResponse {
-                outcome: record_outcome(recorded.outcome) as i32,
-                seq: recorded.seq,
-                expires_in_ms: recorded.expires_in_ms,
+        let result = self
+            .write(move |gate| {
+                let report = AbsenceReport {
+                    kind: absence_kind(request.kind)?,
+                    key: request.key,
+                    observed_seq: request.observed_seq,
+                    ttl_seconds: request.ttl_seconds,
+                };
+                let recorded = gate
+                    .record_absent(&request.namespace, report)
+                    .map_err(status)?;
+                Ok(proto::RecordAbsentResponse {
+                    outcome: record_outcome(recorded.outcome) as i32,
+                    seq: recorded.seq,
+                    expires_in_ms: recorded.expires_in_ms,
+                })
             })
-        });
+            .await;
         self.finish(Rpc::RecordAbsent, started, result)
     }
 

@@ -102,6 +102,17 @@ impl Hub {
         self.newest.send_replace(seq);
     }
 
+    /// Forgets every buffered invalidation and declares everything up to `seq` unservable: after a restore,
+    /// invalidations before the restored state are gone, and a subscriber resuming from before `seq` must be
+    /// told to resync.
+    pub fn reset(&self, seq: u64) {
+        let mut replay = self.replay();
+        *replay = Replay {
+            floor: seq,
+            ..Replay::default()
+        };
+    }
+
     /// Bytes held in the replay buffer.
     pub fn bytes(&self) -> usize {
         self.replay().bytes

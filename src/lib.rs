@@ -9,6 +9,7 @@
 //! - [`recent_adds`] and [`rate_limit`]: the guards on recording absences (stale races, floods).
 //! - [`invalidations`]: the bounded replay buffer that tells subscribers when cached absences became wrong.
 //! - [`log`]: the ordered mutations the core applies, and the `Log` seam persistence plugs into.
+//! - [`persistence`]: the data directory — write-ahead log, snapshots, recovery.
 //! - [`namespace`]: one key space — the deterministic state machine plus the decisions that feed it.
 //! - [`gate`]: all namespaces, request validation and warming; the core's public surface.
 //! - [`clock`]: time as the core sees it (a manual clock in tests).
@@ -31,6 +32,7 @@ pub mod invalidations;
 pub mod log;
 pub mod metrics;
 pub mod namespace;
+pub mod persistence;
 pub mod rate_limit;
 pub mod recent_adds;
 pub mod server;

@@ -71,10 +71,21 @@ impl std::fmt::Display for LogError {
 
 impl std::error::Error for LogError {}
 
-/// Where mutations are recorded before they are applied. Appends of one namespace arrive in seq order.
+/// A position in the log, returned by [`Log::append`] and waited on by [`Log::commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Ticket(pub u64);
+
+/// Where mutations are recorded.
+///
+/// Writing is split in two so that concurrent writers can share one fsync (group commit): `append` orders
+/// the mutation (the gate calls it under the namespace's writer lock, so appends of one namespace arrive in
+/// seq order, and applies the mutation only if it succeeds); `commit` waits, without any lock held, until
+/// the mutation is as durable as the log promises — the caller is answered only after that.
 pub trait Log: Send + Sync + 'static {
-    /// Records `mutation` as durably as this log promises; the mutation is applied only if this succeeds.
-    fn append(&self, mutation: &Mutation) -> Result<(), LogError>;
+    /// Orders `mutation` after every earlier append.
+    fn append(&self, mutation: &Mutation) -> Result<Ticket, LogError>;
+    /// Waits until the mutation behind `ticket` is durable.
+    fn commit(&self, ticket: Ticket) -> Result<(), LogError>;
 }
 
 /// The log of a gate that keeps its state in memory only: nothing survives a restart, so it records nothing.
@@ -82,7 +93,11 @@ pub trait Log: Send + Sync + 'static {
 pub struct VolatileLog;
 
 impl Log for VolatileLog {
-    fn append(&self, _mutation: &Mutation) -> Result<(), LogError> {
+    fn append(&self, _mutation: &Mutation) -> Result<Ticket, LogError> {
+        Ok(Ticket::default())
+    }
+
+    fn commit(&self, _ticket: Ticket) -> Result<(), LogError> {
         Ok(())
     }
 }
@@ -104,11 +119,13 @@ impl MemoryLog {
 }
 
 impl Log for MemoryLog {
-    fn append(&self, mutation: &Mutation) -> Result<(), LogError> {
-        self.mutations
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(mutation.clone());
+    fn append(&self, mutation: &Mutation) -> Result<Ticket, LogError> {
+        let mut mutations = self.mutations.lock().unwrap_or_else(|e| e.into_inner());
+        mutations.push(mutation.clone());
+        Ok(Ticket(mutations.len() as u64))
+    }
+
+    fn commit(&self, _ticket: Ticket) -> Result<(), LogError> {
         Ok(())
     }
 }

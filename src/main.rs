@@ -8,7 +8,8 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 use existence_gate::clock::SystemClock;
 use existence_gate::config::{parse_duration, GateConfig};
-use existence_gate::server::{self, ServeOptions};
+use existence_gate::persistence::SyncMode;
+use existence_gate::server::{self, DurabilityOptions, ServeOptions};
 use tracing_subscriber::EnvFilter;
 
 /// Answers "can this key exist?" for the services in front of your databases.
@@ -23,6 +24,62 @@ struct Cli {
 enum Command {
     /// Serve the gRPC contract and the HTTP metrics/health port (the default).
     Serve(ServeArgs),
+    /// Check a server's gRPC health: exits 0 only when the service is SERVING (for container HEALTHCHECKs).
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ProbeArgs {
+    /// The server's gRPC address, e.g. 127.0.0.1:50051.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    addr: String,
+    /// The health service name to check ("" = the whole server).
+    #[arg(long, default_value = "")]
+    service: String,
+    /// How long to wait for an answer (e.g. 2s).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+}
+
+/// Asks the server's health service; Ok(()) only for SERVING.
+async fn probe(args: ProbeArgs) -> Result<(), String> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let uri = if args.addr.contains("://") {
+        args.addr.clone()
+    } else {
+        format!("http://{}", args.addr)
+    };
+    let check = async {
+        let channel = tonic::transport::Endpoint::from_shared(uri)
+            .map_err(|e| format!("invalid --addr {}: {e}", args.addr))?
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", args.addr))?;
+        let reply = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: args.service.clone(),
+            })
+            .await
+            .map_err(|status| {
+                format!(
+                    "health check of {:?} failed: {}",
+                    args.service,
+                    status.message()
+                )
+            })?;
+        match reply.into_inner().status() {
+            ServingStatus::Serving => Ok(()),
+            other => Err(format!(
+                "service {:?} is {}",
+                args.service,
+                other.as_str_name()
+            )),
+        }
+    };
+    tokio::time::timeout(args.timeout, check)
+        .await
+        .map_err(|_| format!("no answer from {} within {:?}", args.addr, args.timeout))?
 }
 
 #[derive(Debug, Args)]
@@ -46,9 +103,53 @@ struct ServeArgs {
     /// How long in-flight calls may take to finish after SIGTERM (e.g. 10s).
     #[arg(long, env = "EXISTENCE_GATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     drain_timeout: std::time::Duration,
+    /// Directory for the write-ahead log, snapshots and the deployment's hash seed.
+    #[arg(
+        long,
+        env = "EXISTENCE_GATE_DATA_DIR",
+        default_value = "./existence-data"
+    )]
+    data_dir: PathBuf,
+    /// Keep state in memory only (no data directory; everything is lost on restart).
+    #[arg(long, env = "EXISTENCE_GATE_IN_MEMORY", conflicts_with = "data_dir")]
+    in_memory: bool,
+    /// When writes are acknowledged: after fsync (always), after write with an fsync every
+    /// --sync-interval (interval), or after write (never).
+    #[arg(long, env = "EXISTENCE_GATE_SYNC", value_enum, default_value_t = Sync::Always)]
+    sync: Sync,
+    /// How often `--sync interval` fsyncs the log (the most a machine crash can lose).
+    #[arg(long, env = "EXISTENCE_GATE_SYNC_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    sync_interval: std::time::Duration,
+    /// How often a snapshot is taken.
+    #[arg(long, env = "EXISTENCE_GATE_SNAPSHOT_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    snapshot_interval: std::time::Duration,
+    /// A snapshot is also taken once this many log bytes were written since the last one.
+    #[arg(long, env = "EXISTENCE_GATE_SNAPSHOT_LOG_BYTES", default_value_t = 256 << 20)]
+    snapshot_log_bytes: u64,
+}
+
+/// `--sync` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Sync {
+    Always,
+    Interval,
+    Never,
 }
 
 impl ServeArgs {
+    fn durability(&self) -> Option<DurabilityOptions> {
+        (!self.in_memory).then(|| DurabilityOptions {
+            data_dir: self.data_dir.clone(),
+            sync: match self.sync {
+                Sync::Always => SyncMode::Always,
+                Sync::Interval => SyncMode::Interval(self.sync_interval),
+                Sync::Never => SyncMode::Never,
+            },
+            snapshot_interval: self.snapshot_interval,
+            snapshot_log_bytes: self.snapshot_log_bytes,
+        })
+    }
+
     /// The serve arguments given only by environment variables and defaults (for a bare `existence-gate`).
     fn from_env() -> Result<Self, clap::Error> {
         #[derive(Parser)]
@@ -70,6 +171,7 @@ impl ServeArgs {
             config,
             max_message_bytes: self.max_message_bytes,
             drain_timeout: self.drain_timeout,
+            durability: self.durability(),
         })
     }
 }
@@ -84,7 +186,16 @@ fn log_settings(options: &ServeOptions) {
         replay_buffer_bytes = options.config.limits.replay_buffer_bytes,
         "limits"
     );
-    tracing::warn!("no --data-dir yet: state is kept in memory only and is lost on restart");
+    match &options.durability {
+        Some(d) => tracing::info!(
+            data_dir = %d.data_dir.display(),
+            sync = ?d.sync,
+            snapshot_interval = ?d.snapshot_interval,
+            snapshot_log_bytes = d.snapshot_log_bytes,
+            "durability"
+        ),
+        None => tracing::warn!("--in-memory: state is kept in memory only and is lost on restart"),
+    }
     for (name, ns) in &options.config.namespaces {
         let spec = ns.filter_spec();
         tracing::info!(
@@ -141,31 +252,32 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Logs go to stdout; `probe` prints only its verdict on stderr.
     tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
     let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Serve(args)) => Ok(args),
-        None => ServeArgs::from_env(),
-    };
-    let args = match args {
-        Ok(args) => args,
-        Err(error) => error.exit(),
+    let command = match cli.command {
+        Some(command) => command,
+        None => Command::Serve(ServeArgs::from_env().unwrap_or_else(|error| error.exit())),
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
-            tracing::error!(%error, "cannot start the async runtime");
+            eprintln!("existence-gate: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args)) {
+    let result = match command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Probe(args) => runtime.block_on(probe(args)),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!("{error}");
             eprintln!("existence-gate: {error}");
             ExitCode::FAILURE
         }

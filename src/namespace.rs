@@ -10,18 +10,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use rand::Rng;
 
 use crate::config::NamespaceSettings;
-use crate::filter::{FilterStats, WindowedFilter};
+use crate::filter::{BloomLayer, FilterStats, WindowedFilter};
 use crate::hashing::{KeyHash, KeyHasher};
 use crate::invalidations::{Hub, Invalidation, Subscription};
 use crate::log::{Log, LogError, Mutation};
 use crate::metrics::NamespaceMetrics;
 use crate::rate_limit::TokenBucket;
 use crate::recent_adds::RecentAdds;
-use crate::tombstones::{AbsenceKind, TombstoneStore};
+use crate::tombstones::{AbsenceKind, Tombstone, TombstoneStore};
 
 /// The answer to "can this key exist?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -136,7 +137,8 @@ pub struct Namespace {
     name: Arc<str>,
     settings: NamespaceSettings,
     hasher: Arc<KeyHasher>,
-    filter: WindowedFilter,
+    /// Swapped whole when a snapshot is restored or a rebuild completes.
+    filter: ArcSwap<WindowedFilter>,
     tombstones: TombstoneStore,
     /// Latest applied seq; shared with subscriptions for `RESYNC`.
     latest_seq: Arc<AtomicU64>,
@@ -169,7 +171,7 @@ impl Namespace {
         };
         Self {
             name: Arc::from(name),
-            filter: WindowedFilter::new(settings.filter_spec()),
+            filter: ArcSwap::from_pointee(WindowedFilter::new(settings.filter_spec())),
             tombstones: TombstoneStore::new(settings.max_tombstones),
             settings,
             hasher,
@@ -204,7 +206,7 @@ impl Namespace {
     #[inline]
     pub fn lookup(&self, key: &[u8], now_ms: u64) -> Lookup {
         let hash = self.hasher.hash(key);
-        self.answer(hash, now_ms, || self.filter.contains(hash, now_ms))
+        self.answer(hash, now_ms, || self.filter.load().contains(hash, now_ms))
     }
 
     /// Answers for many keys at once, in order, into `answers`: the filter probes them as a batch so that
@@ -212,7 +214,9 @@ impl Namespace {
     pub fn lookup_many(&self, keys: &[Bytes], now_ms: u64, answers: &mut Vec<Lookup>) {
         let hashes: Vec<KeyHash> = keys.iter().map(|k| self.hasher.hash(k)).collect();
         let mut in_filter = Vec::with_capacity(hashes.len());
-        self.filter.contains_many(&hashes, now_ms, &mut in_filter);
+        self.filter
+            .load()
+            .contains_many(&hashes, now_ms, &mut in_filter);
         answers.clear();
         answers.extend(
             hashes
@@ -254,8 +258,10 @@ impl Namespace {
             keys,
         };
         let seq = mutation.seq();
-        log.append(&mutation)?;
+        let ticket = log.append(&mutation)?;
         let tombstones_cleared = self.apply_locked(&mut writer, mutation);
+        drop(writer);
+        log.commit(ticket)?;
         Ok(Added {
             seq,
             tombstones_cleared,
@@ -276,7 +282,7 @@ impl Namespace {
             seq: self.latest_seq(),
             expires_in_ms: 0,
         };
-        if !self.filter.contains(hash, now_ms) {
+        if !self.filter.load().contains(hash, now_ms) {
             return Ok(not_stored(RecordOutcome::Redundant));
         }
         if report.observed_seq != 0
@@ -304,8 +310,10 @@ impl Namespace {
             kind: report.kind,
             expires_at_ms: now_ms + ttl_ms,
         };
-        log.append(&mutation)?;
+        let ticket = log.append(&mutation)?;
         self.apply_locked(&mut writer, mutation);
+        drop(writer);
+        log.commit(ticket)?;
         Ok(Recorded {
             outcome: RecordOutcome::Recorded,
             seq,
@@ -343,10 +351,11 @@ impl Namespace {
             Mutation::Add {
                 seq, at_ms, keys, ..
             } => {
+                let filter = self.filter.load();
                 let mut cleared = 0;
                 for key in &keys {
                     let hash = self.hasher.hash(key);
-                    self.filter.insert(hash, at_ms);
+                    filter.insert(hash, at_ms);
                     writer.recent_adds.record(hash, seq);
                     cleared += u32::from(self.tombstones.remove(hash, at_ms));
                 }
@@ -384,9 +393,57 @@ impl Namespace {
         self.hub.subscribe(after_seq, &self.latest_seq)
     }
 
+    /// Replaces the whole state with a snapshot's: filter windows, live tombstones and seq. Invalidations
+    /// before `seq` become unservable, and any absence observed before `seq` is refused as `SUPERSEDED`
+    /// (which keys were added just before the snapshot is no longer known).
+    pub fn restore(
+        &self,
+        seq: u64,
+        keys_added: u64,
+        windows: Vec<(u64, Vec<BloomLayer>)>,
+        tombstones: &[Tombstone],
+        now_ms: u64,
+    ) {
+        let mut writer = self.writer();
+        let filter = WindowedFilter::from_windows(self.settings.filter_spec(), windows);
+        self.filter.store(Arc::new(filter));
+        for tombstone in tombstones {
+            self.tombstones.insert(
+                tombstone.key,
+                tombstone.kind,
+                tombstone.expires_at_ms,
+                now_ms,
+            );
+        }
+        writer.recent_adds = RecentAdds::with_floor(seq);
+        self.keys_added.store(keys_added, Ordering::Relaxed);
+        self.hub.reset(seq);
+        self.latest_seq.store(seq, Ordering::Release);
+    }
+
+    /// The state a snapshot needs: the seq it is consistent from, keys added, the filter windows and the live
+    /// tombstones. The seq is read under the writer lock, so every mutation logged before this call is
+    /// included; later mutations may be partly included and are replayed from the log.
+    pub fn export(
+        &self,
+        now_ms: u64,
+    ) -> (u64, u64, Vec<(u64, Vec<Arc<BloomLayer>>)>, Vec<Tombstone>) {
+        let seq = {
+            let _writer = self.writer();
+            self.latest_seq()
+        };
+        let keys_added = self.keys_added.load(Ordering::Relaxed);
+        (
+            seq,
+            keys_added,
+            self.filter.load().export(),
+            self.tombstones.live(now_ms),
+        )
+    }
+
     /// Frees dead windows and expired tombstones; the server calls it periodically.
     pub fn maintain(&self, now_ms: u64) {
-        self.filter.expire(now_ms);
+        self.filter.load().expire(now_ms);
         self.tombstones.purge_expired(now_ms);
     }
 
@@ -396,7 +453,7 @@ impl Namespace {
             name: Arc::clone(&self.name),
             seq: self.latest_seq(),
             keys_added: self.keys_added.load(Ordering::Relaxed),
-            filter: self.filter.stats(now_ms),
+            filter: self.filter.load().stats(now_ms),
             tombstones: self.tombstones.len(),
             tombstone_bytes: self.tombstones.bytes(),
         }

@@ -38,6 +38,14 @@ impl Default for RecentAdds {
 }
 
 impl RecentAdds {
+    /// A memory that assumes every key may have been added at `seq` (after a restart, when which keys were
+    /// added recently is no longer known): any observation older than `seq` is then `SUPERSEDED`.
+    pub fn with_floor(seq: u64) -> Self {
+        Self {
+            cells: vec![seq; CELLS].into_boxed_slice(),
+        }
+    }
+
     /// The key's two cells, from hash bits the filter's block choice does not use alone.
     fn cells(hash: KeyHash) -> [usize; 2] {
         let mask = CELLS as u64 - 1;

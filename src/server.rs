@@ -1,16 +1,22 @@
-//! Wiring: binds the ports, builds the gate, serves gRPC (the contract, health, reflection) and HTTP,
-//! runs periodic maintenance, and shuts down gracefully.
+//! Wiring: binds the ports, opens the data directory, serves gRPC (the contract, admin, health, reflection)
+//! and HTTP while the state loads, then opens the gate for writes; runs maintenance, log syncing and
+//! snapshots; shuts down gracefully.
 //!
-//! Shutdown order: health turns `NOT_SERVING` and `/readyz` 503 (load balancers stop sending), handlers refuse
-//! new calls with `UNAVAILABLE`, subscription streams end with `UNAVAILABLE` (clients resubscribe elsewhere
-//! with their last seq), the listeners stop accepting and send GOAWAY, and in-flight calls get until the drain
-//! deadline to finish.
+//! Startup: ports bound and served at once — health `NOT_SERVING`, `/readyz` 503, lookups `MAY_EXIST` +
+//! `WARMING`, writes `UNAVAILABLE` — while the newest snapshot loads and the log replays; then `SERVING`.
+//!
+//! Shutdown: health turns `NOT_SERVING` and `/readyz` 503 (load balancers stop sending), handlers refuse new
+//! calls with `UNAVAILABLE`, subscription streams end with `UNAVAILABLE` (clients resubscribe elsewhere with
+//! their last seq), the listeners stop accepting and send GOAWAY, in-flight calls get until the drain
+//! deadline to finish, and a last snapshot is taken so the next start replays nothing.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::server::HealthReporter;
@@ -22,11 +28,27 @@ use crate::gate::Gate;
 use crate::grpc::GateService;
 use crate::hashing::KeyHasher;
 use crate::log::VolatileLog;
+use crate::persistence::{self, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
 use crate::proto::existence_gate_server::ExistenceGateServer;
 use crate::shutdown::Shutdown;
 
 /// How often dead windows and expired tombstones are freed.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the log size is checked against the snapshot threshold.
+const SNAPSHOT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where and how state is kept across restarts.
+#[derive(Debug, Clone)]
+pub struct DurabilityOptions {
+    /// The data directory (log, snapshots, identity).
+    pub data_dir: PathBuf,
+    /// When writes are acknowledged relative to fsync.
+    pub sync: SyncMode,
+    /// A snapshot is taken this often...
+    pub snapshot_interval: Duration,
+    /// ...and whenever this many log bytes were written since the last one.
+    pub snapshot_log_bytes: u64,
+}
 
 /// How to run the server.
 #[derive(Debug, Clone)]
@@ -41,6 +63,8 @@ pub struct ServeOptions {
     pub max_message_bytes: usize,
     /// How long in-flight calls may take to finish after shutdown begins.
     pub drain_timeout: Duration,
+    /// `None` keeps state in memory only (lost on restart).
+    pub durability: Option<DurabilityOptions>,
 }
 
 impl Default for ServeOptions {
@@ -51,6 +75,7 @@ impl Default for ServeOptions {
             config: GateConfig::default(),
             max_message_bytes: 16 << 20,
             drain_timeout: Duration::from_secs(10),
+            durability: None,
         }
     }
 }
@@ -67,6 +92,10 @@ pub enum ServerError {
     Transport(tonic::transport::Error),
     /// Reflection could not be built from the descriptors.
     Reflection(String),
+    /// The data directory could not be opened, loaded or written.
+    Persistence(PersistenceError),
+    /// Loading the state failed (the reason says how to recover).
+    Loading(String),
 }
 
 impl std::fmt::Display for ServerError {
@@ -75,11 +104,31 @@ impl std::fmt::Display for ServerError {
             Self::Bind { address, source } => write!(f, "cannot listen on {address}: {source}"),
             Self::Transport(error) => write!(f, "gRPC server failed: {error}"),
             Self::Reflection(error) => write!(f, "cannot build the reflection service: {error}"),
+            Self::Persistence(error) => write!(f, "{error}"),
+            Self::Loading(reason) => write!(f, "cannot load state: {reason}"),
         }
     }
 }
 
 impl std::error::Error for ServerError {}
+
+/// Where loading stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Loading {
+    /// Snapshot and log are being read.
+    InProgress,
+    /// Serving from loaded state.
+    Done,
+    /// Loading failed; the server is stopping.
+    Failed(String),
+}
+
+/// The durable side of a running server.
+#[derive(Debug)]
+struct Persistence {
+    wal: Arc<Wal>,
+    snapshots: Arc<Snapshotter>,
+}
 
 /// A started server.
 #[derive(Debug)]
@@ -91,16 +140,19 @@ pub struct RunningServer {
     /// The gate it serves.
     pub gate: Arc<Gate>,
     shutdown: Shutdown,
+    loading: watch::Receiver<Loading>,
+    persistence: Arc<std::sync::OnceLock<Persistence>>,
     drain_timeout: Duration,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     http: JoinHandle<std::io::Result<()>>,
     health: HealthReporter,
 }
 
-async fn bind(address: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(address)
-        .await
-        .map_err(|source| ServerError::Bind { address, source })
+async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let bind_error = |source| ServerError::Bind { address, source };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
 }
 
 /// Health service names this server reports: overall ("") and the contract's.
@@ -112,93 +164,6 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     for name in health_names() {
         health.set_service_status(name, status).await;
     }
-}
-
-/// Binds both ports, builds the gate and starts serving; returns once the gate is ready.
-pub async fn start(
-    options: ServeOptions,
-    clock: Arc<dyn Clock>,
-) -> Result<RunningServer, ServerError> {
-    let prometheus = crate::metrics::install_recorder();
-    let grpc_listener = bind(options.listen).await?;
-    let http_listener = bind(options.http_listen).await?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|source| ServerError::Bind {
-            address: options.listen,
-            source,
-        })?;
-    let http_addr = http_listener
-        .local_addr()
-        .map_err(|source| ServerError::Bind {
-            address: options.http_listen,
-            source,
-        })?;
-
-    let gate = Arc::new(Gate::new(
-        &options.config,
-        KeyHasher::random(),
-        Arc::new(VolatileLog),
-        clock,
-    ));
-    let shutdown = Shutdown::default();
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::NotServing).await;
-
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection()
-        .build_v1()
-        .map_err(|e| ServerError::Reflection(e.to_string()))?;
-    // grpcurl 1.8 and Python's grpcio-reflection speak only v1alpha.
-    let reflection_v1alpha = reflection()
-        .build_v1alpha()
-        .map_err(|e| ServerError::Reflection(e.to_string()))?;
-    let gate_service =
-        ExistenceGateServer::new(GateService::new(Arc::clone(&gate), shutdown.clone()))
-            .max_decoding_message_size(options.max_message_bytes)
-            .max_encoding_message_size(options.max_message_bytes);
-
-    let grpc_shutdown = shutdown.clone();
-    let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
-            .layer(tower::util::MapResponseLayer::new(
-                oversized_is_resource_exhausted as fn(GrpcResponse) -> GrpcResponse,
-            ))
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(gate_service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
-                grpc_shutdown.wait().await
-            }),
-    );
-    let http_shutdown = shutdown.clone();
-    let router = crate::http::router(Arc::clone(&gate), prometheus, shutdown.clone());
-    let http = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(async move { http_shutdown.wait().await })
-            .await
-    });
-    spawn_maintenance(Arc::clone(&gate), shutdown.clone());
-
-    // State lives in memory only, so there is nothing to load: ready at once.
-    gate.set_ready(true);
-    set_health(&health, ServingStatus::Serving).await;
-    tracing::info!(%grpc_addr, %http_addr, "serving");
-    Ok(RunningServer {
-        grpc_addr,
-        http_addr,
-        gate,
-        shutdown,
-        drain_timeout: options.drain_timeout,
-        grpc,
-        http,
-        health,
-    })
 }
 
 type GrpcResponse = tonic::codegen::http::Response<tonic::body::Body>;
@@ -224,6 +189,165 @@ fn oversized_is_resource_exhausted(mut response: GrpcResponse) -> GrpcResponse {
     response
 }
 
+/// Binds both ports and starts serving; the state loads in the background (see [`RunningServer::loaded`]).
+pub async fn start(
+    options: ServeOptions,
+    clock: Arc<dyn Clock>,
+) -> Result<RunningServer, ServerError> {
+    let prometheus = crate::metrics::install_recorder();
+    let (grpc_listener, grpc_addr) = bind(options.listen).await?;
+    let (http_listener, http_addr) = bind(options.http_listen).await?;
+    let data_dir = match &options.durability {
+        Some(durability) => {
+            Some(DataDir::open(&durability.data_dir).map_err(ServerError::Persistence)?)
+        }
+        None => None,
+    };
+    let hasher = data_dir
+        .as_ref()
+        .map_or_else(KeyHasher::random, |dir| KeyHasher::from_seed(dir.seed()));
+    let gate = Arc::new(Gate::new(&options.config, hasher, clock));
+    let shutdown = Shutdown::default();
+    let persistence = Arc::new(std::sync::OnceLock::new());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::NotServing).await;
+
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .map_err(|e| ServerError::Reflection(e.to_string()))?;
+    // grpcurl 1.8 and Python's grpcio-reflection speak only v1alpha.
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| ServerError::Reflection(e.to_string()))?;
+    let blocking_writes = options
+        .durability
+        .as_ref()
+        .is_some_and(|d| d.sync == SyncMode::Always);
+    let gate_service = ExistenceGateServer::new(GateService::new(
+        Arc::clone(&gate),
+        shutdown.clone(),
+        blocking_writes,
+    ))
+    .max_decoding_message_size(options.max_message_bytes)
+    .max_encoding_message_size(options.max_message_bytes);
+
+    let grpc_shutdown = shutdown.clone();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(tower::util::MapResponseLayer::new(
+                oversized_is_resource_exhausted as fn(GrpcResponse) -> GrpcResponse,
+            ))
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(gate_service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
+                grpc_shutdown.wait().await
+            }),
+    );
+    let http_shutdown = shutdown.clone();
+    let router = crate::http::router(Arc::clone(&gate), prometheus, shutdown.clone());
+    let http = tokio::spawn(async move {
+        axum::serve(http_listener, router)
+            .with_graceful_shutdown(async move { http_shutdown.wait().await })
+            .await
+    });
+    spawn_maintenance(Arc::clone(&gate), shutdown.clone());
+
+    let (loading_tx, loading) = watch::channel(Loading::InProgress);
+    let load = Load {
+        gate: Arc::clone(&gate),
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+        persistence: Arc::clone(&persistence),
+        loading: loading_tx,
+    };
+    match (data_dir, options.durability) {
+        (Some(dir), Some(durability)) => {
+            tokio::spawn(load.recover(dir, durability));
+        }
+        _ => load.finish(Arc::new(VolatileLog)).await,
+    }
+    tracing::info!(%grpc_addr, %http_addr, "serving");
+    Ok(RunningServer {
+        grpc_addr,
+        http_addr,
+        gate,
+        shutdown,
+        loading,
+        persistence,
+        drain_timeout: options.drain_timeout,
+        grpc,
+        http,
+        health,
+    })
+}
+
+/// The background work of loading state and then opening the gate.
+struct Load {
+    gate: Arc<Gate>,
+    health: HealthReporter,
+    shutdown: Shutdown,
+    persistence: Arc<std::sync::OnceLock<Persistence>>,
+    loading: watch::Sender<Loading>,
+}
+
+impl Load {
+    async fn finish(self, log: Arc<dyn crate::log::Log>) {
+        self.gate.open(log);
+        set_health(&self.health, ServingStatus::Serving).await;
+        self.loading.send_replace(Loading::Done);
+    }
+
+    async fn recover(self, dir: DataDir, durability: DurabilityOptions) {
+        let gate = Arc::clone(&self.gate);
+        let sync = durability.sync;
+        let recovered = tokio::task::spawn_blocking(move || {
+            persistence::recover(&dir, &gate, sync).map(|(wal, recovered)| (dir, wal, recovered))
+        })
+        .await;
+        let (dir, wal, recovered) = match recovered {
+            Ok(Ok(done)) => done,
+            Ok(Err(error)) => return self.fail(error.to_string()),
+            Err(panic) => return self.fail(format!("loading panicked: {panic}")),
+        };
+        tracing::info!(
+            snapshot = ?recovered.snapshot,
+            log_records = recovered.records,
+            log_bytes = recovered.log_bytes,
+            elapsed = ?recovered.elapsed,
+            "state loaded"
+        );
+        let wal = Arc::new(wal);
+        let snapshots = Arc::new(Snapshotter::new(Arc::new(dir), Arc::clone(&wal)));
+        spawn_snapshots(
+            Arc::clone(&self.gate),
+            Arc::clone(&snapshots),
+            durability,
+            self.shutdown.clone(),
+        );
+        if let SyncMode::Interval(every) = sync {
+            spawn_interval_sync(Arc::clone(&wal), every, self.shutdown.clone());
+        }
+        let _ = self.persistence.set(Persistence {
+            wal: Arc::clone(&wal),
+            snapshots,
+        });
+        self.finish(wal).await;
+    }
+
+    fn fail(self, reason: String) {
+        tracing::error!("cannot load state: {reason}");
+        self.loading.send_replace(Loading::Failed(reason));
+        self.shutdown.trigger();
+    }
+}
+
 fn spawn_maintenance(gate: Arc<Gate>, shutdown: Shutdown) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(MAINTENANCE_INTERVAL);
@@ -232,8 +356,56 @@ fn spawn_maintenance(gate: Arc<Gate>, shutdown: Shutdown) {
                 () = shutdown.wait() => break,
                 _ = ticks.tick() => {
                     let gate = Arc::clone(&gate);
-                    // Purging scans tables: keep it off the request threads' budget.
+                    // Purging scans tables: keep it off the request threads.
                     let _ = tokio::task::spawn_blocking(move || gate.maintain()).await;
+                }
+            }
+        }
+    });
+}
+
+fn spawn_snapshots(
+    gate: Arc<Gate>,
+    snapshots: Arc<Snapshotter>,
+    durability: DurabilityOptions,
+    shutdown: Shutdown,
+) {
+    tokio::spawn(async move {
+        let mut checks = tokio::time::interval(SNAPSHOT_CHECK_INTERVAL);
+        let mut last = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = shutdown.wait() => break,
+                _ = checks.tick() => {
+                    let due = last.elapsed() >= durability.snapshot_interval
+                        || snapshots.log_bytes_since() >= durability.snapshot_log_bytes;
+                    if !due {
+                        continue;
+                    }
+                    let (gate, snapshots) = (Arc::clone(&gate), Arc::clone(&snapshots));
+                    match tokio::task::spawn_blocking(move || snapshots.take(&gate)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => tracing::error!(%error, "snapshot failed; the log keeps everything"),
+                        Err(panic) => tracing::error!(%panic, "snapshot panicked"),
+                    }
+                    last = tokio::time::Instant::now();
+                }
+            }
+        }
+    });
+}
+
+fn spawn_interval_sync(wal: Arc<Wal>, every: Duration, shutdown: Shutdown) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                () = shutdown.wait() => break,
+                _ = ticks.tick() => {
+                    let wal = Arc::clone(&wal);
+                    if let Ok(Err(error)) = tokio::task::spawn_blocking(move || wal.sync_now()).await {
+                        tracing::error!(%error, "periodic log sync failed");
+                    }
                 }
             }
         }
@@ -246,8 +418,31 @@ impl RunningServer {
         self.shutdown.clone()
     }
 
-    /// Waits for shutdown to be triggered, then drains: returns once in-flight calls finished or the drain
-    /// deadline passed.
+    /// Waits until the state is loaded (or loading failed).
+    pub async fn loaded(&self) -> Result<(), String> {
+        let mut loading = self.loading.clone();
+        let state = loading
+            .wait_for(|state| *state != Loading::InProgress)
+            .await
+            .map(|state| state.clone())
+            .unwrap_or(Loading::Failed("the loader vanished".to_string()));
+        match state {
+            Loading::Failed(reason) => Err(reason),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes a snapshot now (`None` for a server without a data directory).
+    pub async fn snapshot(&self) -> Option<Result<persistence::SnapshotTaken, PersistenceError>> {
+        let snapshots = Arc::clone(&self.persistence.get()?.snapshots);
+        let gate = Arc::clone(&self.gate);
+        tokio::task::spawn_blocking(move || snapshots.take(&gate))
+            .await
+            .ok()
+    }
+
+    /// Waits for shutdown to be triggered, then drains and takes a last snapshot. Returns an error if
+    /// loading failed.
     pub async fn run_until_shutdown(self) -> Result<(), ServerError> {
         self.shutdown.wait().await;
         tracing::info!(drain_timeout = ?self.drain_timeout, "shutting down");
@@ -259,20 +454,38 @@ impl RunningServer {
         })
         .await;
         match drained {
-            Ok(Ok(Ok(()))) => {
-                tracing::info!("drained; bye");
-                Ok(())
-            }
-            Ok(Ok(Err(error))) => Err(ServerError::Transport(error)),
-            Ok(Err(join_error)) => {
-                tracing::error!(%join_error, "gRPC server task failed");
-                Ok(())
-            }
+            Ok(Ok(Ok(()))) => tracing::info!("drained"),
+            Ok(Ok(Err(error))) => return Err(ServerError::Transport(error)),
+            Ok(Err(join_error)) => tracing::error!(%join_error, "gRPC server task failed"),
             Err(_) => {
-                tracing::warn!("drain deadline passed with calls still in flight; stopping anyway");
-                Ok(())
+                tracing::warn!("drain deadline passed with calls still in flight; stopping anyway")
             }
         }
+        if let Loading::Failed(reason) = self.loading.borrow().clone() {
+            return Err(ServerError::Loading(reason));
+        }
+        if let Some(persistence) = self.persistence.get() {
+            let (wal, snapshots, gate) = (
+                Arc::clone(&persistence.wal),
+                Arc::clone(&persistence.snapshots),
+                Arc::clone(&self.gate),
+            );
+            let closed = tokio::task::spawn_blocking(move || {
+                wal.sync_now()
+                    .map_err(|e| PersistenceError::io(std::path::Path::new("log"), "sync", e.0))?;
+                snapshots.take(&gate)
+            })
+            .await;
+            match closed {
+                Ok(Ok(_)) => tracing::info!("final snapshot taken"),
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "final snapshot failed; the log still holds everything")
+                }
+                Err(panic) => tracing::error!(%panic, "final snapshot panicked"),
+            }
+        }
+        tracing::info!("bye");
+        Ok(())
     }
 
     /// Triggers shutdown and drains.

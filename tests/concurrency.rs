@@ -32,13 +32,8 @@ fn gate(clock: Arc<ManualClock>) -> Arc<Gate> {
         "[namespaces.default]\nexpected_keys = 10000\nretention = \"1h\"\nwindows = 4",
     )
     .unwrap();
-    let gate = Arc::new(Gate::new(
-        &config,
-        KeyHasher::from_seed([7; 32]),
-        Arc::new(VolatileLog),
-        clock,
-    ));
-    gate.set_ready(true);
+    let gate = Arc::new(Gate::new(&config, KeyHasher::from_seed([7; 32]), clock));
+    gate.open(Arc::new(VolatileLog));
     gate
 }
 
@@ -146,12 +141,13 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
     let hot = Bytes::from_static(b"hot");
     gate.add("", vec![hot.clone()]).unwrap();
     let done = Arc::new(AtomicBool::new(false));
+    let recorded = Arc::new(AtomicU64::new(0));
 
     // A reporter keeps observing and recording the key absent, as a client racing the source would.
     let reporter = {
-        let (gate, hot, done) = (gate.clone(), hot.clone(), done.clone());
+        let (gate, hot, done, recorded) =
+            (gate.clone(), hot.clone(), done.clone(), recorded.clone());
         thread::spawn(move || {
-            let mut recorded = 0;
             while !done.load(Ordering::Acquire) {
                 let (_, observed_seq) = gate.may_exist("", &hot).unwrap();
                 let report = AbsenceReport {
@@ -161,16 +157,25 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
                     ttl_seconds: 60,
                 };
                 if gate.record_absent("", report).unwrap().outcome == RecordOutcome::Recorded {
-                    recorded += 1;
+                    recorded.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            recorded
         })
     };
 
     // Each Add must clear the tombstone; a tombstone seen afterwards must come from a record whose
     // observation was at or after this Add (its seq is then above the Add's).
-    for _ in 0..5_000 {
+    // At least 5,000 rounds, and until the reporter got tombstones in between (bounded by time).
+    let started = std::time::Instant::now();
+    let mut rounds = 0;
+    while rounds < 5_000
+        || (recorded.load(Ordering::Relaxed) < 50
+            && started.elapsed() < std::time::Duration::from_secs(20))
+    {
+        rounds += 1;
+        if rounds % 16 == 0 {
+            thread::yield_now();
+        }
         let added = gate.add("", vec![hot.clone()]).unwrap();
         let (lookup, seq) = gate.may_exist("", &hot).unwrap();
         if lookup.basis == Basis::Tombstone {
@@ -182,6 +187,9 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
         }
     }
     done.store(true, Ordering::Release);
-    let recorded = reporter.join().unwrap();
-    assert!(recorded > 0, "the race was never exercised");
+    reporter.join().unwrap();
+    assert!(
+        recorded.load(Ordering::Relaxed) > 0,
+        "the race was never exercised"
+    );
 }

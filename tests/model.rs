@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
-use existence_gate::gate::Gate;
+use existence_gate::gate::{Gate, GateError};
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::MemoryLog;
 use existence_gate::namespace::{AbsenceReport, Answer, Basis, Lookup, RecordOutcome};
@@ -196,10 +196,9 @@ fn gate(log: Arc<MemoryLog>, clock: Arc<ManualClock>) -> Gate {
     let gate = Gate::new(
         &GateConfig::from_toml(CONFIG).unwrap(),
         KeyHasher::from_seed(SEED),
-        log,
         clock,
     );
-    gate.set_ready(true);
+    gate.open(log);
     gate
 }
 
@@ -363,7 +362,6 @@ fn lookups_fail_open_while_warming() {
     let gate = Gate::new(
         &GateConfig::default(),
         KeyHasher::from_seed(SEED),
-        Arc::new(MemoryLog::default()),
         Arc::new(ManualClock::new(START_MS)),
     );
     let warming = Lookup {
@@ -375,7 +373,12 @@ fn lookups_fail_open_while_warming() {
     gate.batch_may_exist("", &[key_bytes(1), key_bytes(2)], &mut lookups)
         .unwrap();
     assert_eq!(lookups, [warming, warming]);
-    gate.set_ready(true);
+    let refused = gate.add("", vec![key_bytes(1)]).unwrap_err();
+    assert!(
+        matches!(refused, GateError::Unavailable(_)),
+        "writes wait for loading: {refused:?}"
+    );
+    gate.open(Arc::new(MemoryLog::default()));
     assert_eq!(
         gate.may_exist("", b"anything").unwrap().0.basis,
         Basis::Filter

@@ -158,6 +158,7 @@ async fn http_port_serves_health_readiness_and_metrics() {
 /// drains and exits 0.
 #[tokio::test]
 async fn the_binary_shuts_down_gracefully_on_sigterm() {
+    let data_dir = tempfile::tempdir().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"))
         .args([
             "serve",
@@ -166,6 +167,8 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
             "--http-listen",
             "127.0.0.1:0",
         ])
+        .arg("--data-dir")
+        .arg(data_dir.path())
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdout(Stdio::piped())
@@ -215,4 +218,50 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
         .expect("exits within the drain deadline")
         .unwrap();
     assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// `existence-gate probe` exits 0 only for a SERVING server (container HEALTHCHECKs and scripts rely on it).
+#[tokio::test]
+async fn the_probe_command_exits_zero_only_when_serving() {
+    let server = start("").await;
+    let probe = |args: Vec<String>| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"))
+            .arg("probe")
+            .args(args)
+            .output()
+            .await
+            .unwrap()
+    };
+    let addr = server.grpc_addr.to_string();
+    let serving = probe(vec!["--addr".into(), addr.clone()]).await;
+    assert!(serving.status.success(), "{serving:?}");
+    let contract = probe(vec![
+        "--addr".into(),
+        addr.clone(),
+        "--service".into(),
+        "existence.v1.ExistenceGate".into(),
+    ])
+    .await;
+    assert!(contract.status.success(), "{contract:?}");
+    let unknown = probe(vec![
+        "--addr".into(),
+        addr,
+        "--service".into(),
+        "nope".into(),
+    ])
+    .await;
+    assert!(!unknown.status.success());
+    server.stop().await.unwrap();
+    let down = probe(vec![
+        "--addr".into(),
+        "127.0.0.1:1".into(),
+        "--timeout".into(),
+        "1s".into(),
+    ])
+    .await;
+    assert!(!down.status.success());
+    assert!(
+        String::from_utf8_lossy(&down.stderr).contains("127.0.0.1:1"),
+        "{down:?}"
+    );
 }

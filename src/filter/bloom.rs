@@ -165,6 +165,26 @@ impl BloomLayer {
         }
     }
 
+    /// A filter restored from its raw words (as [`words`](Self::words) produced them) and insert count.
+    pub fn from_words(geometry: Geometry, inserted: u64, words: &[u64]) -> Result<Self, String> {
+        let expected = geometry.blocks * WORDS_PER_BLOCK;
+        if words.len() != expected {
+            return Err(format!(
+                "{} words where the geometry needs {expected}",
+                words.len()
+            ));
+        }
+        let blocks = words
+            .chunks_exact(WORDS_PER_BLOCK)
+            .map(|chunk| Block(std::array::from_fn(|i| AtomicU64::new(chunk[i]))))
+            .collect();
+        Ok(Self {
+            blocks,
+            geometry,
+            inserted: AtomicU64::new(inserted),
+        })
+    }
+
     /// The shape of this filter.
     pub fn geometry(&self) -> Geometry {
         self.geometry

@@ -88,6 +88,26 @@ impl FilterSpec {
         )
     }
 
+    /// A digest of everything that decides where a key's bits go: a snapshot taken under another sizing
+    /// cannot be loaded (its bits would answer for the wrong keys).
+    pub fn fingerprint(&self) -> u64 {
+        let base = self.base_geometry();
+        let retention = match self.retention {
+            Retention::Forever => u64::MAX,
+            Retention::Millis(ms) => ms,
+        };
+        let fields = [
+            self.expected_keys,
+            self.false_positive_rate.to_bits(),
+            retention,
+            u64::from(self.live_windows()),
+            base.blocks as u64,
+            u64::from(base.probes),
+        ];
+        let bytes: Vec<u8> = fields.iter().flat_map(|f| f.to_le_bytes()).collect();
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+
     /// Bytes of all windows before any growth: what the default memory cap is a multiple of.
     pub fn initial_bytes(&self) -> u64 {
         self.base_geometry().bytes() * u64::from(self.live_windows())
@@ -187,6 +207,36 @@ impl WindowedFilter {
             structure: Mutex::new(()),
             bytes: AtomicU64::new(0),
         }
+    }
+
+    /// A filter holding restored windows: `(window id, layers oldest first)`, oldest window first.
+    pub fn from_windows(spec: FilterSpec, windows: Vec<(u64, Vec<BloomLayer>)>) -> Self {
+        let filter = Self::new(spec);
+        let restored = Windows {
+            list: windows
+                .into_iter()
+                .map(|(id, layers)| Window {
+                    id,
+                    layers: layers.into_iter().map(Arc::new).collect(),
+                })
+                .collect(),
+        };
+        filter.bytes.store(restored.bytes(), Ordering::Relaxed);
+        filter
+            .windows
+            .store(Owned::new(restored), Ordering::Release);
+        filter
+    }
+
+    /// The current windows and their layers, oldest first (their bits keep changing under concurrent inserts;
+    /// a snapshot copies them and replays the log from before the copy began).
+    pub fn export(&self) -> Vec<(u64, Vec<Arc<BloomLayer>>)> {
+        let guard = epoch::pin();
+        self.load(&guard)
+            .list
+            .iter()
+            .map(|w| (w.id, w.layers.clone()))
+            .collect()
     }
 
     /// The sizing it was built with.

@@ -27,8 +27,11 @@ pub async fn start_with(
         config: GateConfig::from_toml(config).expect("test config is valid"),
         max_message_bytes,
         drain_timeout: Duration::from_secs(5),
+        durability: None,
     };
-    server::start(options, clock).await.expect("server starts")
+    let server = server::start(options, clock).await.expect("server starts");
+    server.loaded().await.expect("state loads");
+    server
 }
 
 /// A server with `config` on the system clock.

@@ -1,0 +1,320 @@
+//! Durability: the data directory, its write-ahead log, its snapshots, and recovery.
+//!
+//! ```text
+//! DATA_DIR/
+//!   LOCK                               held while a server uses the directory
+//!   identity                           the per-deployment hash seed (chosen at first start)
+//!   wal-00000000000000000007.log       log segments, appended in order
+//!   snapshot-00000000000000000006.snap the state covering segments up to 6
+//! ```
+//!
+//! Restart = load the newest snapshot, replay the segments after it, then serve. Until then lookups fail
+//! open (`MAY_EXIST` + `WARMING`). A torn record at the very end of the log is truncated with a warning; any
+//! other damage stops startup with the file, the offset and what to do.
+
+pub mod codec;
+pub mod frame;
+pub mod snapshot;
+pub mod wal;
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::gate::Gate;
+use crate::hashing::KeyHasher;
+pub use wal::{SyncMode, Wal};
+
+/// Why the data directory cannot be used.
+#[derive(Debug)]
+pub enum PersistenceError {
+    /// An operating-system call failed.
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A file is damaged or inconsistent.
+    Corrupt {
+        /// The file.
+        file: PathBuf,
+        /// Byte offset of the damage.
+        offset: u64,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The data does not fit the configuration (another hash seed, another sizing, a missing namespace).
+    Mismatch(String),
+    /// Another process holds the directory.
+    Locked(PathBuf),
+}
+
+impl PersistenceError {
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, action: &'static str, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.to_path_buf(),
+            action,
+            source,
+        }
+    }
+}
+
+impl std::fmt::Display for PersistenceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io { path, action, source } => write!(f, "cannot {action} {}: {source}", path.display()),
+            Self::Corrupt { file, offset, problem } => write!(
+                f,
+                "{} is damaged at byte offset {offset}: {problem}. The gate will not start from a partial \
+                 state. To recover: restore the data directory from a backup (the newest snapshot file plus \
+                 the log segments after it), or move the data directory aside and start empty, then \
+                 re-derive the keys from the source of truth with the Admin Rebuild call",
+                file.display()
+            ),
+            Self::Mismatch(problem) => write!(f, "{problem}"),
+            Self::Locked(path) => write!(
+                f,
+                "{} is in use by another existence-gate process (its LOCK is held)",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PersistenceError {}
+
+/// Fsyncs a directory, making renames and new files in it durable.
+pub fn sync_dir(dir: &Path) -> Result<(), PersistenceError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| PersistenceError::io(dir, "fsync", e))
+}
+
+const IDENTITY_MAGIC: &[u8; 8] = b"EXGID001";
+
+/// Reads the deployment's hash seed, choosing and storing one at first start.
+fn identity(dir: &Path) -> Result<[u8; 32], PersistenceError> {
+    let path = dir.join("identity");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let mut reader = frame::Reader::new(&bytes[..], bytes.len() as u64);
+            let corrupt = |offset, problem: String| PersistenceError::Corrupt {
+                file: path.clone(),
+                offset,
+                problem,
+            };
+            match reader
+                .next_frame()
+                .map_err(|e| PersistenceError::io(&path, "read", e))?
+            {
+                frame::Next::Frame(_, payload)
+                    if payload.len() == 40 && &payload[..8] == IDENTITY_MAGIC =>
+                {
+                    Ok(payload[8..].try_into().expect("32 bytes"))
+                }
+                frame::Next::Damaged(damage) => Err(corrupt(damage.offset, damage.reason)),
+                _ => Err(corrupt(0, "not an identity file".to_string())),
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let seed = KeyHasher::random().seed();
+            let mut bytes = Vec::new();
+            frame::encode(&[&IDENTITY_MAGIC[..], &seed[..]].concat(), &mut bytes);
+            let temp = dir.join("identity.tmp");
+            std::fs::write(&temp, &bytes)
+                .and_then(|()| File::open(&temp)?.sync_all())
+                .map_err(|e| PersistenceError::io(&temp, "write", e))?;
+            std::fs::rename(&temp, &path).map_err(|e| PersistenceError::io(&path, "publish", e))?;
+            sync_dir(dir)?;
+            Ok(seed)
+        }
+        Err(error) => Err(PersistenceError::io(&path, "read", error)),
+    }
+}
+
+/// An opened, locked data directory.
+#[derive(Debug)]
+pub struct DataDir {
+    path: PathBuf,
+    seed: [u8; 32],
+    /// Held for the process's life: a second server on the same directory would interleave logs.
+    _lock: File,
+}
+
+impl DataDir {
+    /// Creates (if needed), locks and reads the identity of `path`.
+    pub fn open(path: &Path) -> Result<Self, PersistenceError> {
+        std::fs::create_dir_all(path).map_err(|e| PersistenceError::io(path, "create", e))?;
+        let lock_path = path.join("LOCK");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| PersistenceError::io(&lock_path, "open", e))?;
+        lock.try_lock()
+            .map_err(|_| PersistenceError::Locked(path.to_path_buf()))?;
+        Ok(Self {
+            seed: identity(path)?,
+            path: path.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    /// The deployment's hash seed.
+    pub fn seed(&self) -> [u8; 32] {
+        self.seed
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// What recovery did, for the startup log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovered {
+    /// The snapshot loaded, if any.
+    pub snapshot: Option<PathBuf>,
+    /// Log records replayed (including ones the snapshot already covered).
+    pub records: u64,
+    /// Log bytes read.
+    pub log_bytes: u64,
+    /// A torn tail that was truncated.
+    pub truncated: Option<(PathBuf, u64)>,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// Loads the newest snapshot and replays the log after it into `gate`; returns the write-ahead log to
+/// append to from now on.
+pub fn recover(
+    dir: &DataDir,
+    gate: &Gate,
+    mode: SyncMode,
+) -> Result<(Wal, Recovered), PersistenceError> {
+    let started = Instant::now();
+    let mut covered = 0;
+    let mut loaded = None;
+    if let Some((number, path)) = snapshot::newest(dir.path())? {
+        let image = snapshot::read(&path)?;
+        if image.seed != dir.seed() {
+            return Err(PersistenceError::Mismatch(format!(
+                "{} was written with another hash seed than {}/identity: the two files come from different \
+                 deployments; restore them together",
+                path.display(),
+                dir.path().display()
+            )));
+        }
+        for namespace in image.namespaces {
+            gate.restore_image(namespace).map_err(|problem| {
+                PersistenceError::Mismatch(format!("{}: {problem}", path.display()))
+            })?;
+        }
+        covered = number.max(image.covered);
+        loaded = Some(path);
+    }
+    let replayed = wal::replay(dir.path(), covered, |mutation| gate.replay_one(mutation))?;
+    let wal = Wal::create(dir.path(), replayed.last_segment.max(covered) + 1, mode)?;
+    Ok((
+        wal,
+        Recovered {
+            snapshot: loaded,
+            records: replayed.records,
+            log_bytes: replayed.bytes,
+            truncated: replayed.truncated,
+            elapsed: started.elapsed(),
+        },
+    ))
+}
+
+/// Figures of a snapshot taken.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotTaken {
+    /// Where it was published.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    /// Log segments removed because it covers them.
+    pub segments_removed: usize,
+    /// How long it took.
+    pub elapsed: Duration,
+    /// Unix ms when it was published.
+    pub at_ms: u64,
+}
+
+/// Takes snapshots of a gate into its data directory, one at a time.
+#[derive(Debug)]
+pub struct Snapshotter {
+    dir: Arc<DataDir>,
+    wal: Arc<Wal>,
+    /// Serialises snapshots and remembers the last one.
+    last: Mutex<Option<SnapshotTaken>>,
+}
+
+impl Snapshotter {
+    /// A snapshotter for `dir`, whose log is `wal`.
+    pub fn new(dir: Arc<DataDir>, wal: Arc<Wal>) -> Self {
+        Self {
+            dir,
+            wal,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The last snapshot taken by this process.
+    pub fn last(&self) -> Option<SnapshotTaken> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Bytes logged since the last snapshot began.
+    pub fn log_bytes_since(&self) -> u64 {
+        self.wal.bytes_since_snapshot()
+    }
+
+    /// Rolls the log to a new segment, writes a snapshot covering the closed ones, publishes it, and
+    /// removes the segments and older snapshots it covers.
+    pub fn take(&self, gate: &Gate) -> Result<SnapshotTaken, PersistenceError> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let started = Instant::now();
+        let covered = self.wal.roll()?;
+        let written = snapshot::write(self.dir.path(), covered, gate, self.dir.seed())?;
+        let segments_removed = self.wal.remove_through(covered)?;
+        remove_older_snapshots(self.dir.path(), covered)?;
+        let taken = SnapshotTaken {
+            path: written.path,
+            bytes: written.bytes,
+            segments_removed,
+            elapsed: started.elapsed(),
+            at_ms: gate.now_ms(),
+        };
+        tracing::info!(path = %taken.path.display(), bytes = taken.bytes, elapsed = ?taken.elapsed, "snapshot published");
+        *last = Some(taken.clone());
+        Ok(taken)
+    }
+}
+
+fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), PersistenceError> {
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| PersistenceError::io(dir, "list", e))?
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let older = name
+            .strip_prefix("snapshot-")
+            .and_then(|rest| rest.strip_suffix(".snap"))
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n < covered);
+        if older {
+            std::fs::remove_file(entry.path())
+                .map_err(|e| PersistenceError::io(&entry.path(), "remove", e))?;
+        }
+    }
+    sync_dir(dir)
+}

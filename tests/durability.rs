@@ -1,0 +1,445 @@
+//! Durability end to end: restarts keep every acknowledged mutation; a crash (SIGKILL) mid-load loses
+//! nothing acknowledged under `--sync always`; a torn log tail is truncated; damage anywhere else, a truncated
+//! snapshot or a changed sizing stop startup with a message naming the file, the offset and the remedy.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use existence_gate::clock::SystemClock;
+use existence_gate::config::GateConfig;
+use existence_gate::persistence::SyncMode;
+use existence_gate::proto::existence_gate_client::ExistenceGateClient;
+use existence_gate::proto::{
+    AbsenceKind, AddRequest, Answer, Basis, MayExistRequest, RecordAbsentRequest, RecordOutcome,
+};
+use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn options(dir: &Path, config: &str) -> ServeOptions {
+    ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        http_listen: "127.0.0.1:0".parse().unwrap(),
+        config: GateConfig::from_toml(config).unwrap(),
+        max_message_bytes: 16 << 20,
+        drain_timeout: Duration::from_secs(5),
+        durability: Some(DurabilityOptions {
+            data_dir: dir.to_path_buf(),
+            sync: SyncMode::Always,
+            snapshot_interval: Duration::from_secs(3_600),
+            snapshot_log_bytes: u64::MAX,
+        }),
+    }
+}
+
+async fn start_durable(dir: &Path, config: &str) -> Result<RunningServer, String> {
+    let server = server::start(options(dir, config), Arc::new(SystemClock))
+        .await
+        .map_err(|e| e.to_string())?;
+    match server.loaded().await {
+        Ok(()) => Ok(server),
+        Err(reason) => {
+            let _ = server.run_until_shutdown().await;
+            Err(reason)
+        }
+    }
+}
+
+fn key(i: u32) -> Bytes {
+    Bytes::from(format!("key-{i}"))
+}
+
+async fn answer(
+    client: &mut ExistenceGateClient<tonic::transport::Channel>,
+    k: Bytes,
+) -> (Answer, Basis, u64) {
+    let reply = client
+        .may_exist(MayExistRequest {
+            namespace: String::new(),
+            key: k,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (reply.answer(), reply.basis(), reply.observed_seq)
+}
+
+/// Adds keys 0..n in batches of 100 and records a DELETED tombstone for key 0.
+async fn populate(server: &RunningServer, n: u32) -> u64 {
+    let mut client = common::client(server).await;
+    for start in (0..n).step_by(100) {
+        client
+            .add(AddRequest {
+                namespace: String::new(),
+                keys: (start..(start + 100).min(n)).map(key).collect(),
+            })
+            .await
+            .unwrap();
+    }
+    let recorded = client
+        .record_absent(RecordAbsentRequest {
+            namespace: String::new(),
+            key: key(0),
+            kind: AbsenceKind::Deleted as i32,
+            observed_seq: 0,
+            ttl_seconds: 3_600,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(recorded.outcome(), RecordOutcome::Recorded);
+    recorded.seq
+}
+
+async fn assert_restored(server: &RunningServer, n: u32, seq: u64) {
+    let mut client = common::client(server).await;
+    assert_eq!(
+        answer(&mut client, key(0)).await,
+        (Answer::Absent, Basis::Tombstone, seq)
+    );
+    for i in 1..n {
+        assert_eq!(
+            answer(&mut client, key(i)).await.0,
+            Answer::MayExist,
+            "key {i} lost"
+        );
+    }
+    let next = client
+        .add(AddRequest {
+            namespace: String::new(),
+            keys: vec![key(n)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next.seq, seq + 1, "seqs continue after a restart");
+}
+
+#[tokio::test]
+async fn a_graceful_restart_keeps_everything_via_the_final_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_durable(dir.path(), "").await.unwrap();
+    let seq = populate(&server, 1_000).await;
+    server.stop().await.unwrap();
+    let names = files(dir.path());
+    assert!(
+        names.iter().any(|n| n.starts_with("snapshot-")),
+        "{names:?}"
+    );
+
+    let server = start_durable(dir.path(), "").await.unwrap();
+    assert_restored(&server, 1_000, seq).await;
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_log_alone_restores_state_and_snapshots_remove_covered_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_durable(dir.path(), "").await.unwrap();
+    let seq = populate(&server, 500).await;
+    let taken = server.snapshot().await.unwrap().unwrap();
+    assert!(taken.segments_removed >= 1);
+    let more = populate(&server, 700).await;
+    assert!(more > seq);
+    // Leave without a final snapshot, as a crash would: the snapshot plus the log after it must do.
+    server.shutdown_handle().trigger();
+    drop(server);
+    let server = start_durable_after_crash(dir.path()).await;
+    assert_restored(&server, 700, more).await;
+    server.stop().await.unwrap();
+}
+
+/// A crashed process leaves the LOCK file behind but releases the lock; reopening must work. An in-process
+/// "crash" keeps the lock until its tasks end, so wait for that.
+async fn start_durable_after_crash(dir: &Path) -> RunningServer {
+    for _ in 0..50 {
+        match start_durable(dir, "").await {
+            Ok(server) => return server,
+            Err(reason) if reason.contains("in use") => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(reason) => panic!("{reason}"),
+        }
+    }
+    panic!("the data directory stayed locked");
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn newest(dir: &Path, prefix: &str) -> PathBuf {
+    let name = files(dir)
+        .into_iter()
+        .filter(|n| n.starts_with(prefix) && !n.ends_with(".tmp"))
+        .last()
+        .unwrap();
+    dir.join(name)
+}
+
+/// A data dir whose state lives only in the log (no snapshot): populated, then the process "crashes".
+async fn log_only_dir() -> (tempfile::TempDir, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_durable(dir.path(), "").await.unwrap();
+    let seq = populate(&server, 300).await;
+    server.shutdown_handle().trigger();
+    drop(server);
+    // The final snapshot is what a graceful stop writes; a crash would not: remove any.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for name in files(dir.path()) {
+        if name.starts_with("snapshot-") {
+            std::fs::remove_file(dir.path().join(name)).unwrap();
+        }
+    }
+    (dir, seq)
+}
+
+#[tokio::test]
+async fn a_torn_tail_is_truncated_with_a_warning() {
+    let (dir, seq) = log_only_dir().await;
+    let log = largest_log(dir.path());
+    let mut bytes = std::fs::read(&log).unwrap();
+    let full = bytes.len();
+    // Half a record: a header promising 200 bytes, and only 10 of them.
+    bytes.extend_from_slice(&200u32.to_le_bytes());
+    bytes.extend_from_slice(&[0xAB; 14]);
+    std::fs::write(&log, &bytes).unwrap();
+    let server = start_durable_after_crash(dir.path()).await;
+    assert_restored(&server, 300, seq).await;
+    assert_eq!(
+        std::fs::metadata(&log).unwrap().len() as usize,
+        full,
+        "the torn record was cut off"
+    );
+    server.stop().await.unwrap();
+}
+
+fn largest_log(dir: &Path) -> PathBuf {
+    files(dir)
+        .into_iter()
+        .filter(|n| n.starts_with("wal-"))
+        .map(|n| dir.join(n))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_flipped_bit_inside_the_log_stops_startup_naming_file_and_offset() {
+    let (dir, _) = log_only_dir().await;
+    let log = largest_log(dir.path());
+    let original = std::fs::read(&log).unwrap();
+    // A payload byte in the middle, then the length field of the first record (which makes it look like
+    // it runs past the end of the file, as a torn tail would — but valid records follow it).
+    for position in [original.len() / 2, 0] {
+        let mut bytes = original.clone();
+        bytes[position + 3] ^= 0x40;
+        std::fs::write(&log, &bytes).unwrap();
+        let error = start_durable(dir.path(), "").await.err().expect("refused");
+        assert!(error.contains(&log.display().to_string()), "{error}");
+        assert!(error.contains("byte offset"), "{error}");
+        assert!(
+            error.contains("restore the data directory from a backup"),
+            "{error}"
+        );
+        assert_eq!(std::fs::read(&log).unwrap(), bytes, "nothing truncated");
+    }
+}
+
+async fn snapshot_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_durable(dir.path(), "[namespaces.default]\nexpected_keys = 20000")
+        .await
+        .unwrap();
+    populate(&server, 300).await;
+    server.stop().await.unwrap();
+    let snapshot = newest(dir.path(), "snapshot-");
+    (dir, snapshot)
+}
+
+#[tokio::test]
+async fn a_damaged_or_truncated_snapshot_stops_startup() {
+    let config = "[namespaces.default]\nexpected_keys = 20000";
+    let (dir, snapshot) = snapshot_dir().await;
+    let original = std::fs::read(&snapshot).unwrap();
+
+    let mut flipped = original.clone();
+    flipped[original.len() / 2] ^= 0x01;
+    std::fs::write(&snapshot, &flipped).unwrap();
+    let error = start_durable(dir.path(), config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        error.contains(&snapshot.display().to_string()) && error.contains("byte offset"),
+        "{error}"
+    );
+
+    std::fs::write(&snapshot, &original[..original.len() - 100]).unwrap();
+    let error = start_durable(dir.path(), config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(error.contains("snapshot"), "{error}");
+
+    std::fs::write(&snapshot, &original).unwrap();
+    let server = start_durable(dir.path(), config)
+        .await
+        .expect("the intact snapshot loads");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_snapshot_under_another_sizing_is_refused() {
+    let (dir, _) = snapshot_dir().await;
+    let error = start_durable(dir.path(), "[namespaces.default]\nexpected_keys = 50000")
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        error.contains("another filter sizing") && error.contains("Rebuild"),
+        "{error}"
+    );
+    let error = start_durable(
+        dir.path(),
+        "[namespaces.default]\nexpected_keys = 20000\n[namespaces.other]\n",
+    )
+    .await
+    .map(|_| ())
+    .err();
+    assert_eq!(error, None, "adding a namespace is fine");
+}
+
+#[tokio::test]
+async fn a_second_server_cannot_share_a_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start_durable(dir.path(), "").await.unwrap();
+    let error = start_durable(dir.path(), "").await.err().expect("refused");
+    assert!(error.contains("in use"), "{error}");
+    first.stop().await.unwrap();
+}
+
+/// The real binary under `--sync always`, killed with SIGKILL while clients add: every Add that was
+/// acknowledged before the kill answers MAY_EXIST after the restart.
+#[tokio::test]
+async fn sigkill_mid_load_loses_no_acknowledged_add() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = spawn_binary(dir.path()).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..4u32)
+        .map(|w| {
+            let (mut client, acknowledged) = (
+                ExistenceGateClient::new(channel.clone()),
+                acknowledged.clone(),
+            );
+            tokio::spawn(async move {
+                for batch in 0u32.. {
+                    let keys: Vec<Bytes> = (0..50)
+                        .map(|i| Bytes::from(format!("w{w}-b{batch}-{i}")))
+                        .collect();
+                    let request = AddRequest {
+                        namespace: String::new(),
+                        keys: keys.clone(),
+                    };
+                    match client.add(request).await {
+                        Ok(_) => acknowledged.lock().unwrap().extend(keys),
+                        Err(_) => break,
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert!(
+        acknowledged.len() >= 500,
+        "only {} keys acknowledged before the kill",
+        acknowledged.len()
+    );
+
+    let (mut child, addr) = spawn_binary(dir.path()).await;
+    let mut client = ExistenceGateClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let mut answers = Vec::new();
+    for chunk in acknowledged.chunks(5_000) {
+        let reply = client
+            .batch_may_exist(existence_gate::proto::BatchMayExistRequest {
+                namespace: String::new(),
+                keys: chunk.to_vec(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        answers.extend(reply.answers().collect::<Vec<_>>());
+    }
+    let lost = answers.iter().filter(|a| **a != Answer::MayExist).count();
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} acknowledged keys lost",
+        acknowledged.len()
+    );
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+}
+
+/// Starts the binary on `dir` and waits until it has loaded and serves.
+async fn spawn_binary(dir: &Path) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--sync",
+            "always",
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        let (mut addr, mut loaded) = (None, false);
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("grpc_addr=").nth(1) {
+                addr = Some(rest.split_whitespace().next().unwrap().to_string());
+            }
+            loaded |= line.contains("state loaded");
+            if loaded && addr.is_some() {
+                break;
+            }
+        }
+        addr.expect("the binary logged its address")
+    })
+    .await
+    .expect("loads within 30 s");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
