@@ -15,7 +15,9 @@ use crate::config::{GateConfig, Limits, DEFAULT_NAMESPACE};
 use crate::hashing::KeyHasher;
 use crate::invalidations::Subscription;
 use crate::log::{Log, LogError, Mutation};
-use crate::namespace::{AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Recorded};
+use crate::namespace::{
+    AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Rebuild, Recorded,
+};
 
 /// Why a request was refused. Nothing was changed and no seq was used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,13 +28,17 @@ pub enum GateError {
     InvalidArgument(String),
     /// The mutation could not be logged, or the gate is shutting down.
     Unavailable(String),
+    /// The request conflicts with the gate's state (e.g. a rebuild already runs).
+    Conflict(String),
 }
 
 impl std::fmt::Display for GateError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::UnknownNamespace(name) => write!(f, "namespace {name:?} does not exist"),
-            Self::InvalidArgument(message) | Self::Unavailable(message) => f.write_str(message),
+            Self::InvalidArgument(message)
+            | Self::Unavailable(message)
+            | Self::Conflict(message) => f.write_str(message),
         }
     }
 }
@@ -244,6 +250,25 @@ impl Gate {
     ) -> Result<(Arc<str>, Subscription), GateError> {
         let namespace = self.namespace(namespace)?;
         Ok((Arc::clone(namespace.name()), namespace.subscribe(after_seq)))
+    }
+
+    /// Starts rebuilding `namespace`'s filter from keys the caller will stream.
+    pub fn begin_rebuild(&self, namespace: &str) -> Result<Rebuild, GateError> {
+        let namespace = self.namespace(namespace)?;
+        self.writable_log()?;
+        namespace.begin_rebuild().ok_or_else(|| {
+            GateError::Conflict(format!(
+                "a rebuild of namespace {:?} is already running; wait for it to finish",
+                namespace.name()
+            ))
+        })
+    }
+
+    /// Feeds validated keys to a rebuild.
+    pub fn feed_rebuild(&self, rebuild: &mut Rebuild, keys: &[Bytes]) -> Result<(), GateError> {
+        self.check_keys(keys)?;
+        rebuild.insert(keys, self.clock.now_ms());
+        Ok(())
     }
 
     /// Applies mutations read back from a log, in order.

@@ -83,6 +83,7 @@ pub fn status(error: GateError) -> Status {
         GateError::UnknownNamespace(_) => Status::not_found(error.to_string()),
         GateError::InvalidArgument(_) => Status::invalid_argument(error.to_string()),
         GateError::Unavailable(_) => Status::unavailable(error.to_string()),
+        GateError::Conflict(_) => Status::failed_precondition(error.to_string()),
     }
 }
 

@@ -15,12 +15,13 @@
 //! - [`clock`]: time as the core sees it (a manual clock in tests).
 //! - [`config`]: TOML configuration and its defaults.
 //! - [`metrics`]: Prometheus metrics with pre-resolved handles.
-//! - [`grpc`]: the thin gRPC layer that maps the contract onto the gate.
+//! - [`grpc`]: the thin gRPC layer that maps the contract onto the gate; [`admin`]: stats, snapshots, rebuild.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`server`]: wiring, startup and graceful shutdown; [`shutdown`]: the signal every part watches.
 //!
 //! The core (everything above `grpc`) knows nothing of tonic.
 
+pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod filter;

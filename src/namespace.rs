@@ -130,6 +130,66 @@ struct Writer {
     recent_adds: RecentAdds,
     /// Tombstone admission rate.
     admission: TokenBucket,
+    /// The filter being rebuilt beside the live one, if a rebuild runs: Adds go to both.
+    shadow: Option<Arc<WindowedFilter>>,
+}
+
+/// A rebuild in progress: keys streamed from the source of truth fill a fresh filter, which replaces the
+/// live one on [`finish`](Self::finish). Dropped unfinished, it is abandoned and the live filter stays.
+pub struct Rebuild {
+    namespace: Arc<Namespace>,
+    shadow: Arc<WindowedFilter>,
+    keys: u64,
+    finished: bool,
+}
+
+/// What a finished rebuild produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Keys streamed.
+    pub keys: u64,
+    /// Bytes of the new filter.
+    pub filter_bytes: u64,
+    /// The namespace's seq when it was swapped in.
+    pub seq: u64,
+}
+
+impl Rebuild {
+    /// Adds keys that exist (validated by the caller) as of `now_ms`.
+    pub fn insert(&mut self, keys: &[Bytes], now_ms: u64) {
+        for key in keys {
+            self.shadow.insert(self.namespace.hasher.hash(key), now_ms);
+        }
+        self.keys += keys.len() as u64;
+    }
+
+    /// Swaps the rebuilt filter in. Adds applied since the rebuild began are in it too.
+    pub fn finish(mut self) -> Rebuilt {
+        let mut writer = self.namespace.writer();
+        writer.shadow = None;
+        self.namespace.filter.store(Arc::clone(&self.shadow));
+        self.finished = true;
+        Rebuilt {
+            keys: self.keys,
+            filter_bytes: self.shadow.bytes(),
+            seq: self.namespace.latest_seq(),
+        }
+    }
+}
+
+impl Drop for Rebuild {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut writer = self.namespace.writer();
+            if writer
+                .shadow
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(s, &self.shadow))
+            {
+                writer.shadow = None;
+            }
+        }
+    }
 }
 
 /// One key space.
@@ -168,6 +228,7 @@ impl Namespace {
         let writer = Writer {
             recent_adds: RecentAdds::default(),
             admission: TokenBucket::new(settings.max_tombstone_rate),
+            shadow: None,
         };
         Self {
             name: Arc::from(name),
@@ -356,6 +417,9 @@ impl Namespace {
                 for key in &keys {
                     let hash = self.hasher.hash(key);
                     filter.insert(hash, at_ms);
+                    if let Some(shadow) = &writer.shadow {
+                        shadow.insert(hash, at_ms);
+                    }
                     writer.recent_adds.record(hash, seq);
                     cleared += u32::from(self.tombstones.remove(hash, at_ms));
                 }
@@ -391,6 +455,22 @@ impl Namespace {
     /// A subscription to this namespace's invalidations after `after_seq` (0 = from now on).
     pub fn subscribe(&self, after_seq: u64) -> Subscription {
         self.hub.subscribe(after_seq, &self.latest_seq)
+    }
+
+    /// Starts rebuilding the filter beside the live one; `None` if a rebuild already runs.
+    pub fn begin_rebuild(self: &Arc<Self>) -> Option<Rebuild> {
+        let mut writer = self.writer();
+        if writer.shadow.is_some() {
+            return None;
+        }
+        let shadow = Arc::new(WindowedFilter::new(self.settings.filter_spec()));
+        writer.shadow = Some(Arc::clone(&shadow));
+        Some(Rebuild {
+            namespace: Arc::clone(self),
+            shadow,
+            keys: 0,
+            finished: false,
+        })
     }
 
     /// Replaces the whole state with a snapshot's: filter windows, live tombstones and seq. Invalidations

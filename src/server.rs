@@ -22,6 +22,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
+use crate::admin::AdminService;
 use crate::clock::Clock;
 use crate::config::GateConfig;
 use crate::gate::Gate;
@@ -29,6 +30,7 @@ use crate::grpc::GateService;
 use crate::hashing::KeyHasher;
 use crate::log::VolatileLog;
 use crate::persistence::{self, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
+use crate::proto::admin_server::AdminServer;
 use crate::proto::existence_gate_server::ExistenceGateServer;
 use crate::shutdown::Shutdown;
 
@@ -123,11 +125,13 @@ pub enum Loading {
     Failed(String),
 }
 
-/// The durable side of a running server.
+/// The durable side of a running server, set once its state is loaded.
 #[derive(Debug)]
-struct Persistence {
-    wal: Arc<Wal>,
-    snapshots: Arc<Snapshotter>,
+pub struct Persistence {
+    /// The write-ahead log.
+    pub wal: Arc<Wal>,
+    /// Takes snapshots.
+    pub snapshots: Arc<Snapshotter>,
 }
 
 /// A started server.
@@ -236,6 +240,13 @@ pub async fn start(
     .max_decoding_message_size(options.max_message_bytes)
     .max_encoding_message_size(options.max_message_bytes);
 
+    let admin_service = AdminServer::new(AdminService::new(
+        Arc::clone(&gate),
+        Arc::clone(&persistence),
+        options.durability.is_some(),
+    ))
+    .max_decoding_message_size(options.max_message_bytes);
+
     let grpc_shutdown = shutdown.clone();
     let grpc = tokio::spawn(
         tonic::transport::Server::builder()
@@ -246,6 +257,7 @@ pub async fn start(
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(gate_service)
+            .add_service(admin_service)
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
                 grpc_shutdown.wait().await
             }),

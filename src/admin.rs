@@ -1,0 +1,147 @@
+//! The `Admin` gRPC service: per-namespace figures, snapshots on demand, and rebuilding a namespace's filter
+//! from keys streamed by the source of truth.
+
+use std::sync::{Arc, OnceLock};
+
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::gate::Gate;
+use crate::grpc::status;
+use crate::proto;
+use crate::proto::admin_server::Admin;
+use crate::server::Persistence;
+
+/// The `Admin` service.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    gate: Arc<Gate>,
+    /// Set once the data directory is loaded; stays empty for a server without one.
+    persistence: Arc<OnceLock<Persistence>>,
+    /// Whether the server has a data directory at all.
+    durable: bool,
+}
+
+impl AdminService {
+    /// Administers `gate`, snapshotting through `persistence` once it is set.
+    pub fn new(gate: Arc<Gate>, persistence: Arc<OnceLock<Persistence>>, durable: bool) -> Self {
+        Self {
+            gate,
+            persistence,
+            durable,
+        }
+    }
+
+    fn persistence(&self) -> Result<&Persistence, Status> {
+        match self.persistence.get() {
+            Some(persistence) => Ok(persistence),
+            None if self.durable => Err(Status::unavailable(
+                "the state is still loading; retry shortly",
+            )),
+            None => Err(Status::failed_precondition(
+                "the server runs --in-memory: there is no data directory to snapshot",
+            )),
+        }
+    }
+
+    /// Takes a snapshot on the blocking pool.
+    async fn snapshot(&self) -> Result<crate::persistence::SnapshotTaken, Status> {
+        let snapshots = Arc::clone(&self.persistence()?.snapshots);
+        let gate = Arc::clone(&self.gate);
+        tokio::task::spawn_blocking(move || snapshots.take(&gate))
+            .await
+            .map_err(|e| Status::internal(format!("snapshot task failed: {e}")))?
+            .map_err(|e| Status::internal(format!("snapshot failed: {e}")))
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn stats(
+        &self,
+        request: Request<proto::StatsRequest>,
+    ) -> Result<Response<proto::StatsResponse>, Status> {
+        let wanted = &request.get_ref().namespace;
+        if !wanted.is_empty() {
+            self.gate.namespace(wanted).map_err(status)?;
+        }
+        let last_snapshot_unix_ms = self
+            .persistence
+            .get()
+            .and_then(|p| p.snapshots.last())
+            .map_or(0, |taken| taken.at_ms);
+        let namespaces = self
+            .gate
+            .stats()
+            .into_iter()
+            .filter(|s| wanted.is_empty() || *s.name == **wanted)
+            .map(|s| proto::NamespaceStats {
+                namespace: s.name.to_string(),
+                keys_added: s.keys_added,
+                windows: s.filter.windows as u32,
+                layers: s.filter.layers as u32,
+                filter_bytes: s.filter.bytes,
+                fill_ratio: s.filter.fill_ratio,
+                estimated_false_positive_rate: s.filter.estimated_false_positive_rate,
+                estimated_keys: s.filter.keys,
+                tombstones: s.tombstones,
+                tombstone_bytes: s.tombstone_bytes,
+                seq: s.seq,
+                last_snapshot_unix_ms,
+            })
+            .collect();
+        Ok(Response::new(proto::StatsResponse { namespaces }))
+    }
+
+    async fn snapshot(
+        &self,
+        _request: Request<proto::SnapshotRequest>,
+    ) -> Result<Response<proto::SnapshotResponse>, Status> {
+        let taken = AdminService::snapshot(self).await?;
+        Ok(Response::new(proto::SnapshotResponse {
+            path: taken.path.display().to_string(),
+            bytes: taken.bytes,
+            elapsed_ms: taken.elapsed.as_millis() as u64,
+            log_segments_removed: taken.segments_removed as u32,
+        }))
+    }
+
+    async fn rebuild(
+        &self,
+        request: Request<Streaming<proto::RebuildRequest>>,
+    ) -> Result<Response<proto::RebuildResponse>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream.next().await.ok_or_else(|| {
+            Status::invalid_argument("Rebuild needs at least one message naming the namespace")
+        })??;
+        let mut rebuild = self.gate.begin_rebuild(&first.namespace).map_err(status)?;
+        self.gate
+            .feed_rebuild(&mut rebuild, &first.keys)
+            .map_err(status)?;
+        while let Some(message) = stream.next().await {
+            // An error or cancellation drops `rebuild`, abandoning it; the live filter is untouched.
+            let message = message?;
+            if !message.namespace.is_empty() && message.namespace != first.namespace {
+                return Err(Status::invalid_argument(format!(
+                    "Rebuild streams one namespace: {:?} after {:?}",
+                    message.namespace, first.namespace
+                )));
+            }
+            self.gate
+                .feed_rebuild(&mut rebuild, &message.keys)
+                .map_err(status)?;
+        }
+        let rebuilt = rebuild.finish();
+        tracing::info!(namespace = %first.namespace, keys = rebuilt.keys, bytes = rebuilt.filter_bytes, "filter rebuilt");
+        if self.durable {
+            // The rebuilt filter exists only in memory until a snapshot holds it; a crash before that restores
+            // the old filter, which is still safe (it holds every key ever added through the gate).
+            AdminService::snapshot(self).await?;
+        }
+        Ok(Response::new(proto::RebuildResponse {
+            keys: rebuilt.keys,
+            filter_bytes: rebuilt.filter_bytes,
+            seq: rebuilt.seq,
+        }))
+    }
+}

@@ -1,0 +1,272 @@
+//! The Admin service over real gRPC: stats, snapshots, and rebuilds that lose no concurrent Add.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use existence_gate::clock::SystemClock;
+use existence_gate::config::GateConfig;
+use existence_gate::persistence::SyncMode;
+use existence_gate::proto::admin_client::AdminClient;
+use existence_gate::proto::{
+    AddRequest, Answer, BatchMayExistRequest, RebuildRequest, SnapshotRequest, StatsRequest,
+};
+use existence_gate::server::{self, DurabilityOptions, ServeOptions};
+use tokio_stream::wrappers::ReceiverStream;
+
+fn keys(prefix: &str, range: std::ops::Range<u32>) -> Vec<Bytes> {
+    range
+        .map(|i| Bytes::from(format!("{prefix}-{i}")))
+        .collect()
+}
+
+async fn answers(server: &server::RunningServer, keys: Vec<Bytes>) -> Vec<Answer> {
+    let mut client = client(server).await;
+    let reply = client
+        .batch_may_exist(BatchMayExistRequest {
+            namespace: String::new(),
+            keys,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    reply.answers().collect()
+}
+
+const CONFIG: &str =
+    "[namespaces.default]\nexpected_keys = 100000\n[namespaces.other]\nexpected_keys = 1000";
+
+#[tokio::test]
+async fn stats_report_each_namespace() {
+    let server = start(CONFIG).await;
+    let mut gate = client(&server).await;
+    gate.add(AddRequest {
+        namespace: String::new(),
+        keys: keys("k", 0..500),
+    })
+    .await
+    .unwrap();
+    let mut admin = AdminClient::new(channel(&server).await);
+    let all = admin
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let names: Vec<&str> = all
+        .namespaces
+        .iter()
+        .map(|n| n.namespace.as_str())
+        .collect();
+    assert_eq!(names, ["default", "other"]);
+    let default = &all.namespaces[0];
+    assert_eq!(
+        (
+            default.keys_added,
+            default.seq,
+            default.windows,
+            default.layers
+        ),
+        (500, 1, 1, 1)
+    );
+    assert!(
+        default.estimated_keys >= 490 && default.estimated_keys <= 500,
+        "{default:?}"
+    );
+    assert!(
+        default.filter_bytes > 100_000 && default.fill_ratio > 0.0,
+        "{default:?}"
+    );
+    assert!(default.estimated_false_positive_rate < 1e-6, "{default:?}");
+    assert_eq!(default.last_snapshot_unix_ms, 0);
+
+    let one = admin
+        .stats(StatsRequest {
+            namespace: "other".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(one.namespaces.len(), 1);
+    let missing = admin
+        .stats(StatsRequest {
+            namespace: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+
+    let no_dir = admin.snapshot(SnapshotRequest {}).await.unwrap_err();
+    assert_eq!(no_dir.code(), tonic::Code::FailedPrecondition, "{no_dir:?}");
+}
+
+#[tokio::test]
+async fn snapshot_on_demand_is_published_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        http_listen: "127.0.0.1:0".parse().unwrap(),
+        config: GateConfig::from_toml(CONFIG).unwrap(),
+        max_message_bytes: 16 << 20,
+        drain_timeout: Duration::from_secs(5),
+        durability: Some(DurabilityOptions {
+            data_dir: dir.path().to_path_buf(),
+            sync: SyncMode::Never,
+            snapshot_interval: Duration::from_secs(3_600),
+            snapshot_log_bytes: u64::MAX,
+        }),
+    };
+    let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
+    server.loaded().await.unwrap();
+    let mut admin = AdminClient::new(channel(&server).await);
+    let taken = admin
+        .snapshot(SnapshotRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(std::path::Path::new(&taken.path).exists(), "{taken:?}");
+    assert!(taken.bytes > 0);
+    let stats = admin
+        .stats(StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stats.namespaces[0].last_snapshot_unix_ms > 0);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
+    let server = start(CONFIG).await;
+    let mut gate = client(&server).await;
+    // Keys that once existed but were deleted at the source, and keys that still exist.
+    for batch in [keys("stale", 0..5_000), keys("live", 0..5_000)] {
+        gate.add(AddRequest {
+            namespace: String::new(),
+            keys: batch,
+        })
+        .await
+        .unwrap();
+    }
+
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    let mut admin = AdminClient::new(channel(&server).await);
+    let rebuild = tokio::spawn(async move { admin.rebuild(ReceiverStream::new(receiver)).await });
+    sender
+        .send(RebuildRequest {
+            namespace: "default".into(),
+            keys: vec![],
+        })
+        .await
+        .unwrap();
+    // Adds keep arriving while the source streams its keys.
+    let adder = {
+        let mut gate = gate.clone();
+        tokio::spawn(async move {
+            for batch in 0..50u32 {
+                gate.add(AddRequest {
+                    namespace: String::new(),
+                    keys: keys("new", batch * 20..batch * 20 + 20),
+                })
+                .await
+                .unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for chunk in keys("live", 0..5_000).chunks(500) {
+        sender
+            .send(RebuildRequest {
+                namespace: String::new(),
+                keys: chunk.to_vec(),
+            })
+            .await
+            .unwrap();
+    }
+    adder.await.unwrap();
+    drop(sender);
+    let rebuilt = rebuild.await.unwrap().unwrap().into_inner();
+    assert_eq!(rebuilt.keys, 5_000);
+    assert!(rebuilt.seq >= 52, "{rebuilt:?}");
+
+    let live = answers(&server, keys("live", 0..5_000)).await;
+    assert!(
+        live.iter().all(|a| *a == Answer::MayExist),
+        "a streamed key was lost"
+    );
+    let new = answers(&server, keys("new", 0..1_000)).await;
+    assert!(
+        new.iter().all(|a| *a == Answer::MayExist),
+        "an Add made during the rebuild was lost"
+    );
+    let stale = answers(&server, keys("stale", 0..5_000)).await;
+    let still_passing = stale.iter().filter(|a| **a == Answer::MayExist).count();
+    assert!(
+        still_passing < 250,
+        "{still_passing} of 5000 deleted keys still pass the rebuilt filter"
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time() {
+    let server = start(CONFIG).await;
+    let mut gate = client(&server).await;
+    gate.add(AddRequest {
+        namespace: String::new(),
+        keys: keys("old", 0..100),
+    })
+    .await
+    .unwrap();
+
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    let mut admin = AdminClient::new(channel(&server).await);
+    let first = tokio::spawn(async move { admin.rebuild(ReceiverStream::new(receiver)).await });
+    sender
+        .send(RebuildRequest {
+            namespace: String::new(),
+            keys: keys("x", 0..10),
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut second_admin = AdminClient::new(channel(&server).await);
+    let second = second_admin
+        .rebuild(tokio_stream::iter([RebuildRequest {
+            namespace: "default".into(),
+            keys: vec![],
+        }]))
+        .await
+        .unwrap_err();
+    assert_eq!(second.code(), tonic::Code::FailedPrecondition, "{second:?}");
+
+    // A bad key aborts the first rebuild.
+    sender
+        .send(RebuildRequest {
+            namespace: String::new(),
+            keys: vec![Bytes::new()],
+        })
+        .await
+        .unwrap();
+    let status = first.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let old = answers(&server, keys("old", 0..100)).await;
+    assert!(
+        old.iter().all(|a| *a == Answer::MayExist),
+        "the live filter changed"
+    );
+
+    // And the namespace can be rebuilt again afterwards.
+    let mut admin = AdminClient::new(channel(&server).await);
+    let again = admin
+        .rebuild(tokio_stream::iter([RebuildRequest {
+            namespace: String::new(),
+            keys: keys("old", 0..100),
+        }]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.keys, 100);
+}
