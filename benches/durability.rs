@@ -25,11 +25,18 @@ const WRITERS: usize = 4;
 const THROUGHPUT_SECONDS: u64 = 3;
 
 fn config(expected_keys: u64) -> GateConfig {
-    GateConfig::from_toml(&format!("[namespaces.default]\nexpected_keys = {expected_keys}")).unwrap()
+    GateConfig::from_toml(&format!(
+        "[namespaces.default]\nexpected_keys = {expected_keys}"
+    ))
+    .unwrap()
 }
 
 /// A gate on `dir` with its log opened.
-fn open(dir: &Path, expected_keys: u64, mode: SyncMode) -> (Arc<Gate>, Arc<persistence::Wal>, Arc<DataDir>) {
+fn open(
+    dir: &Path,
+    expected_keys: u64,
+    mode: SyncMode,
+) -> (Arc<Gate>, Arc<persistence::Wal>, Arc<DataDir>) {
     let data_dir = Arc::new(DataDir::open(dir).unwrap());
     let gate = Arc::new(Gate::new(
         &config(expected_keys),
@@ -112,7 +119,11 @@ fn peak_rss_mb() -> f64 {
 /// Child mode: recover `dir` and print `seconds peak_rss_mb`.
 fn recover_child(dir: &Path, keys: u64) {
     let data_dir = DataDir::open(dir).unwrap();
-    let gate = Gate::new(&config(keys), KeyHasher::from_seed(data_dir.seed()), Arc::new(SystemClock));
+    let gate = Gate::new(
+        &config(keys),
+        KeyHasher::from_seed(data_dir.seed()),
+        Arc::new(SystemClock),
+    );
     let started = Instant::now();
     let (_, recovered) = persistence::recover(&data_dir, &gate, SyncMode::Never).unwrap();
     let elapsed = started.elapsed().as_secs_f64();
@@ -131,7 +142,11 @@ fn recovery(keys: u64) -> (f64, f64, f64) {
         .map(|e| e.metadata().unwrap().len())
         .sum();
     let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["recover", &temp.path().display().to_string(), &keys.to_string()])
+        .args([
+            "recover",
+            &temp.path().display().to_string(),
+            &keys.to_string(),
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
@@ -172,7 +187,12 @@ fn snapshot_effect(keys: u64) -> ([f64; 2], [f64; 2], f64) {
     let busy = Arc::new(AtomicBool::new(true));
     let snapshot_times = Arc::new(std::sync::Mutex::new(Vec::new()));
     let snapshotter = {
-        let (gate, snapshots, busy, times) = (gate.clone(), snapshots.clone(), busy.clone(), snapshot_times.clone());
+        let (gate, snapshots, busy, times) = (
+            gate.clone(),
+            snapshots.clone(),
+            busy.clone(),
+            snapshot_times.clone(),
+        );
         std::thread::spawn(move || {
             while busy.load(Ordering::Relaxed) {
                 let taken = snapshots.take(&gate).unwrap();
@@ -197,7 +217,14 @@ fn main() {
         return; // `cargo test --benches` smoke: nothing to verify here.
     }
     println!("durable Add, {WRITERS} writer threads, batches of {BATCH} 16-byte keys, {THROUGHPUT_SECONDS} s each:");
-    for (name, mode) in [("always", SyncMode::Always), ("interval 100ms", SyncMode::Interval(Duration::from_millis(100))), ("never", SyncMode::Never)] {
+    for (name, mode) in [
+        ("always", SyncMode::Always),
+        (
+            "interval 100ms",
+            SyncMode::Interval(Duration::from_millis(100)),
+        ),
+        ("never", SyncMode::Never),
+    ] {
         println!("  --sync {name:<15} {:>12.0} keys/s", add_throughput(mode));
     }
     let mut sizes = vec![10_000_000u64];
@@ -207,7 +234,9 @@ fn main() {
     println!("recovery (newest snapshot + 100-batch log tail), fresh process:");
     for keys in sizes {
         let (seconds, rss, snapshot_mb) = recovery(keys);
-        println!("  {keys:>11} keys: {seconds:.3} s, peak RSS {rss:.0} MB, snapshot {snapshot_mb:.1} MB");
+        println!(
+            "  {keys:>11} keys: {seconds:.3} s, peak RSS {rss:.0} MB, snapshot {snapshot_mb:.1} MB"
+        );
     }
     let (quiet, during, snapshot_seconds) = snapshot_effect(10_000_000);
     println!("snapshot of 10M keys: {snapshot_seconds:.3} s (median)");

@@ -61,6 +61,7 @@ struct Entry {
 pub struct Gate {
     namespaces: HashMap<String, Entry>,
     limits: Limits,
+    hasher: Arc<KeyHasher>,
     clock: Arc<dyn Clock>,
     /// Where writes go; set once loading is done. Until then lookups fail open (`MAY_EXIST` + `WARMING`)
     /// and writes are refused.
@@ -102,6 +103,7 @@ impl Gate {
         Self {
             namespaces,
             limits: config.limits.clone(),
+            hasher,
             clock,
             log: OnceLock::new(),
         }
@@ -329,6 +331,11 @@ impl Gate {
             self.clock.now_ms(),
         );
         Ok(())
+    }
+
+    /// The hasher's [`check_value`](KeyHasher::check_value), recorded in snapshots.
+    pub fn hash_check(&self) -> u64 {
+        self.hasher.check_value()
     }
 
     /// The gate's clock, now.

@@ -22,7 +22,7 @@ use crate::log::{Log, LogError, Mutation};
 use crate::metrics::NamespaceMetrics;
 use crate::rate_limit::TokenBucket;
 use crate::recent_adds::RecentAdds;
-use crate::tombstones::{AbsenceKind, Tombstone, TombstoneStore};
+use crate::tombstones::{self, AbsenceKind, Tombstone, TombstoneKey, TombstoneStore};
 
 /// The answer to "can this key exist?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -267,7 +267,9 @@ impl Namespace {
     #[inline]
     pub fn lookup(&self, key: &[u8], now_ms: u64) -> Lookup {
         let hash = self.hasher.hash(key);
-        self.answer(hash, now_ms, || self.filter.load().contains(hash, now_ms))
+        self.answer(key, hash, now_ms, || {
+            self.filter.load().contains(hash, now_ms)
+        })
     }
 
     /// Answers for many keys at once, in order, into `answers`: the filter probes them as a batch so that
@@ -282,15 +284,25 @@ impl Namespace {
         answers.extend(
             hashes
                 .iter()
+                .zip(keys)
                 .zip(in_filter)
-                .map(|(hash, in_filter)| self.answer(*hash, now_ms, || in_filter)),
+                .map(|((hash, key), in_filter)| self.answer(key, *hash, now_ms, || in_filter)),
         );
     }
 
     /// A live tombstone answers first; otherwise the filter (`in_filter`, asked only if needed) decides.
     #[inline]
-    fn answer(&self, hash: KeyHash, now_ms: u64, in_filter: impl FnOnce() -> bool) -> Lookup {
-        let lookup = if self.tombstones.lookup(hash, now_ms) {
+    fn answer(
+        &self,
+        key: &[u8],
+        hash: KeyHash,
+        now_ms: u64,
+        in_filter: impl FnOnce() -> bool,
+    ) -> Lookup {
+        let lookup = if self
+            .tombstones
+            .lookup(hash, || self.hasher.strong(key), now_ms)
+        {
             Lookup {
                 answer: Answer::Absent,
                 basis: Basis::Tombstone,
@@ -421,7 +433,11 @@ impl Namespace {
                         shadow.insert(hash, at_ms);
                     }
                     writer.recent_adds.record(hash, seq);
-                    cleared += u32::from(self.tombstones.remove(hash, at_ms));
+                    cleared += u32::from(self.tombstones.remove(
+                        hash,
+                        || self.hasher.strong(key),
+                        at_ms,
+                    ));
                 }
                 self.keys_added
                     .fetch_add(keys.len() as u64, Ordering::Relaxed);
@@ -438,10 +454,13 @@ impl Namespace {
                 expires_at_ms,
                 ..
             } => {
-                let hash = self.hasher.hash(&key);
+                let tombstone = TombstoneKey {
+                    tag: tombstones::tag(self.hasher.hash(&key)),
+                    strong: self.hasher.strong(&key),
+                };
                 if self
                     .tombstones
-                    .insert(hash, kind, expires_at_ms, at_ms)
+                    .insert(tombstone, kind, expires_at_ms, at_ms)
                     .evicted
                 {
                     self.metrics.tombstones_evicted.increment(1);

@@ -46,10 +46,10 @@ impl RecentAdds {
         }
     }
 
-    /// The key's two cells, from hash bits the filter's block choice does not use alone.
+    /// The key's two cells, from two disjoint runs of hash bits.
     fn cells(hash: KeyHash) -> [usize; 2] {
         let mask = CELLS as u64 - 1;
-        [(hash.lo & mask) as usize, ((hash.hi >> 17) & mask) as usize]
+        [(hash.0 & mask) as usize, ((hash.0 >> 17) & mask) as usize]
     }
 
     /// Records that `hash` was added at `seq` (seqs arrive in increasing order).

@@ -3,11 +3,13 @@
 //! # Why a hand-written table
 //!
 //! A tombstone must cost little (an attacker controls how many are asked for) and must never match another
-//! key (that would be a false "absent"). Each entry is stored under the key's 128-bit keyed hash (see
-//! [`crate::hashing`]) in an open-addressing table with linear probing: a 32-byte slot — hash, absolute expiry,
-//! hit counter, kind — and no per-entry allocation. Tables grow by doubling up to the size that holds
-//! `max_tombstones` at a load of at most 85%, so a full store costs about 32 / 0.85 ≈ 38 bytes per tombstone
-//! (Redis null markers cost ~129).
+//! key (that would be a false "absent"). Each entry lives in an open-addressing table with linear probing,
+//! in a 32-byte slot and with no per-entry allocation: the key's strong 128-bit keyed hash (its identity, see
+//! [`crate::hashing`]), its absolute expiry, a 32-bit tag from the fast hash, a hit counter and the kind.
+//! The tag places the entry (shard and home slot) and lets a lookup skip non-matching slots without
+//! computing the strong hash; the strong hash is computed only when a tag matches. Tables grow by doubling up
+//! to the size that holds `max_tombstones` at a load of at most 85%, so a full store costs about
+//! 32 / 0.85 ≈ 38 bytes per tombstone (Redis null markers cost ~129).
 //!
 //! # Eviction
 //!
@@ -22,10 +24,10 @@
 //! atomically; inserts and removals (already serialised per namespace by the gate's writer) take a write lock
 //! on one shard.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use crate::hashing::KeyHash;
+use crate::hashing::{KeyHash, StrongKey};
 
 /// Why the source says a key does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -42,7 +44,7 @@ const MAX_LOAD: f64 = 0.85;
 /// Shards for stores large enough to benefit; small stores use one so their bound is exact.
 const SHARDS: usize = 16;
 /// Hit counts stop growing here; halving on each sweep brings them down again.
-const HITS_CAP: u32 = 1 << 30;
+const HITS_CAP: u16 = u16::MAX / 2;
 /// How many hit slots the CLOCK hand passes before it evicts the least hit of them.
 const CLOCK_SCAN: usize = 64;
 /// Bytes of one slot.
@@ -51,9 +53,10 @@ pub const SLOT_BYTES: u64 = std::mem::size_of::<Slot>() as u64;
 /// One table slot; `expires_at_ms == 0` marks it empty.
 #[derive(Default)]
 struct Slot {
-    key: [u64; 2],
+    strong: StrongKey,
     expires_at_ms: u64,
-    hits: AtomicU32,
+    tag: u32,
+    hits: AtomicU16,
     kind: AbsenceKind,
 }
 
@@ -67,11 +70,26 @@ impl Slot {
     }
 }
 
+/// How a key is known to the store: the tag of its fast hash (placement) and its strong hash (identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TombstoneKey {
+    /// Upper 32 bits of the fast hash.
+    pub tag: u32,
+    /// The strong hash.
+    pub strong: StrongKey,
+}
+
+/// The tag of a fast hash.
+#[inline]
+pub fn tag(hash: KeyHash) -> u32 {
+    (hash.0 >> 32) as u32
+}
+
 /// A live tombstone as seen from outside (for snapshots and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tombstone {
-    /// The key's keyed hash.
-    pub key: KeyHash,
+    /// The key.
+    pub key: TombstoneKey,
     /// Unix milliseconds at which it stops answering.
     pub expires_at_ms: u64,
     /// Why the key is absent.
@@ -98,38 +116,46 @@ struct Shard {
 }
 
 impl Shard {
-    fn home(&self, key: [u64; 2]) -> usize {
-        ((u128::from(key[1]) * self.slots.len() as u128) >> 64) as usize
+    fn home(&self, tag: u32) -> usize {
+        ((u64::from(tag) * self.slots.len() as u64) >> 32) as usize
     }
 
-    fn find(&self, key: [u64; 2]) -> Option<usize> {
+    /// The slot holding the key with `tag` whose strong hash is `strong()` (computed at most once, and only
+    /// if some slot's tag matches).
+    fn find(&self, tag: u32, strong: impl FnOnce() -> StrongKey) -> Option<usize> {
         if self.slots.is_empty() {
             return None;
         }
-        let mut i = self.home(key);
+        let mut strong = Some(strong);
+        let mut known: Option<StrongKey> = None;
+        let mut i = self.home(tag);
         // Terminates: the load factor keeps at least one slot empty.
         loop {
             let slot = &self.slots[i];
             if slot.is_empty() {
                 return None;
             }
-            if slot.key == key {
-                return Some(i);
+            if slot.tag == tag {
+                let key = *known.get_or_insert_with(|| (strong.take().expect("computed once"))());
+                if slot.strong == key {
+                    return Some(i);
+                }
             }
             i = (i + 1) % self.slots.len();
         }
     }
 
     /// Places a key known to be absent; the caller ensured a free slot.
-    fn place(&mut self, key: [u64; 2], expires_at_ms: u64, kind: AbsenceKind) {
-        let mut i = self.home(key);
+    fn place(&mut self, key: TombstoneKey, expires_at_ms: u64, kind: AbsenceKind, hits: u16) {
+        let mut i = self.home(key.tag);
         while !self.slots[i].is_empty() {
             i = (i + 1) % self.slots.len();
         }
         self.slots[i] = Slot {
-            key,
+            strong: key.strong,
             expires_at_ms,
-            hits: AtomicU32::new(0),
+            tag: key.tag,
+            hits: AtomicU16::new(hits),
             kind,
         };
         self.len += 1;
@@ -142,7 +168,7 @@ impl Shard {
         self.len -= 1;
         let mut next = (hole + 1) % n;
         while !self.slots[next].is_empty() {
-            let home = self.home(self.slots[next].key);
+            let home = self.home(self.slots[next].tag);
             // Move `next` into the hole unless its home lies cyclically in (hole, next].
             let stays = if hole <= next {
                 hole < home && home <= next
@@ -167,17 +193,18 @@ impl Shard {
         self.len = 0;
         self.hand = 0;
         for slot in old.into_iter().filter(|s| !s.is_empty()) {
-            let hits = slot.hits.load(Ordering::Relaxed);
-            self.place(slot.key, slot.expires_at_ms, slot.kind);
-            let i = self.find(slot.key).expect("just placed");
-            self.slots[i].hits.store(hits, Ordering::Relaxed);
+            let key = TombstoneKey {
+                tag: slot.tag,
+                strong: slot.strong,
+            };
+            self.place(key, slot.expires_at_ms, slot.kind, slot.hits.into_inner());
         }
     }
 
     /// Evicts one entry by the CLOCK rule in the module docs.
     fn evict_one(&mut self, now_ms: u64) {
         let n = self.slots.len();
-        let mut least: Option<(u32, usize)> = None;
+        let mut least: Option<(u16, usize)> = None;
         let mut passed = 0;
         loop {
             let i = self.hand;
@@ -256,19 +283,21 @@ impl TombstoneStore {
         }
     }
 
-    fn shard(&self, key: KeyHash) -> &RwLock<Shard> {
-        let index = ((u128::from(key.hi) * self.shards.len() as u128) >> 64) as usize;
-        &self.shards[index]
+    /// The shard of a tag: its low bits (the home slot uses its high bits).
+    fn shard(&self, tag: u32) -> &RwLock<Shard> {
+        &self.shards[tag as usize & (self.shards.len() - 1)]
     }
 
-    /// Whether a live tombstone holds `key` at `now_ms`; a hit counts towards keeping it.
+    /// Whether a live tombstone holds the key with fast hash `hash` and strong hash `strong()` at `now_ms`
+    /// (the strong hash is computed only if a slot's tag matches); a hit counts towards keeping it.
     #[inline]
-    pub fn lookup(&self, key: KeyHash, now_ms: u64) -> bool {
+    pub fn lookup(&self, hash: KeyHash, strong: impl FnOnce() -> StrongKey, now_ms: u64) -> bool {
         if self.len.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let shard = lock!(self.shard(key), read);
-        let Some(i) = shard.find([key.hi, key.lo]) else {
+        let tag = tag(hash);
+        let shard = lock!(self.shard(tag), read);
+        let Some(i) = shard.find(tag, strong) else {
             return false;
         };
         let slot = &shard.slots[i];
@@ -284,15 +313,14 @@ impl TombstoneStore {
     /// Stores (or replaces) the tombstone of `key`, evicting another if the store is full.
     pub fn insert(
         &self,
-        key: KeyHash,
+        key: TombstoneKey,
         kind: AbsenceKind,
         expires_at_ms: u64,
         now_ms: u64,
     ) -> Inserted {
         let expires_at_ms = expires_at_ms.max(1);
-        let words = [key.hi, key.lo];
-        let mut shard = lock!(self.shard(key), write);
-        if let Some(i) = shard.find(words) {
+        let mut shard = lock!(self.shard(key.tag), write);
+        if let Some(i) = shard.find(key.tag, || key.strong) {
             let slot = &mut shard.slots[i];
             slot.expires_at_ms = expires_at_ms;
             slot.kind = kind;
@@ -317,18 +345,20 @@ impl TombstoneStore {
                 Ordering::Relaxed,
             );
         }
-        shard.place(words, expires_at_ms, kind);
+        shard.place(key, expires_at_ms, kind, 0);
         self.len.fetch_add(1, Ordering::Relaxed);
         outcome
     }
 
-    /// Removes the tombstone of `key`; returns whether a live one was removed.
-    pub fn remove(&self, key: KeyHash, now_ms: u64) -> bool {
+    /// Removes the tombstone of the key with fast hash `hash` and strong hash `strong()` (computed only if
+    /// a slot's tag matches); returns whether a live one was removed.
+    pub fn remove(&self, hash: KeyHash, strong: impl FnOnce() -> StrongKey, now_ms: u64) -> bool {
         if self.len.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        let mut shard = lock!(self.shard(key), write);
-        let Some(i) = shard.find([key.hi, key.lo]) else {
+        let tag = tag(hash);
+        let mut shard = lock!(self.shard(tag), write);
+        let Some(i) = shard.find(tag, strong) else {
             return false;
         };
         let was_live = shard.slots[i].is_live(now_ms);
@@ -369,9 +399,9 @@ impl TombstoneStore {
                     .iter()
                     .filter(|s| s.is_live(now_ms))
                     .map(|s| Tombstone {
-                        key: KeyHash {
-                            hi: s.key[0],
-                            lo: s.key[1],
+                        key: TombstoneKey {
+                            tag: s.tag,
+                            strong: s.strong,
                         },
                         expires_at_ms: s.expires_at_ms,
                         kind: s.kind,
@@ -402,11 +432,40 @@ mod tests {
     use super::*;
     use crate::hashing::KeyHasher;
 
-    fn hashes(n: u32, salt: u32) -> Vec<KeyHash> {
+    /// A key as the store sees it: its fast hash and its tombstone key.
+    #[derive(Clone, Copy)]
+    struct Key(KeyHash, TombstoneKey);
+
+    fn keys(n: u32, salt: u32) -> Vec<Key> {
         let hasher = KeyHasher::from_seed([9; 32]);
         (0..n)
-            .map(|i| hasher.hash(&[i.to_le_bytes(), salt.to_le_bytes()].concat()))
+            .map(|i| {
+                let bytes = [i.to_le_bytes(), salt.to_le_bytes()].concat();
+                let hash = hasher.hash(&bytes);
+                let strong = hasher.strong(&bytes);
+                Key(
+                    hash,
+                    TombstoneKey {
+                        tag: tag(hash),
+                        strong,
+                    },
+                )
+            })
             .collect()
+    }
+
+    impl TombstoneStore {
+        fn has(&self, key: Key, now_ms: u64) -> bool {
+            self.lookup(key.0, || key.1.strong, now_ms)
+        }
+
+        fn put(&self, key: Key, kind: AbsenceKind, expires_at_ms: u64, now_ms: u64) -> Inserted {
+            self.insert(key.1, kind, expires_at_ms, now_ms)
+        }
+
+        fn delete(&self, key: Key, now_ms: u64) -> bool {
+            self.remove(key.0, || key.1.strong, now_ms)
+        }
     }
 
     #[test]
@@ -417,45 +476,90 @@ mod tests {
     #[test]
     fn insert_lookup_expire_remove() {
         let store = TombstoneStore::new(1_000);
-        let keys = hashes(3, 0);
-        store.insert(keys[0], AbsenceKind::Missing, 1_000, 0);
-        store.insert(keys[1], AbsenceKind::Deleted, 2_000, 0);
-        assert!(store.lookup(keys[0], 999));
-        assert!(!store.lookup(keys[0], 1_000), "expired at its expiry time");
-        assert!(!store.lookup(keys[2], 0));
-        assert!(store.remove(keys[1], 0));
-        assert!(!store.lookup(keys[1], 0));
+        let keys = keys(3, 0);
+        store.put(keys[0], AbsenceKind::Missing, 1_000, 0);
+        store.put(keys[1], AbsenceKind::Deleted, 2_000, 0);
+        assert!(store.has(keys[0], 999));
+        assert!(!store.has(keys[0], 1_000), "expired at its expiry time");
+        assert!(!store.has(keys[2], 0));
+        assert!(store.delete(keys[1], 0));
+        assert!(!store.has(keys[1], 0));
         assert!(
-            !store.remove(keys[0], 1_500),
+            !store.delete(keys[0], 1_500),
             "an expired tombstone is not counted as cleared"
         );
         assert!(store.is_empty());
     }
 
     #[test]
+    fn a_tag_collision_never_matches_another_key() {
+        let store = TombstoneStore::new(1_000);
+        let keys = keys(2, 1);
+        // Same fast hash (so same tag and slot), different strong keys: two different keys.
+        let impostor = Key(
+            keys[0].0,
+            TombstoneKey {
+                tag: keys[0].1.tag,
+                strong: keys[1].1.strong,
+            },
+        );
+        store.put(keys[0], AbsenceKind::Missing, 1_000, 0);
+        assert!(!store.has(impostor, 0));
+        assert!(!store.delete(impostor, 0));
+        store.put(impostor, AbsenceKind::Missing, 1_000, 0);
+        assert_eq!(store.len(), 2);
+        assert!(store.has(keys[0], 0) && store.has(impostor, 0));
+    }
+
+    #[test]
+    fn the_strong_hash_is_computed_only_when_a_tag_matches() {
+        let store = TombstoneStore::new(1_000);
+        let keys = keys(100, 2);
+        keys[..50].iter().for_each(|k| {
+            store.put(*k, AbsenceKind::Missing, 1_000, 0);
+        });
+        let computed = std::cell::Cell::new(0);
+        for key in &keys[50..] {
+            store.lookup(
+                key.0,
+                || {
+                    computed.set(computed.get() + 1);
+                    key.1.strong
+                },
+                0,
+            );
+        }
+        assert_eq!(
+            computed.get(),
+            0,
+            "absent keys never needed the strong hash"
+        );
+    }
+
+    #[test]
     fn replacing_keeps_one_entry_with_the_new_expiry() {
         let store = TombstoneStore::new(1_000);
-        let key = hashes(1, 0)[0];
-        store.insert(key, AbsenceKind::Missing, 1_000, 0);
-        let outcome = store.insert(key, AbsenceKind::Deleted, 5_000, 0);
+        let key = keys(1, 0)[0];
+        store.put(key, AbsenceKind::Missing, 1_000, 0);
+        let outcome = store.put(key, AbsenceKind::Deleted, 5_000, 0);
         assert!(outcome.replaced);
         assert_eq!(store.len(), 1);
-        assert!(store.lookup(key, 4_000));
+        assert!(store.has(key, 4_000));
         assert_eq!(store.live(0)[0].kind, AbsenceKind::Deleted);
     }
 
     #[test]
     fn many_inserts_and_removals_keep_every_entry_reachable() {
         let store = TombstoneStore::new(100_000);
-        let keys = hashes(50_000, 1);
+        let keys = keys(50_000, 1);
         for key in &keys {
-            store.insert(*key, AbsenceKind::Missing, 10, 0);
+            store.put(*key, AbsenceKind::Missing, 10, 0);
         }
         for key in keys.iter().step_by(2) {
-            assert!(store.remove(*key, 0));
+            assert!(store.delete(*key, 0));
         }
         for (i, key) in keys.iter().enumerate() {
-            assert_eq!(store.lookup(*key, 0), i % 2 == 1, "key {i}");
+            assert_eq!(store.has(*key, 0), i % 2 == 1, "key {i}");
         }
         assert_eq!(store.len(), 25_000);
     }
@@ -463,8 +567,8 @@ mod tests {
     #[test]
     fn the_bound_holds_and_memory_per_tombstone_is_small() {
         let store = TombstoneStore::new(10_000);
-        for key in hashes(50_000, 2) {
-            store.insert(key, AbsenceKind::Missing, 10, 0);
+        for key in keys(50_000, 2) {
+            store.put(key, AbsenceKind::Missing, 10, 0);
         }
         assert!(store.len() <= 10_000);
         let per_tombstone = store.bytes() as f64 / store.len() as f64;
@@ -474,20 +578,20 @@ mod tests {
     #[test]
     fn expired_entries_are_evicted_first_then_hot_ones_survive_a_flood() {
         let store = TombstoneStore::new(16 * 1024);
-        let hot = hashes(1_000, 3);
+        let hot = keys(1_000, 3);
         for key in &hot {
-            store.insert(*key, AbsenceKind::Missing, 1_000_000, 0);
+            store.put(*key, AbsenceKind::Missing, 1_000_000, 0);
         }
-        let flood = hashes(200_000, 4);
+        let flood = keys(200_000, 4);
         for (i, key) in flood.iter().enumerate() {
-            store.insert(*key, AbsenceKind::Missing, 1_000_000, 1);
+            store.put(*key, AbsenceKind::Missing, 1_000_000, 1);
             if i % 2_000 == 0 {
                 hot.iter().for_each(|h| {
-                    store.lookup(*h, 1);
+                    store.has(*h, 1);
                 });
             }
         }
-        let surviving = hot.iter().filter(|h| store.lookup(**h, 1)).count();
+        let surviving = hot.iter().filter(|h| store.has(**h, 1)).count();
         assert!(
             surviving >= 950,
             "only {surviving} of 1000 hot tombstones survived"
@@ -497,9 +601,9 @@ mod tests {
     #[test]
     fn purge_removes_only_expired() {
         let store = TombstoneStore::new(10_000);
-        let keys = hashes(2_000, 5);
+        let keys = keys(2_000, 5);
         for (i, key) in keys.iter().enumerate() {
-            store.insert(
+            store.put(
                 *key,
                 AbsenceKind::Missing,
                 if i % 2 == 0 { 10 } else { 100 },
@@ -508,14 +612,14 @@ mod tests {
         }
         assert_eq!(store.purge_expired(50), 1_000);
         for (i, key) in keys.iter().enumerate() {
-            assert_eq!(store.lookup(*key, 50), i % 2 == 1);
+            assert_eq!(store.has(*key, 50), i % 2 == 1);
         }
     }
 
     #[test]
     fn a_zero_bound_stores_nothing() {
         let store = TombstoneStore::new(0);
-        store.insert(hashes(1, 6)[0], AbsenceKind::Missing, 10, 0);
+        store.put(keys(1, 6)[0], AbsenceKind::Missing, 10, 0);
         assert!(store.is_empty());
     }
 }

@@ -212,6 +212,14 @@ pub fn recover(
                 dir.path().display()
             )));
         }
+        if image.hash_check != gate.hash_check() {
+            return Err(PersistenceError::Mismatch(format!(
+                "{} was written by a build whose key hash functions differ from this one's: its filter bits \
+                 would answer for the wrong keys. Run the build that wrote it, or start with an empty data \
+                 directory and rebuild the namespaces with Admin Rebuild",
+                path.display()
+            )));
+        }
         for namespace in image.namespaces {
             gate.restore_image(namespace).map_err(|problem| {
                 PersistenceError::Mismatch(format!("{}: {problem}", path.display()))

@@ -2,12 +2,12 @@
 //! of replaying every `Add` ever made.
 //!
 //! ```text
-//! header     "EXGSNAP1", u32 version, [u8; 32] hash seed, u64 covered segment, u32 namespaces
+//! header     "EXGSNAP1", u32 version, [u8; 32] hash seed, u64 hash check, u64 covered segment, u32 namespaces
 //! per namespace:
 //!   namespace  name, u64 sizing fingerprint, u64 seq, u64 keys added, u32 windows
 //!   per window:  u64 id, u32 layers
 //!     per layer: u64 blocks, u32 probes, u64 capacity, u64 inserted; then bit words in chunks of ≤ 1 MiB
-//!   tombstones   chunks of (u64 hash hi, u64 hash lo, u64 expires_at_ms, u8 kind), then an empty chunk
+//!   tombstones   chunks of (u32 tag, u64 × 2 strong hash, u64 expires_at_ms, u8 kind), then an empty chunk
 //! footer     "EXGSNEND", u32 namespaces
 //! ```
 //!
@@ -27,8 +27,8 @@ use super::frame::{self, put_string, Fields, Next};
 use super::{sync_dir, PersistenceError};
 use crate::filter::{BloomLayer, Geometry};
 use crate::gate::Gate;
-use crate::hashing::KeyHash;
-use crate::tombstones::{AbsenceKind, Tombstone};
+use crate::hashing::StrongKey;
+use crate::tombstones::{AbsenceKind, Tombstone, TombstoneKey};
 
 const HEADER_MAGIC: &[u8; 8] = b"EXGSNAP1";
 const FOOTER_MAGIC: &[u8; 8] = b"EXGSNEND";
@@ -138,6 +138,7 @@ fn write_frames(
         p.extend_from_slice(HEADER_MAGIC);
         p.extend_from_slice(&VERSION.to_le_bytes());
         p.extend_from_slice(&seed);
+        p.extend_from_slice(&gate.hash_check().to_le_bytes());
         p.extend_from_slice(&covered.to_le_bytes());
         p.extend_from_slice(&(namespaces.len() as u32).to_le_bytes());
     })?;
@@ -172,8 +173,9 @@ fn write_frames(
             writer.frame(|p| {
                 p.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
                 for t in chunk {
-                    p.extend_from_slice(&t.key.hi.to_le_bytes());
-                    p.extend_from_slice(&t.key.lo.to_le_bytes());
+                    p.extend_from_slice(&t.key.tag.to_le_bytes());
+                    p.extend_from_slice(&t.key.strong.0[0].to_le_bytes());
+                    p.extend_from_slice(&t.key.strong.0[1].to_le_bytes());
                     p.extend_from_slice(&t.expires_at_ms.to_le_bytes());
                     p.push(match t.kind {
                         AbsenceKind::Missing => 1,
@@ -228,6 +230,8 @@ pub struct NamespaceImage {
 pub struct Image {
     /// The hash seed it was written with.
     pub seed: [u8; 32],
+    /// The hasher's check value when it was written.
+    pub hash_check: u64,
     /// The last log segment it covers.
     pub covered: u64,
     /// Its namespaces.
@@ -305,7 +309,7 @@ pub fn read(path: &Path) -> Result<Image, PersistenceError> {
         path: path.to_path_buf(),
         offset: 0,
     };
-    let (seed, covered, count) = reader.next("the header", |f| {
+    let (seed, hash_check, covered, count) = reader.next("the header", |f| {
         if f.take(8)? != HEADER_MAGIC {
             return Err(frame::Malformed("not a snapshot (bad magic)".into()));
         }
@@ -316,7 +320,7 @@ pub fn read(path: &Path) -> Result<Image, PersistenceError> {
             )));
         }
         let seed: [u8; 32] = f.take(32)?.try_into().expect("32 bytes");
-        Ok((seed, f.u64()?, f.u32()?))
+        Ok((seed, f.u64()?, f.u64()?, f.u32()?))
     })?;
     let namespaces = (0..count)
         .map(|_| read_namespace(&mut reader))
@@ -334,6 +338,7 @@ pub fn read(path: &Path) -> Result<Image, PersistenceError> {
     }
     Ok(Image {
         seed,
+        hash_check,
         covered,
         namespaces,
     })
@@ -364,9 +369,9 @@ fn read_namespace(reader: &mut ImageReader) -> Result<NamespaceImage, Persistenc
             let count = f.u32()? as usize;
             (0..count)
                 .map(|_| {
-                    let key = KeyHash {
-                        hi: f.u64()?,
-                        lo: f.u64()?,
+                    let key = TombstoneKey {
+                        tag: f.u32()?,
+                        strong: StrongKey([f.u64()?, f.u64()?]),
                     };
                     let expires_at_ms = f.u64()?;
                     let kind = match f.u8()? {
