@@ -1,0 +1,373 @@
+// The interop scenario (tests/interop/README.md) from Node: @grpc/proto-loader loads proto/ at start-up and
+// @grpc/grpc-js makes the client from it.
+//
+// Usage: node interop.js ADDR NAMESPACE
+// Prints one line per check and a closing "node: N passed, N failed"; exits 1 on any failure.
+'use strict';
+
+const path = require('path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const health = require('grpc-health-check');
+
+const PROTO_ROOT = path.resolve(__dirname, '../../../proto');
+const WAIT_MS = 10_000; // how long to wait for a streamed message
+const LOAD_OPTIONS = { keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true };
+
+let passed = 0;
+let failed = 0;
+
+function check(name, ok, detail = '') {
+  if (ok) {
+    passed++;
+    console.log(`ok   ${name}`);
+  } else {
+    failed++;
+    console.log(`FAIL ${name}: ${typeof detail === 'string' ? detail : JSON.stringify(detail)}`);
+  }
+  return ok;
+}
+
+function codeName(code) {
+  return Object.keys(grpc.status).find((name) => grpc.status[name] === code) || String(code);
+}
+
+async function expectError(name, promise, code, needle) {
+  try {
+    await promise;
+    check(name, false, `succeeded, want ${codeName(code)}`);
+  } catch (error) {
+    const details = error.details || '';
+    check(
+      name,
+      error.code === code && details.includes(needle),
+      `got ${codeName(error.code)} ${JSON.stringify(details)}, want ${codeName(code)} containing ${JSON.stringify(needle)}`,
+    );
+  }
+}
+
+/** Calls a unary method as a promise. */
+function unary(client, method, request, options = {}) {
+  return new Promise((resolve, reject) => {
+    client[method](request, options, (error, reply) => (error ? reject(error) : resolve(reply)));
+  });
+}
+
+/** Queues a server stream's messages and its end, for checks that wait with timeouts. */
+class StreamReader {
+  constructor(call) {
+    this.call = call;
+    this.items = [];
+    this.waiters = [];
+    this.headers = new Promise((resolve) => {
+      call.on('metadata', resolve);
+      call.on('status', resolve);
+    });
+    call.on('data', (message) => this.push(message));
+    call.on('error', (error) => this.push({ error }));
+    call.on('end', () => this.push({ end: true }));
+  }
+
+  push(item) {
+    const waiter = this.waiters.shift();
+    if (waiter) waiter(item);
+    else this.items.push(item);
+  }
+
+  next(timeoutMs = WAIT_MS) {
+    if (this.items.length > 0) return Promise.resolve(this.items.shift());
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.waiters.splice(this.waiters.indexOf(waiter), 1);
+        resolve({ timeout: timeoutMs });
+      }, timeoutMs);
+      const waiter = (item) => {
+        clearTimeout(timer);
+        resolve(item);
+      };
+      this.waiters.push(waiter);
+    });
+  }
+
+  cancel() {
+    this.call.cancel();
+  }
+}
+
+async function subscribe(gate, namespace, afterSeq) {
+  const reader = new StreamReader(gate.SubscribeInvalidations({ namespace, after_seq: afterSeq }));
+  // Headers arrive once the server has registered the subscription.
+  await reader.headers;
+  return reader;
+}
+
+function describe(item) {
+  if (item && item.cause) {
+    return `Invalidation(ns=${item.namespace}, seq=${item.seq}, cause=${item.cause}, keys=${item.keys.length})`;
+  }
+  return JSON.stringify(item && item.error ? { code: codeName(item.error.code), details: item.error.details } : item);
+}
+
+function invalidationIs(item, namespace, seq, cause, keys) {
+  return (
+    item &&
+    item.namespace === namespace &&
+    item.seq === seq &&
+    item.cause === cause &&
+    (keys === undefined ||
+      (item.keys.length === keys.length && item.keys.every((key, i) => key.equals(Buffer.from(keys[i])))))
+  );
+}
+
+const keysOf = (...texts) => texts.map((text) => Buffer.from(text));
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const equal = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+
+async function run(addr, ns) {
+  const definition = protoLoader.loadSync('existence/v1/existence.proto', { ...LOAD_OPTIONS, includeDirs: [PROTO_ROOT] });
+  const existence = grpc.loadPackageDefinition(definition).existence.v1;
+  const healthProto = grpc.loadPackageDefinition(protoLoader.loadSync(health.protoPath, LOAD_OPTIONS));
+  const credentials = grpc.credentials.createInsecure();
+  const gate = new existence.ExistenceGate(addr, credentials, { 'grpc.max_receive_message_length': 64 << 20 });
+  const healthClient = new healthProto.grpc.health.v1.Health(addr, credentials);
+  await new Promise((resolve, reject) =>
+    gate.waitForReady(Date.now() + 10_000, (error) => (error ? reject(error) : resolve())),
+  );
+  const M = 'ANSWER_MAY_EXIST';
+  const A = 'ANSWER_ABSENT';
+  const mayExist = (key) => unary(gate, 'MayExist', { namespace: ns, key: Buffer.from(key) });
+  const add = (...keys) => unary(gate, 'Add', { namespace: ns, keys: keysOf(...keys) });
+  const recordAbsent = (request) => unary(gate, 'RecordAbsent', { namespace: ns, ...request });
+  const streams = [];
+
+  try {
+    // Health, as load balancers ask it.
+    for (const service of ['', 'existence.v1.ExistenceGate']) {
+      const reply = await unary(healthClient, 'Check', { service }, { deadline: Date.now() + 5000 });
+      check(`health "${service}" is SERVING`, reply.status === 'SERVING', reply);
+    }
+    await expectError(
+      'health of an unknown service is NOT_FOUND',
+      unary(healthClient, 'Check', { service: 'no.such.Service' }),
+      grpc.status.NOT_FOUND,
+      '',
+    );
+
+    // A fresh namespace starts empty at seq 0.
+    let reply = await mayExist('a');
+    check(
+      'fresh key is ABSENT by FILTER at seq 0',
+      reply.answer === A && reply.basis === 'BASIS_FILTER' && reply.observed_seq === 0,
+      reply,
+    );
+
+    // A live subscription from now on.
+    const live = await subscribe(gate, ns, 0);
+    streams.push(live);
+    let added = await add('a', 'b');
+    check('Add gets seq 1', added.seq === 1 && added.tombstones_cleared === 0, added);
+    added = await add('c');
+    check('next Add gets seq 2', added.seq === 2, added);
+    let item = await live.next();
+    check('live stream: ADDED seq 1 [a, b]', invalidationIs(item, ns, 1, 'INVALIDATION_CAUSE_ADDED', ['a', 'b']), describe(item));
+    item = await live.next();
+    check('live stream: ADDED seq 2 [c]', invalidationIs(item, ns, 2, 'INVALIDATION_CAUSE_ADDED', ['c']), describe(item));
+    reply = await mayExist('a');
+    check(
+      'added key MAY_EXIST by FILTER at seq 2',
+      reply.answer === M && reply.basis === 'BASIS_FILTER' && reply.observed_seq === 2,
+      reply,
+    );
+
+    // Resuming by after_seq is exact; a seq the server never issued gets RESYNC.
+    const resumed = await subscribe(gate, ns, 1);
+    item = await resumed.next();
+    check('resumed after_seq=1: ADDED seq 2 [c]', invalidationIs(item, ns, 2, 'INVALIDATION_CAUSE_ADDED', ['c']), describe(item));
+    resumed.cancel();
+    const future = await subscribe(gate, ns, 1000);
+    streams.push(future);
+    item = await future.next();
+    check('after_seq=1000: RESYNC at seq 2, no keys', invalidationIs(item, ns, 2, 'INVALIDATION_CAUSE_RESYNC', []), describe(item));
+    added = await add('d');
+    check('Add gets seq 3', added.seq === 3, added);
+    item = await future.next();
+    check(
+      'after RESYNC the stream continues: ADDED seq 3 [d]',
+      invalidationIs(item, ns, 3, 'INVALIDATION_CAUSE_ADDED', ['d']),
+      describe(item),
+    );
+    future.cancel();
+
+    // Batches answer in request order, duplicates allowed, up to 10,000 keys.
+    let batch = await unary(gate, 'BatchMayExist', { namespace: ns, keys: keysOf('a', 'zzz', 'c', 'a', 'd') });
+    check(
+      'batch answers in order with duplicates',
+      equal(batch.answers, [M, A, M, M, M]) && batch.observed_seq === 3,
+      batch,
+    );
+    batch = await unary(gate, 'BatchMayExist', { namespace: ns });
+    check('empty batch gets no answers', batch.answers.length === 0, batch);
+    const full = Array.from({ length: 10_000 }, (_, i) => Buffer.from(`batch-${String(i).padStart(5, '0')}`));
+    added = await unary(gate, 'Add', { namespace: ns, keys: full.slice(0, 5_000) });
+    check('Add of 5,000 keys gets seq 4', added.seq === 4, added);
+    batch = await unary(gate, 'BatchMayExist', { namespace: ns, keys: full });
+    check(
+      'batch of 10,000: 10,000 answers at seq 4',
+      batch.answers.length === 10_000 && batch.observed_seq === 4,
+      `${batch.answers.length} answers, seq ${batch.observed_seq}`,
+    );
+    check('batch of 10,000: every added key MAY_EXIST', batch.answers.slice(0, 5_000).every((a) => a === M));
+    const rest = batch.answers.slice(5_000);
+    const falsePositives = rest.filter((a) => a === M).length;
+    check(
+      'batch of 10,000: under 200 false positives in 5,000',
+      falsePositives < 200 && rest.every((a) => a === M || a === A),
+      String(falsePositives),
+    );
+
+    // RecordAbsent outcomes.
+    let rec = await recordAbsent({ key: Buffer.from('ghost'), kind: 'ABSENCE_KIND_MISSING', observed_seq: 4 });
+    check(
+      'RecordAbsent of a key the filter rules out: REDUNDANT',
+      rec.outcome === 'RECORD_OUTCOME_REDUNDANT' && rec.seq === 4 && rec.expires_in_ms === 0,
+      rec,
+    );
+    await add('gone'); // seq 5
+    const looked = await mayExist('gone');
+    check('gone MAY_EXIST at seq 5', looked.answer === M && looked.observed_seq === 5, looked);
+    rec = await recordAbsent({ key: Buffer.from('gone'), kind: 'ABSENCE_KIND_MISSING', observed_seq: looked.observed_seq });
+    const recordedAt = Date.now();
+    check(
+      "RecordAbsent MISSING: RECORDED, seq 6, the namespace's 1 s TTL",
+      rec.outcome === 'RECORD_OUTCOME_RECORDED' && rec.seq === 6 && rec.expires_in_ms === 1000,
+      rec,
+    );
+    reply = await mayExist('gone');
+    check(
+      'tombstoned key ABSENT by TOMBSTONE at seq 6',
+      reply.answer === A && reply.basis === 'BASIS_TOMBSTONE' && reply.observed_seq === 6,
+      reply,
+    );
+    await add('del'); // seq 7
+    rec = await recordAbsent({ key: Buffer.from('del'), kind: 'ABSENCE_KIND_DELETED', observed_seq: 7 });
+    check(
+      'RecordAbsent DELETED: RECORDED, seq 8, the 10 min deleted_ttl',
+      rec.outcome === 'RECORD_OUTCOME_RECORDED' && rec.seq === 8 && rec.expires_in_ms === 600_000,
+      rec,
+    );
+    added = await add('del');
+    check('re-Add clears the tombstone: seq 9, tombstones_cleared 1', added.seq === 9 && added.tombstones_cleared === 1, added);
+    rec = await recordAbsent({ key: Buffer.from('del'), kind: 'ABSENCE_KIND_MISSING', observed_seq: 7 });
+    check(
+      'RecordAbsent observed before that Add: SUPERSEDED, latest seq 9',
+      rec.outcome === 'RECORD_OUTCOME_SUPERSEDED' && rec.seq === 9 && rec.expires_in_ms === 0,
+      rec,
+    );
+    reply = await mayExist('del');
+    check('superseded key still MAY_EXIST', reply.answer === M, reply);
+    rec = await recordAbsent({ key: Buffer.from('b'), kind: 'ABSENCE_KIND_UNSPECIFIED', ttl_seconds: 1_000_000 });
+    check(
+      'RecordAbsent with a huge TTL: RECORDED, clamped to max_ttl 1 h',
+      rec.outcome === 'RECORD_OUTCOME_RECORDED' && rec.seq === 10 && rec.expires_in_ms === 3_600_000,
+      rec,
+    );
+
+    // The 1 s tombstone expires.
+    await sleep(Math.max(0, recordedAt + 1300 - Date.now()));
+    reply = await mayExist('gone');
+    check(
+      'after its TTL the tombstone is gone: MAY_EXIST by FILTER',
+      reply.answer === M && reply.basis === 'BASIS_FILTER' && reply.observed_seq === 10,
+      reply,
+    );
+
+    // Errors: precise statuses and messages, no state change.
+    const INVALID = grpc.status.INVALID_ARGUMENT;
+    await expectError('empty key: INVALID_ARGUMENT', mayExist(''), INVALID, 'key is empty');
+    await expectError(
+      '1,025-byte key: INVALID_ARGUMENT naming max_key_bytes',
+      mayExist('x'.repeat(1025)),
+      INVALID,
+      'max_key_bytes = 1024',
+    );
+    await expectError(
+      'Add with an empty key at index 1: INVALID_ARGUMENT keys[1]',
+      add('ok', '', 'ok'),
+      INVALID,
+      'keys[1] is empty',
+    );
+    const over = Array.from({ length: 10_001 }, (_, i) => Buffer.from(`k${i}`));
+    await expectError(
+      'batch of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys',
+      unary(gate, 'BatchMayExist', { namespace: ns, keys: over }),
+      INVALID,
+      'max_batch_keys = 10000',
+    );
+    await expectError(
+      'unknown AbsenceKind 9: INVALID_ARGUMENT',
+      recordAbsent({ key: Buffer.from('k'), kind: 9 }),
+      INVALID,
+      'kind 9',
+    );
+    await expectError(
+      'unknown namespace: NOT_FOUND naming it',
+      unary(gate, 'MayExist', { namespace: 'no_such_namespace', key: Buffer.from('k') }),
+      grpc.status.NOT_FOUND,
+      '"no_such_namespace"',
+    );
+    const unknown = new StreamReader(
+      gate.SubscribeInvalidations({ namespace: 'no_such_namespace' }, { deadline: Date.now() + WAIT_MS }),
+    );
+    item = await unknown.next();
+    await expectError(
+      'subscription to an unknown namespace: NOT_FOUND naming it',
+      item.error ? Promise.reject(item.error) : Promise.resolve(item),
+      grpc.status.NOT_FOUND,
+      '"no_such_namespace"',
+    );
+    reply = await mayExist('a');
+    check('refused requests used no seq', reply.observed_seq === 10, reply);
+
+    // A client deadline ends a quiet stream with DEADLINE_EXCEEDED.
+    const started = Date.now();
+    const quiet = new StreamReader(gate.SubscribeInvalidations({ namespace: ns }, { deadline: Date.now() + 300 }));
+    item = await quiet.next();
+    await expectError(
+      'subscription with a 300 ms deadline: DEADLINE_EXCEEDED',
+      item.error ? Promise.reject(item.error) : Promise.resolve(item),
+      grpc.status.DEADLINE_EXCEEDED,
+      '',
+    );
+    const elapsed = Date.now() - started;
+    check('the deadline ended the stream in time', elapsed >= 250 && elapsed < 5000, `${elapsed} ms`);
+
+    // The live stream saw exactly one ADDED per Add, in seq order (tombstones emit nothing).
+    const seqs = [1, 2];
+    for (;;) {
+      const next = await live.next(1000);
+      if (!next.cause) break;
+      seqs.push(next.seq);
+    }
+    check('live stream: one ADDED per Add seq', equal(seqs, [1, 2, 3, 4, 5, 7, 9]), seqs);
+  } finally {
+    for (const stream of streams) stream.cancel();
+    gate.close();
+    healthClient.close();
+  }
+}
+
+async function main() {
+  if (process.argv.length !== 4) {
+    console.error('usage: node interop.js ADDR NAMESPACE');
+    process.exit(2);
+  }
+  try {
+    await run(process.argv[2], process.argv[3]);
+  } catch (error) {
+    check('scenario ran to the end', false, String(error && error.stack ? error.stack : error));
+  }
+  console.log(`node: ${passed} passed, ${failed} failed`);
+  process.exit(failed > 0 || passed === 0 ? 1 : 0);
+}
+
+main();
