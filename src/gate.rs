@@ -169,7 +169,7 @@ impl Gate {
         Ok(())
     }
 
-    fn check_keys(&self, keys: &[Bytes]) -> Result<(), GateError> {
+    fn check_keys<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<(), GateError> {
         if keys.len() > self.limits.max_batch_keys {
             return Err(GateError::InvalidArgument(format!(
                 "the request has {} keys; the limit is max_batch_keys = {}",
@@ -179,7 +179,7 @@ impl Gate {
         }
         keys.iter()
             .enumerate()
-            .try_for_each(|(i, key)| self.check_key(key, Some(i)))
+            .try_for_each(|(i, key)| self.check_key(key.as_ref(), Some(i)))
     }
 
     /// Can `key` exist in `namespace`? Returns the answer and the seq it reflects.
@@ -198,10 +198,10 @@ impl Gate {
     }
 
     /// Answers for `keys` in order into `answers`; returns the seq they reflect.
-    pub fn batch_may_exist(
+    pub fn batch_may_exist<K: AsRef<[u8]>>(
         &self,
         namespace: &str,
-        keys: &[Bytes],
+        keys: &[K],
         answers: &mut Vec<Lookup>,
     ) -> Result<u64, GateError> {
         let entry = self.entry(namespace)?;

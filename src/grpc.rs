@@ -77,6 +77,81 @@ impl GateService {
     }
 }
 
+impl GateService {
+    /// Answers `keys` as a list of enum values.
+    fn batch_answers(
+        &self,
+        namespace: &str,
+        keys: &[bytes::Bytes],
+    ) -> Result<proto::BatchMayExistResponse, Status> {
+        let mut lookups = Vec::with_capacity(keys.len());
+        let observed_seq = self
+            .gate
+            .batch_may_exist(namespace, keys, &mut lookups)
+            .map_err(status)?;
+        Ok(proto::BatchMayExistResponse {
+            answers: lookups.iter().map(|l| answer(l.answer) as i32).collect(),
+            observed_seq,
+            may_exist_bitmap: bytes::Bytes::new(),
+        })
+    }
+
+    /// Answers unpacked `keys` as a bitmap, one bit per key.
+    fn batch_bitmap(
+        &self,
+        namespace: &str,
+        keys: &[&[u8]],
+    ) -> Result<proto::BatchMayExistResponse, Status> {
+        let mut lookups = Vec::with_capacity(keys.len());
+        let observed_seq = self
+            .gate
+            .batch_may_exist(namespace, keys, &mut lookups)
+            .map_err(status)?;
+        let mut bitmap = vec![0u8; lookups.len().div_ceil(8)];
+        for (i, lookup) in lookups.iter().enumerate() {
+            if lookup.answer == Answer::MayExist {
+                bitmap[i / 8] |= 1 << (i % 8);
+            }
+        }
+        Ok(proto::BatchMayExistResponse {
+            answers: Vec::new(),
+            observed_seq,
+            may_exist_bitmap: bitmap.into(),
+        })
+    }
+}
+
+/// Splits `packed_keys` (each key preceded by its varint length) into key slices, refusing more than
+/// `max_keys` keys before collecting them.
+pub fn unpack_keys(packed: &[u8], max_keys: usize) -> Result<Vec<&[u8]>, Status> {
+    let mut keys = Vec::new();
+    let mut rest = packed;
+    while !rest.is_empty() {
+        let offset = packed.len() - rest.len();
+        let length = prost::encoding::decode_varint(&mut rest).map_err(|_| {
+            Status::invalid_argument(format!(
+                "packed_keys has a malformed length at byte {offset}"
+            ))
+        })?;
+        if length > rest.len() as u64 {
+            return Err(Status::invalid_argument(format!(
+                "packed_keys[{}] at byte {offset} claims {length} bytes, but only {} remain",
+                keys.len(),
+                rest.len()
+            )));
+        }
+        if keys.len() == max_keys {
+            return Err(Status::invalid_argument(format!(
+                "packed_keys has more than {max_keys} keys; the limit is max_batch_keys = {max_keys}"
+            )));
+        }
+        let (key, tail) = rest.split_at(length as usize);
+        keys.push(key);
+        rest = tail;
+    }
+    Ok(keys)
+}
+
 /// The status for a refused request.
 pub fn status(error: GateError) -> Status {
     match &error {
@@ -169,15 +244,16 @@ impl ExistenceGate for GateService {
         let started = Instant::now();
         let request = request.get_ref();
         let result = self.check_open().and_then(|()| {
-            let mut lookups = Vec::with_capacity(request.keys.len());
-            let observed_seq = self
-                .gate
-                .batch_may_exist(&request.namespace, &request.keys, &mut lookups)
-                .map_err(status)?;
-            Ok(proto::BatchMayExistResponse {
-                answers: lookups.iter().map(|l| answer(l.answer) as i32).collect(),
-                observed_seq,
-            })
+            if request.packed_keys.is_empty() {
+                self.batch_answers(&request.namespace, &request.keys)
+            } else if request.keys.is_empty() {
+                let keys = unpack_keys(&request.packed_keys, self.gate.limits().max_batch_keys)?;
+                self.batch_bitmap(&request.namespace, &keys)
+            } else {
+                Err(Status::invalid_argument(
+                    "send keys or packed_keys, not both",
+                ))
+            }
         });
         self.finish(Rpc::BatchMayExist, started, result)
     }

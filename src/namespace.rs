@@ -274,8 +274,8 @@ impl Namespace {
 
     /// Answers for many keys at once, in order, into `answers`: the filter probes them as a batch so that
     /// their cache misses overlap.
-    pub fn lookup_many(&self, keys: &[Bytes], now_ms: u64, answers: &mut Vec<Lookup>) {
-        let hashes: Vec<KeyHash> = keys.iter().map(|k| self.hasher.hash(k)).collect();
+    pub fn lookup_many<K: AsRef<[u8]>>(&self, keys: &[K], now_ms: u64, answers: &mut Vec<Lookup>) {
+        let hashes: Vec<KeyHash> = keys.iter().map(|k| self.hasher.hash(k.as_ref())).collect();
         let mut in_filter = Vec::with_capacity(hashes.len());
         self.filter
             .load()
@@ -286,7 +286,9 @@ impl Namespace {
                 .iter()
                 .zip(keys)
                 .zip(in_filter)
-                .map(|((hash, key), in_filter)| self.answer(key, *hash, now_ms, || in_filter)),
+                .map(|((hash, key), in_filter)| {
+                    self.answer(key.as_ref(), *hash, now_ms, || in_filter)
+                }),
         );
     }
 

@@ -29,6 +29,7 @@ async fn answers(server: &server::RunningServer, keys: Vec<Bytes>) -> Vec<Answer
         .batch_may_exist(BatchMayExistRequest {
             namespace: String::new(),
             keys,
+            ..Default::default()
         })
         .await
         .unwrap()

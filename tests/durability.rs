@@ -385,6 +385,7 @@ async fn sigkill_mid_load_loses_no_acknowledged_add() {
             .batch_may_exist(existence_gate::proto::BatchMayExistRequest {
                 namespace: String::new(),
                 keys: chunk.to_vec(),
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -115,6 +115,7 @@ async fn batches_answer_in_order_with_duplicates_and_up_to_the_limit() {
         .batch_may_exist(BatchMayExistRequest {
             namespace: String::new(),
             keys: keys(&["a", "b", "c", "a", "zzz"]),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -153,6 +154,7 @@ async fn batches_answer_in_order_with_duplicates_and_up_to_the_limit() {
         .batch_may_exist(BatchMayExistRequest {
             namespace: String::new(),
             keys: full,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -391,6 +393,7 @@ async fn bad_requests_get_precise_statuses_and_change_nothing() {
             .batch_may_exist(BatchMayExistRequest {
                 namespace: String::new(),
                 keys: over,
+                ..Default::default()
             })
             .await
             .map(|_| ()),
@@ -421,6 +424,7 @@ async fn bad_requests_get_precise_statuses_and_change_nothing() {
         .batch_may_exist(BatchMayExistRequest {
             namespace: String::new(),
             keys: huge,
+            ..Default::default()
         })
         .await
         .expect_err("too large");
@@ -548,4 +552,106 @@ async fn shutdown_ends_streams_with_unavailable() {
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains("after_seq = 1"), "{status:?}");
     stopping.await.unwrap().unwrap();
+}
+
+fn pack(keys: &[Bytes]) -> Bytes {
+    let mut packed = Vec::new();
+    for key in keys {
+        prost::encoding::encode_varint(key.len() as u64, &mut packed);
+        packed.extend_from_slice(key);
+    }
+    Bytes::from(packed)
+}
+
+#[tokio::test]
+async fn packed_batches_answer_with_a_bitmap_matching_the_plain_answers() {
+    let server = start(SMALL).await;
+    let mut client = client(&server).await;
+    let all: Vec<Bytes> = (0..10_000u32)
+        .map(|i| Bytes::from(format!("k{i}")))
+        .collect();
+    client
+        .add(AddRequest {
+            namespace: String::new(),
+            keys: all.iter().step_by(3).cloned().collect(),
+        })
+        .await
+        .unwrap();
+    let plain = client
+        .batch_may_exist(BatchMayExistRequest {
+            namespace: String::new(),
+            keys: all.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let packed = client
+        .batch_may_exist(BatchMayExistRequest {
+            namespace: String::new(),
+            packed_keys: pack(&all),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(packed.answers.is_empty());
+    assert_eq!(packed.may_exist_bitmap.len(), 1_250);
+    assert_eq!(packed.observed_seq, plain.observed_seq);
+    for (i, answer) in plain.answers().enumerate() {
+        let bit = packed.may_exist_bitmap[i / 8] >> (i % 8) & 1 == 1;
+        assert_eq!(bit, answer == Answer::MayExist, "key {i}");
+        if i % 3 == 0 {
+            assert!(bit, "added key {i} must may-exist");
+        }
+    }
+
+    let refuse = |request: BatchMayExistRequest, needle: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let status = client.batch_may_exist(request).await.expect_err("refused");
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            assert!(
+                status.message().contains(needle),
+                "{:?} lacks {needle:?}",
+                status.message()
+            );
+        }
+    };
+    refuse(
+        BatchMayExistRequest {
+            keys: keys(&["a"]),
+            packed_keys: pack(&keys(&["b"])),
+            ..Default::default()
+        },
+        "not both",
+    )
+    .await;
+    refuse(
+        BatchMayExistRequest {
+            packed_keys: Bytes::from_static(&[5, b'a', b'b']),
+            ..Default::default()
+        },
+        "claims 5 bytes",
+    )
+    .await;
+    let over: Vec<Bytes> = (0..10_001u32)
+        .map(|i| Bytes::from(i.to_be_bytes().to_vec()))
+        .collect();
+    refuse(
+        BatchMayExistRequest {
+            packed_keys: pack(&over),
+            ..Default::default()
+        },
+        "max_batch_keys = 10000",
+    )
+    .await;
+    refuse(
+        BatchMayExistRequest {
+            packed_keys: pack(&keys(&["ok", ""])),
+            ..Default::default()
+        },
+        "keys[1] is empty",
+    )
+    .await;
 }
