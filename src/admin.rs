@@ -6,6 +6,8 @@ use std::sync::{Arc, OnceLock};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::{self, Access};
+use crate::auth::{Role, Scope};
 use crate::gate::Gate;
 use crate::grpc::status;
 use crate::proto;
@@ -16,6 +18,7 @@ use crate::server::Persistence;
 #[derive(Debug, Clone)]
 pub struct AdminService {
     gate: Arc<Gate>,
+    access: Arc<Access>,
     /// Set once the data directory is loaded; stays empty for a server without one.
     persistence: Arc<OnceLock<Persistence>>,
     /// Whether the server has a data directory at all.
@@ -23,10 +26,16 @@ pub struct AdminService {
 }
 
 impl AdminService {
-    /// Administers `gate`, snapshotting through `persistence` once it is set.
-    pub fn new(gate: Arc<Gate>, persistence: Arc<OnceLock<Persistence>>, durable: bool) -> Self {
+    /// Administers `gate` behind `access`, snapshotting through `persistence` once it is set.
+    pub fn new(
+        gate: Arc<Gate>,
+        access: Arc<Access>,
+        persistence: Arc<OnceLock<Persistence>>,
+        durable: bool,
+    ) -> Self {
         Self {
             gate,
+            access,
             persistence,
             durable,
         }
@@ -62,6 +71,14 @@ impl Admin for AdminService {
         request: Request<proto::StatsRequest>,
     ) -> Result<Response<proto::StatsResponse>, Status> {
         let wanted = &request.get_ref().namespace;
+        // "" lists the namespaces this token administers; a named one needs admin on it.
+        let scope = if wanted.is_empty() {
+            Scope::Any
+        } else {
+            Scope::Namespace(wanted)
+        };
+        let _admitted = self.access.admit(&request, Role::Admin, scope)?;
+        let authorization = access::authorization(&request);
         if !wanted.is_empty() {
             self.gate.namespace(wanted).map_err(status)?;
         }
@@ -75,6 +92,11 @@ impl Admin for AdminService {
             .stats()
             .into_iter()
             .filter(|s| wanted.is_empty() || *s.name == **wanted)
+            .filter(|s| {
+                self.access
+                    .authorizer()
+                    .allows(authorization, Role::Admin, &s.name)
+            })
             .map(|s| proto::NamespaceStats {
                 namespace: s.name.to_string(),
                 keys_added: s.keys_added,
@@ -95,8 +117,9 @@ impl Admin for AdminService {
 
     async fn snapshot(
         &self,
-        _request: Request<proto::SnapshotRequest>,
+        request: Request<proto::SnapshotRequest>,
     ) -> Result<Response<proto::SnapshotResponse>, Status> {
+        let _admitted = self.access.admit(&request, Role::Admin, Scope::All)?;
         let taken = AdminService::snapshot(self).await?;
         Ok(Response::new(proto::SnapshotResponse {
             path: taken.path.display().to_string(),
@@ -110,10 +133,16 @@ impl Admin for AdminService {
         &self,
         request: Request<Streaming<proto::RebuildRequest>>,
     ) -> Result<Response<proto::RebuildResponse>, Status> {
+        let authorization = access::authorization(&request).map(str::to_owned);
         let mut stream = request.into_inner();
         let first = stream.next().await.ok_or_else(|| {
             Status::invalid_argument("Rebuild needs at least one message naming the namespace")
         })??;
+        let _admitted = self.access.admit_with(
+            authorization.as_deref(),
+            Role::Admin,
+            Scope::Namespace(&first.namespace),
+        )?;
         let mut rebuild = self.gate.begin_rebuild(&first.namespace).map_err(status)?;
         self.gate
             .feed_rebuild(&mut rebuild, &first.keys)

@@ -12,6 +12,14 @@
 //! missing_ttl = "60s"
 //! ```
 //!
+//! ```toml
+//! [[tokens]]
+//! name = "checkout"
+//! sha256 = "..."          # existence-gate hash-token <token>
+//! roles = ["read", "write"]
+//! namespaces = ["users"]  # or ["*"]
+//! ```
+//!
 //! Every field has a default; unknown fields and invalid values are startup errors that name the field.
 //! The `default` namespace always exists (a `[namespaces.default]` table tunes it).
 
@@ -21,6 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::auth::{Authorizer, TokenConfig};
 use crate::filter::{FilterSpec, Retention};
 
 /// The namespace an empty namespace string means.
@@ -170,6 +179,22 @@ impl NamespaceSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
+    /// Calls handled at once across all connections; beyond it calls fail fast with `RESOURCE_EXHAUSTED`
+    /// instead of queueing without bound (subscription streams count while they are being set up).
+    pub max_in_flight: usize,
+    /// HTTP/2 streams one connection may have open at once (calls and subscriptions).
+    pub max_concurrent_streams: u32,
+    /// Open subscriptions per namespace; more get `RESOURCE_EXHAUSTED`.
+    pub max_subscribers_per_namespace: usize,
+    /// Longest a unary call may run; a client's shorter deadline (`grpc-timeout`) wins.
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// HTTP/2 ping interval on idle connections (finds dead peers and keeps NATs open).
+    #[serde(deserialize_with = "duration")]
+    pub keepalive_interval: Duration,
+    /// How long an unanswered ping may take before the connection is closed.
+    #[serde(deserialize_with = "duration")]
+    pub keepalive_timeout: Duration,
     /// Most keys in one `BatchMayExist` or `Add`.
     pub max_batch_keys: usize,
     /// Longest key in bytes.
@@ -182,6 +207,12 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
+            max_in_flight: 4_096,
+            max_concurrent_streams: 256,
+            max_subscribers_per_namespace: 1_024,
+            request_timeout: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
             max_batch_keys: 10_000,
             max_key_bytes: 1_024,
             replay_buffer_bytes: 16 << 20,
@@ -207,6 +238,31 @@ impl Limits {
                 format!("must be between 1 and 65536, got {}", self.max_key_bytes),
             ));
         }
+        if self.max_in_flight == 0
+            || self.max_concurrent_streams == 0
+            || self.max_subscribers_per_namespace == 0
+        {
+            let name = if self.max_in_flight == 0 {
+                "max_in_flight"
+            } else if self.max_concurrent_streams == 0 {
+                "max_concurrent_streams"
+            } else {
+                "max_subscribers_per_namespace"
+            };
+            return Err(field(name, "must be at least 1".to_string()));
+        }
+        for (name, value) in [
+            ("request_timeout", self.request_timeout),
+            ("keepalive_interval", self.keepalive_interval),
+            ("keepalive_timeout", self.keepalive_timeout),
+        ] {
+            if value < Duration::from_millis(100) {
+                return Err(field(
+                    name,
+                    format!("must be at least 100ms, got {value:?}"),
+                ));
+            }
+        }
         if self.replay_buffer_bytes < 4_096 {
             return Err(field(
                 "replay_buffer_bytes",
@@ -227,6 +283,9 @@ pub struct GateConfig {
     /// Namespaces by name.
     #[serde(default)]
     pub namespaces: BTreeMap<String, NamespaceSettings>,
+    /// Bearer tokens (`[[tokens]]`); none = the gate is open to anyone who can reach it.
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
 }
 
 impl Default for GateConfig {
@@ -271,6 +330,10 @@ impl GateConfig {
             .entry(DEFAULT_NAMESPACE.to_string())
             .or_default();
         config.limits.validate()?;
+        Authorizer::new(&config.tokens).map_err(|problem| ConfigError::Invalid {
+            field: "tokens".to_string(),
+            problem,
+        })?;
         for (name, settings) in &config.namespaces {
             validate_namespace_name(name)?;
             settings.validate(name)?;

@@ -30,6 +30,8 @@ pub enum GateError {
     Unavailable(String),
     /// The request conflicts with the gate's state (e.g. a rebuild already runs).
     Conflict(String),
+    /// A bounded resource is full (e.g. subscribers of a namespace).
+    Exhausted(String),
 }
 
 impl std::fmt::Display for GateError {
@@ -38,7 +40,8 @@ impl std::fmt::Display for GateError {
             Self::UnknownNamespace(name) => write!(f, "namespace {name:?} does not exist"),
             Self::InvalidArgument(message)
             | Self::Unavailable(message)
-            | Self::Conflict(message) => f.write_str(message),
+            | Self::Conflict(message)
+            | Self::Exhausted(message) => f.write_str(message),
         }
     }
 }
@@ -251,7 +254,14 @@ impl Gate {
         after_seq: u64,
     ) -> Result<(Arc<str>, Subscription), GateError> {
         let namespace = self.namespace(namespace)?;
-        Ok((Arc::clone(namespace.name()), namespace.subscribe(after_seq)))
+        let max = self.limits.max_subscribers_per_namespace;
+        let subscription = namespace.subscribe(after_seq, max).ok_or_else(|| {
+            GateError::Exhausted(format!(
+                "namespace {:?} has {max} subscribers, the limit (max_subscribers_per_namespace)",
+                namespace.name()
+            ))
+        })?;
+        Ok((Arc::clone(namespace.name()), subscription))
     }
 
     /// Starts rebuilding `namespace`'s filter from keys the caller will stream.

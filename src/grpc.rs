@@ -8,42 +8,42 @@ use std::time::Instant;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::access::Access;
+use crate::auth::{Role, Scope};
 use crate::gate::{Gate, GateError};
 use crate::invalidations::Delivery;
 use crate::metrics::{Rpc, RpcMetrics};
 use crate::namespace::{self, AbsenceReport, Answer, Basis};
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
-use crate::shutdown::Shutdown;
 use crate::tombstones::AbsenceKind;
 
 /// The `ExistenceGate` service.
 #[derive(Debug, Clone)]
 pub struct GateService {
     gate: Arc<Gate>,
+    access: Arc<Access>,
     metrics: Arc<RpcMetrics>,
-    shutdown: Shutdown,
     /// Whether writes wait for an fsync: they then run on the blocking pool, not on a request thread.
     blocking_writes: bool,
 }
 
 impl GateService {
-    /// Serves `gate` until `shutdown`. `blocking_writes`: writes wait for fsync.
-    pub fn new(gate: Arc<Gate>, shutdown: Shutdown, blocking_writes: bool) -> Self {
+    /// Serves `gate` behind `access`. `blocking_writes`: writes wait for fsync.
+    pub fn new(gate: Arc<Gate>, access: Arc<Access>, blocking_writes: bool) -> Self {
         Self {
             gate,
+            access,
             metrics: Arc::new(RpcMetrics::default()),
-            shutdown,
             blocking_writes,
         }
     }
 
-    /// Runs a write on the blocking pool when it may wait for an fsync, inline otherwise.
+    /// Runs an admitted write on the blocking pool when it may wait for an fsync, inline otherwise.
     async fn write<T: Send + 'static>(
         &self,
         write: impl FnOnce(&Gate) -> Result<T, Status> + Send + 'static,
     ) -> Result<T, Status> {
-        self.check_open()?;
         if !self.blocking_writes {
             return write(&self.gate);
         }
@@ -51,17 +51,6 @@ impl GateService {
         tokio::task::spawn_blocking(move || write(&gate))
             .await
             .map_err(|e| Status::internal(format!("write task failed: {e}")))?
-    }
-
-    /// Refuses new calls once shutdown has begun, so clients move to another replica.
-    fn check_open(&self) -> Result<(), Status> {
-        if self.shutdown.is_triggered() {
-            Err(Status::unavailable(
-                "the server is shutting down; retry on another replica",
-            ))
-        } else {
-            Ok(())
-        }
     }
 
     /// Records the call's metrics and wraps its reply.
@@ -159,6 +148,7 @@ pub fn status(error: GateError) -> Status {
         GateError::InvalidArgument(_) => Status::invalid_argument(error.to_string()),
         GateError::Unavailable(_) => Status::unavailable(error.to_string()),
         GateError::Conflict(_) => Status::failed_precondition(error.to_string()),
+        GateError::Exhausted(_) => Status::resource_exhausted(error.to_string()),
     }
 }
 
@@ -222,18 +212,25 @@ impl ExistenceGate for GateService {
         request: Request<proto::MayExistRequest>,
     ) -> Result<Response<proto::MayExistResponse>, Status> {
         let started = Instant::now();
-        let request = request.get_ref();
-        let result = self.check_open().and_then(|()| {
-            let (lookup, observed_seq) = self
-                .gate
-                .may_exist(&request.namespace, &request.key)
-                .map_err(status)?;
-            Ok(proto::MayExistResponse {
-                answer: answer(lookup.answer) as i32,
-                basis: basis(lookup.basis) as i32,
-                observed_seq,
-            })
-        });
+        let result = self
+            .access
+            .admit(
+                &request,
+                Role::Read,
+                Scope::Namespace(&request.get_ref().namespace),
+            )
+            .and_then(|_admitted| {
+                let request = request.get_ref();
+                let (lookup, observed_seq) = self
+                    .gate
+                    .may_exist(&request.namespace, &request.key)
+                    .map_err(status)?;
+                Ok(proto::MayExistResponse {
+                    answer: answer(lookup.answer) as i32,
+                    basis: basis(lookup.basis) as i32,
+                    observed_seq,
+                })
+            });
         self.finish(Rpc::MayExist, started, result)
     }
 
@@ -242,19 +239,27 @@ impl ExistenceGate for GateService {
         request: Request<proto::BatchMayExistRequest>,
     ) -> Result<Response<proto::BatchMayExistResponse>, Status> {
         let started = Instant::now();
-        let request = request.get_ref();
-        let result = self.check_open().and_then(|()| {
-            if request.packed_keys.is_empty() {
-                self.batch_answers(&request.namespace, &request.keys)
-            } else if request.keys.is_empty() {
-                let keys = unpack_keys(&request.packed_keys, self.gate.limits().max_batch_keys)?;
-                self.batch_bitmap(&request.namespace, &keys)
-            } else {
-                Err(Status::invalid_argument(
-                    "send keys or packed_keys, not both",
-                ))
-            }
-        });
+        let result = self
+            .access
+            .admit(
+                &request,
+                Role::Read,
+                Scope::Namespace(&request.get_ref().namespace),
+            )
+            .and_then(|_admitted| {
+                let request = request.get_ref();
+                if request.packed_keys.is_empty() {
+                    self.batch_answers(&request.namespace, &request.keys)
+                } else if request.keys.is_empty() {
+                    let keys =
+                        unpack_keys(&request.packed_keys, self.gate.limits().max_batch_keys)?;
+                    self.batch_bitmap(&request.namespace, &keys)
+                } else {
+                    Err(Status::invalid_argument(
+                        "send keys or packed_keys, not both",
+                    ))
+                }
+            });
         self.finish(Rpc::BatchMayExist, started, result)
     }
 
@@ -263,16 +268,25 @@ impl ExistenceGate for GateService {
         request: Request<proto::AddRequest>,
     ) -> Result<Response<proto::AddResponse>, Status> {
         let started = Instant::now();
-        let request = request.into_inner();
-        let result = self
-            .write(move |gate| {
-                let added = gate.add(&request.namespace, request.keys).map_err(status)?;
-                Ok(proto::AddResponse {
-                    seq: added.seq,
-                    tombstones_cleared: added.tombstones_cleared,
+        let result = match self.access.admit(
+            &request,
+            Role::Write,
+            Scope::Namespace(&request.get_ref().namespace),
+        ) {
+            Ok(admitted) => {
+                let request = request.into_inner();
+                self.write(move |gate| {
+                    let _admitted = admitted;
+                    let added = gate.add(&request.namespace, request.keys).map_err(status)?;
+                    Ok(proto::AddResponse {
+                        seq: added.seq,
+                        tombstones_cleared: added.tombstones_cleared,
+                    })
                 })
-            })
-            .await;
+                .await
+            }
+            Err(refused) => Err(refused),
+        };
         self.finish(Rpc::Add, started, result)
     }
 
@@ -281,25 +295,34 @@ impl ExistenceGate for GateService {
         request: Request<proto::RecordAbsentRequest>,
     ) -> Result<Response<proto::RecordAbsentResponse>, Status> {
         let started = Instant::now();
-        let request = request.into_inner();
-        let result = self
-            .write(move |gate| {
-                let report = AbsenceReport {
-                    kind: absence_kind(request.kind)?,
-                    key: request.key,
-                    observed_seq: request.observed_seq,
-                    ttl_seconds: request.ttl_seconds,
-                };
-                let recorded = gate
-                    .record_absent(&request.namespace, report)
-                    .map_err(status)?;
-                Ok(proto::RecordAbsentResponse {
-                    outcome: record_outcome(recorded.outcome) as i32,
-                    seq: recorded.seq,
-                    expires_in_ms: recorded.expires_in_ms,
+        let result = match self.access.admit(
+            &request,
+            Role::Write,
+            Scope::Namespace(&request.get_ref().namespace),
+        ) {
+            Ok(admitted) => {
+                let request = request.into_inner();
+                self.write(move |gate| {
+                    let _admitted = admitted;
+                    let report = AbsenceReport {
+                        kind: absence_kind(request.kind)?,
+                        key: request.key,
+                        observed_seq: request.observed_seq,
+                        ttl_seconds: request.ttl_seconds,
+                    };
+                    let recorded = gate
+                        .record_absent(&request.namespace, report)
+                        .map_err(status)?;
+                    Ok(proto::RecordAbsentResponse {
+                        outcome: record_outcome(recorded.outcome) as i32,
+                        seq: recorded.seq,
+                        expires_in_ms: recorded.expires_in_ms,
+                    })
                 })
-            })
-            .await;
+                .await
+            }
+            Err(refused) => Err(refused),
+        };
         self.finish(Rpc::RecordAbsent, started, result)
     }
 
@@ -310,28 +333,31 @@ impl ExistenceGate for GateService {
         request: Request<proto::SubscribeInvalidationsRequest>,
     ) -> Result<Response<Self::SubscribeInvalidationsStream>, Status> {
         let started = Instant::now();
-        let request = request.get_ref();
-        let result = self.check_open().and_then(|()| {
-            let (namespace, mut subscription) =
-                self.gate.subscribe(&request.namespace, request.after_seq).map_err(status)?;
-            let shutdown = self.shutdown.clone();
-            let stream: InvalidationStream = Box::pin(async_stream::stream! {
-                loop {
-                    tokio::select! {
-                        biased;
-                        () = shutdown.wait() => {
-                            yield Err(Status::unavailable(format!(
-                                "the server is shutting down; resubscribe with after_seq = {}",
-                                subscription.cursor()
-                            )));
-                            break;
+        let result = self
+            .access
+            .admit(&request, Role::Read, Scope::Namespace(&request.get_ref().namespace))
+            .and_then(|_admitted| {
+                let request = request.get_ref();
+                let (namespace, mut subscription) =
+                    self.gate.subscribe(&request.namespace, request.after_seq).map_err(status)?;
+                let shutdown = self.access.shutdown().clone();
+                let stream: InvalidationStream = Box::pin(async_stream::stream! {
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = shutdown.wait() => {
+                                yield Err(Status::unavailable(format!(
+                                    "the server is shutting down; resubscribe with after_seq = {}",
+                                    subscription.cursor()
+                                )));
+                                break;
+                            }
+                            delivery = subscription.next() => yield Ok(invalidation(&namespace, delivery)),
                         }
-                        delivery = subscription.next() => yield Ok(invalidation(&namespace, delivery)),
                     }
-                }
+                });
+                Ok(stream)
             });
-            Ok(stream)
-        });
         self.finish(Rpc::SubscribeInvalidations, started, result)
     }
 }

@@ -69,6 +69,8 @@ pub struct Hub {
     max_bytes: usize,
     /// Wakes subscribers when an invalidation is published.
     newest: watch::Sender<u64>,
+    /// Open subscriptions.
+    subscribers: std::sync::atomic::AtomicUsize,
 }
 
 impl Hub {
@@ -78,6 +80,7 @@ impl Hub {
             replay: Mutex::new(Replay::default()),
             max_bytes,
             newest: watch::channel(0).0,
+            subscribers: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -118,12 +121,23 @@ impl Hub {
         self.replay().bytes
     }
 
-    /// A subscription to invalidations with seq > `after_seq` (0 = from now on).
+    /// Open subscriptions.
+    pub fn subscribers(&self) -> usize {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+
+    /// A subscription to invalidations with seq > `after_seq` (0 = from now on), or `None` if `max`
+    /// subscriptions are already open.
     pub fn subscribe(
         self: &Arc<Self>,
         after_seq: u64,
         latest_seq: &Arc<AtomicU64>,
-    ) -> Subscription {
+        max: usize,
+    ) -> Option<Subscription> {
+        if self.subscribers.fetch_add(1, Ordering::Relaxed) >= max {
+            self.subscribers.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
         let wake = self.newest.subscribe();
         let replay = self.replay();
         let latest = latest_seq.load(Ordering::Acquire);
@@ -134,13 +148,13 @@ impl Hub {
             _ => (latest, true),
         };
         drop(replay);
-        Subscription {
+        Some(Subscription {
             hub: Arc::clone(self),
             latest_seq: Arc::clone(latest_seq),
             cursor,
             resync_first,
             wake,
-        }
+        })
     }
 }
 
@@ -154,6 +168,12 @@ pub struct Subscription {
     /// Whether the next delivery must be a resync (the requested `after_seq` could not be served exactly).
     resync_first: bool,
     wake: watch::Receiver<u64>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.subscribers.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Subscription {
@@ -216,7 +236,7 @@ mod tests {
     fn live_subscription_sees_each_add_once_in_order() {
         let hub = Arc::new(Hub::new(1 << 20));
         let latest = Arc::new(AtomicU64::new(0));
-        let mut sub = hub.subscribe(0, &latest);
+        let mut sub = hub.subscribe(0, &latest, usize::MAX).unwrap();
         assert_eq!(sub.poll_ready(), None);
         publish(&hub, &latest, 1, b"a");
         publish(&hub, &latest, 3, b"b");
@@ -232,10 +252,10 @@ mod tests {
         for seq in 1..=5 {
             publish(&hub, &latest, seq, b"k");
         }
-        let mut resumed = hub.subscribe(3, &latest);
+        let mut resumed = hub.subscribe(3, &latest, usize::MAX).unwrap();
         assert_eq!(added_seq(resumed.poll_ready()), 4);
         assert_eq!(added_seq(resumed.poll_ready()), 5);
-        let mut fresh = hub.subscribe(0, &latest);
+        let mut fresh = hub.subscribe(0, &latest, usize::MAX).unwrap();
         assert_eq!(fresh.poll_ready(), None);
     }
 
@@ -246,10 +266,10 @@ mod tests {
         for seq in 1..=10 {
             publish(&hub, &latest, seq, b"k");
         }
-        let mut future = hub.subscribe(11, &latest);
+        let mut future = hub.subscribe(11, &latest, usize::MAX).unwrap();
         assert_eq!(future.poll_ready(), Some(Delivery::Resync { seq: 10 }));
         assert_eq!(future.poll_ready(), None);
-        let mut old = hub.subscribe(1, &latest);
+        let mut old = hub.subscribe(1, &latest, usize::MAX).unwrap();
         assert_eq!(old.poll_ready(), Some(Delivery::Resync { seq: 10 }));
         publish(&hub, &latest, 11, b"k");
         assert_eq!(added_seq(old.poll_ready()), 11);
@@ -259,7 +279,7 @@ mod tests {
     fn a_lagging_subscriber_gets_a_resync_and_memory_stays_bounded() {
         let hub = Arc::new(Hub::new(1_000));
         let latest = Arc::new(AtomicU64::new(0));
-        let mut slow = hub.subscribe(0, &latest);
+        let mut slow = hub.subscribe(0, &latest, usize::MAX).unwrap();
         for seq in 1..=1_000 {
             publish(&hub, &latest, seq, b"0123456789");
         }
@@ -268,11 +288,22 @@ mod tests {
         assert_eq!(slow.poll_ready(), None);
     }
 
+    #[test]
+    fn subscriptions_are_bounded_and_release_their_slot() {
+        let hub = Arc::new(Hub::new(1 << 20));
+        let latest = Arc::new(AtomicU64::new(0));
+        let first = hub.subscribe(0, &latest, 2).unwrap();
+        let _second = hub.subscribe(0, &latest, 2).unwrap();
+        assert!(hub.subscribe(0, &latest, 2).is_none());
+        drop(first);
+        assert!(hub.subscribe(0, &latest, 2).is_some());
+    }
+
     #[tokio::test]
     async fn next_waits_for_a_publication() {
         let hub = Arc::new(Hub::new(1 << 20));
         let latest = Arc::new(AtomicU64::new(0));
-        let mut sub = hub.subscribe(0, &latest);
+        let mut sub = hub.subscribe(0, &latest, usize::MAX).unwrap();
         let publisher = {
             let (hub, latest) = (Arc::clone(&hub), Arc::clone(&latest));
             tokio::spawn(async move {

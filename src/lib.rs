@@ -15,13 +15,16 @@
 //! - [`clock`]: time as the core sees it (a manual clock in tests).
 //! - [`config`]: TOML configuration and its defaults.
 //! - [`metrics`]: Prometheus metrics with pre-resolved handles.
-//! - [`grpc`]: the thin gRPC layer that maps the contract onto the gate; [`admin`]: stats, snapshots, rebuild.
+//! - [`grpc`]: the thin gRPC layer that maps the contract onto the gate; [`admin`]: stats, snapshots, rebuild;
+//!   [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`server`]: wiring, startup and graceful shutdown; [`shutdown`]: the signal every part watches.
 //!
 //! The core (everything above `grpc`) knows nothing of tonic.
 
+pub mod access;
 pub mod admin;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod filter;

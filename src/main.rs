@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use existence_gate::clock::SystemClock;
 use existence_gate::config::{parse_duration, GateConfig};
 use existence_gate::persistence::SyncMode;
-use existence_gate::server::{self, DurabilityOptions, ServeOptions};
+use existence_gate::server::{self, DurabilityOptions, ServeOptions, TlsOptions};
 use tracing_subscriber::EnvFilter;
 
 /// Answers "can this key exist?" for the services in front of your databases.
@@ -26,6 +26,12 @@ enum Command {
     Serve(ServeArgs),
     /// Check a server's gRPC health: exits 0 only when the service is SERVING (for container HEALTHCHECKs).
     Probe(ProbeArgs),
+    /// Print the SHA-256 of a token for the `sha256` field of a `[[tokens]]` entry (reads the token from
+    /// standard input when not given, so it stays out of shell history).
+    HashToken {
+        /// The token.
+        token: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -39,6 +45,25 @@ struct ProbeArgs {
     /// How long to wait for an answer (e.g. 2s).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     timeout: std::time::Duration,
+}
+
+/// Prints the hash of `token` (or of the first line of standard input).
+fn hash_token(token: Option<String>) -> Result<(), String> {
+    let token = match token {
+        Some(token) => token,
+        None => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .map_err(|e| format!("cannot read the token from standard input: {e}"))?;
+            line.trim_end_matches(['\r', '\n']).to_string()
+        }
+    };
+    if token.is_empty() {
+        return Err("the token is empty".to_string());
+    }
+    println!("{}", existence_gate::auth::hash_token(&token));
+    Ok(())
 }
 
 /// Asks the server's health service; Ok(()) only for SERVING.
@@ -126,6 +151,15 @@ struct ServeArgs {
     /// A snapshot is also taken once this many log bytes were written since the last one.
     #[arg(long, env = "EXISTENCE_GATE_SNAPSHOT_LOG_BYTES", default_value_t = 256 << 20)]
     snapshot_log_bytes: u64,
+    /// PEM certificate chain: serve gRPC over TLS (with --tls-key).
+    #[arg(long, env = "EXISTENCE_GATE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "EXISTENCE_GATE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle: require client certificates it signed (mutual TLS).
+    #[arg(long, env = "EXISTENCE_GATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// `--sync` values.
@@ -172,6 +206,15 @@ impl ServeArgs {
             max_message_bytes: self.max_message_bytes,
             drain_timeout: self.drain_timeout,
             durability: self.durability(),
+            tls: self
+                .tls_cert
+                .clone()
+                .zip(self.tls_key.clone())
+                .map(|(cert, key)| TlsOptions {
+                    cert,
+                    key,
+                    client_ca: self.tls_client_ca.clone(),
+                }),
         })
     }
 }
@@ -185,6 +228,15 @@ fn log_settings(options: &ServeOptions) {
         max_key_bytes = options.config.limits.max_key_bytes,
         replay_buffer_bytes = options.config.limits.replay_buffer_bytes,
         "limits"
+    );
+    tracing::info!(
+        tls = options.tls.is_some(),
+        mutual_tls = options.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        tokens = options.config.tokens.len(),
+        max_in_flight = options.config.limits.max_in_flight,
+        max_concurrent_streams = options.config.limits.max_concurrent_streams,
+        max_subscribers_per_namespace = options.config.limits.max_subscribers_per_namespace,
+        "access"
     );
     match &options.durability {
         Some(d) => tracing::info!(
@@ -274,6 +326,7 @@ fn main() -> ExitCode {
     let result = match command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Probe(args) => runtime.block_on(probe(args)),
+        Command::HashToken { token } => hash_token(token),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

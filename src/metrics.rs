@@ -84,6 +84,7 @@ fn describe() {
         "existence_filter_estimated_false_positive_rate",
         "False-positive rate expected from the filter's fill."
     );
+    describe_gauge!("existence_subscribers", "Open invalidation subscriptions.");
     describe_gauge!("existence_seq", "Latest applied seq.");
     describe_gauge!(
         "existence_replay_buffer_bytes",
@@ -109,6 +110,7 @@ pub struct NamespaceMetrics {
     filter_false_positive_rate: Gauge,
     seq: Gauge,
     replay_buffer_bytes: Gauge,
+    subscribers: Gauge,
 }
 
 impl NamespaceMetrics {
@@ -141,6 +143,7 @@ impl NamespaceMetrics {
             ),
             seq: labelled_gauge("existence_seq"),
             replay_buffer_bytes: labelled_gauge("existence_replay_buffer_bytes"),
+            subscribers: labelled_gauge("existence_subscribers"),
         }
     }
 
@@ -159,7 +162,7 @@ impl NamespaceMetrics {
     }
 
     /// Sets the gauges from `stats`.
-    pub fn export(&self, stats: &NamespaceStats, replay_buffer_bytes: usize) {
+    pub fn export(&self, stats: &NamespaceStats) {
         self.tombstones.set(stats.tombstones as f64);
         self.tombstone_bytes.set(stats.tombstone_bytes as f64);
         self.filter_bytes.set(stats.filter.bytes as f64);
@@ -169,7 +172,9 @@ impl NamespaceMetrics {
         self.filter_false_positive_rate
             .set(stats.filter.estimated_false_positive_rate);
         self.seq.set(stats.seq as f64);
-        self.replay_buffer_bytes.set(replay_buffer_bytes as f64);
+        self.replay_buffer_bytes
+            .set(stats.replay_buffer_bytes as f64);
+        self.subscribers.set(stats.subscribers as f64);
     }
 }
 

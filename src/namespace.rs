@@ -122,6 +122,10 @@ pub struct NamespaceStats {
     pub tombstones: u64,
     /// Bytes of the tombstone tables.
     pub tombstone_bytes: u64,
+    /// Bytes of recent invalidations kept for resuming subscribers.
+    pub replay_buffer_bytes: usize,
+    /// Open subscriptions.
+    pub subscribers: usize,
 }
 
 /// State only writers touch.
@@ -473,9 +477,10 @@ impl Namespace {
         }
     }
 
-    /// A subscription to this namespace's invalidations after `after_seq` (0 = from now on).
-    pub fn subscribe(&self, after_seq: u64) -> Subscription {
-        self.hub.subscribe(after_seq, &self.latest_seq)
+    /// A subscription to this namespace's invalidations after `after_seq` (0 = from now on), or `None` if
+    /// `max` are already open.
+    pub fn subscribe(&self, after_seq: u64, max: usize) -> Option<Subscription> {
+        self.hub.subscribe(after_seq, &self.latest_seq, max)
     }
 
     /// Starts rebuilding the filter beside the live one; `None` if a rebuild already runs.
@@ -557,11 +562,13 @@ impl Namespace {
             filter: self.filter.load().stats(now_ms),
             tombstones: self.tombstones.len(),
             tombstone_bytes: self.tombstones.bytes(),
+            replay_buffer_bytes: self.hub.bytes(),
+            subscribers: self.hub.subscribers(),
         }
     }
 
     /// Publishes the gauges of this namespace.
     pub fn export_gauges(&self, now_ms: u64) {
-        self.metrics.export(&self.stats(now_ms), self.hub.bytes());
+        self.metrics.export(&self.stats(now_ms));
     }
 }

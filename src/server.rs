@@ -22,7 +22,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
+use crate::access::Access;
 use crate::admin::AdminService;
+use crate::auth::Authorizer;
 use crate::clock::Clock;
 use crate::config::GateConfig;
 use crate::gate::Gate;
@@ -67,6 +69,44 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// `None` keeps state in memory only (lost on restart).
     pub durability: Option<DurabilityOptions>,
+    /// `None` serves plaintext gRPC.
+    pub tls: Option<TlsOptions>,
+}
+
+/// TLS for the gRPC port.
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    /// PEM certificate chain of the server.
+    pub cert: PathBuf,
+    /// PEM private key of the server.
+    pub key: PathBuf,
+    /// PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsOptions {
+    fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path).map_err(|e| {
+                ServerError::Config(format!(
+                    "cannot read the TLS {what} {}: {e}",
+                    path.display()
+                ))
+            })
+        };
+        let identity = tonic::transport::Identity::from_pem(
+            read(&self.cert, "certificate")?,
+            read(&self.key, "key")?,
+        );
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &self.client_ca {
+            config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(
+                ca,
+                "client CA",
+            )?));
+        }
+        Ok(config)
+    }
 }
 
 impl Default for ServeOptions {
@@ -78,6 +118,7 @@ impl Default for ServeOptions {
             max_message_bytes: 16 << 20,
             drain_timeout: Duration::from_secs(10),
             durability: None,
+            tls: None,
         }
     }
 }
@@ -98,6 +139,8 @@ pub enum ServerError {
     Persistence(PersistenceError),
     /// Loading the state failed (the reason says how to recover).
     Loading(String),
+    /// The configuration or the TLS files cannot be used.
+    Config(String),
 }
 
 impl std::fmt::Display for ServerError {
@@ -108,6 +151,7 @@ impl std::fmt::Display for ServerError {
             Self::Reflection(error) => write!(f, "cannot build the reflection service: {error}"),
             Self::Persistence(error) => write!(f, "{error}"),
             Self::Loading(reason) => write!(f, "cannot load state: {reason}"),
+            Self::Config(problem) => write!(f, "{problem}"),
         }
     }
 }
@@ -232,9 +276,22 @@ pub async fn start(
         .durability
         .as_ref()
         .is_some_and(|d| d.sync == SyncMode::Always);
+    let authorizer = Authorizer::new(&options.config.tokens).map_err(ServerError::Config)?;
+    if !authorizer.is_enabled() && !options.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %options.listen,
+            "no [[tokens]] configured and listening beyond loopback: anyone who can reach the port can read \
+             and write every namespace"
+        );
+    }
+    let access = Access::new(
+        authorizer,
+        shutdown.clone(),
+        options.config.limits.max_in_flight,
+    );
     let gate_service = ExistenceGateServer::new(GateService::new(
         Arc::clone(&gate),
-        shutdown.clone(),
+        Arc::clone(&access),
         blocking_writes,
     ))
     .max_decoding_message_size(options.max_message_bytes)
@@ -242,14 +299,26 @@ pub async fn start(
 
     let admin_service = AdminServer::new(AdminService::new(
         Arc::clone(&gate),
+        access,
         Arc::clone(&persistence),
         options.durability.is_some(),
     ))
     .max_decoding_message_size(options.max_message_bytes);
 
+    let limits = &options.config.limits;
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout));
+    if let Some(tls) = &options.tls {
+        builder = builder
+            .tls_config(tls.server_config()?)
+            .map_err(|e| ServerError::Config(format!("invalid TLS configuration: {e}")))?;
+    }
     let grpc_shutdown = shutdown.clone();
     let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .layer(tower::util::MapResponseLayer::new(
                 oversized_is_resource_exhausted as fn(GrpcResponse) -> GrpcResponse,
             ))

@@ -118,6 +118,7 @@ async fn snapshot_on_demand_is_published_and_reported() {
             snapshot_interval: Duration::from_secs(3_600),
             snapshot_log_bytes: u64::MAX,
         }),
+        tls: None,
     };
     let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
     server.loaded().await.unwrap();

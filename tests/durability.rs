@@ -33,6 +33,7 @@ fn options(dir: &Path, config: &str) -> ServeOptions {
             snapshot_interval: Duration::from_secs(3_600),
             snapshot_log_bytes: u64::MAX,
         }),
+        tls: None,
     }
 }
 

@@ -15,23 +15,33 @@ use tonic::transport::Channel;
 /// A unix time far from window boundaries, for manual clocks.
 pub const START_MS: u64 = 1_800_000_000_000;
 
-/// A server started on ephemeral ports with `config` (TOML) and `clock`.
-pub async fn start_with(
-    config: &str,
-    clock: Arc<dyn Clock>,
-    max_message_bytes: usize,
-) -> RunningServer {
-    let options = ServeOptions {
+/// Options for a server on ephemeral loopback ports with `config` (TOML), in memory, plaintext.
+pub fn options(config: &str, max_message_bytes: usize) -> ServeOptions {
+    ServeOptions {
         listen: "127.0.0.1:0".parse().unwrap(),
         http_listen: "127.0.0.1:0".parse().unwrap(),
         config: GateConfig::from_toml(config).expect("test config is valid"),
         max_message_bytes,
         drain_timeout: Duration::from_secs(5),
         durability: None,
-    };
+        tls: None,
+    }
+}
+
+/// A server started with `options` and `clock`, once its state is loaded.
+pub async fn start_options(options: ServeOptions, clock: Arc<dyn Clock>) -> RunningServer {
     let server = server::start(options, clock).await.expect("server starts");
     server.loaded().await.expect("state loads");
     server
+}
+
+/// A server started on ephemeral ports with `config` (TOML) and `clock`.
+pub async fn start_with(
+    config: &str,
+    clock: Arc<dyn Clock>,
+    max_message_bytes: usize,
+) -> RunningServer {
+    start_options(options(config, max_message_bytes), clock).await
 }
 
 /// A server with `config` on the system clock.
