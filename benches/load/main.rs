@@ -1,0 +1,1124 @@
+//! The load harness: the gate's release binary under gRPC load, next to a trivial tonic server (the ceiling
+//! of any tonic service of this contract) and Redis, all measured side by side in one run.
+//!
+//! `cargo bench --bench load` builds the gate with the bench profile, starts the three servers as separate
+//! processes on loopback ports, drives each workload for a fixed time from a fixed number of connections and
+//! calls in flight, and writes `benches/results/load.md` (one table of throughput, server CPU per call and
+//! per key from `/proc/<pid>/stat`, latency percentiles and memory, with ratios against the baselines) and
+//! `benches/results/throughput-vs-batch.svg`. It takes about three minutes. Redis is
+//! Debian's `redis-server` (`apt-get install -y redis-server`); without it the Redis rows are skipped.
+//!
+//! Figures that compare two servers come from the same run, measured in alternating stretches (A, B, A,
+//! B) so a change in the machine's load hits both. The client runs on the same machine and takes CPU from
+//! the server, so end-to-end throughput understates what a server does on its own; server CPU per call or
+//! per key is the figure the targets are about.
+//!
+//! Under `cargo test --benches` (no `--bench` argument) it does nothing.
+
+mod baseline;
+mod drive;
+mod procs;
+mod report;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use existence_gate::proto::admin_client::AdminClient;
+use existence_gate::proto::existence_gate_client::ExistenceGateClient;
+use existence_gate::proto::{
+    AbsenceKind, AddRequest, Basis, BatchMayExistRequest, MayExistRequest, NamespaceStats,
+    RecordAbsentRequest, RecordOutcome, StatsRequest,
+};
+use redis::aio::MultiplexedConnection;
+use tonic::transport::Channel;
+
+use drive::{Op, Sample};
+use procs::Server;
+use report::{Report, Row, Target};
+
+/// Connections per server, and calls in flight on each (closed loop).
+const CONNECTIONS: usize = 4;
+const IN_FLIGHT: usize = 16;
+/// Each side of a comparison is measured in `ROUNDS` alternating stretches of `STRETCH`.
+const ROUNDS: usize = 2;
+const STRETCH: Duration = Duration::from_secs(3);
+/// The batch-size sweep's shorter stretches.
+const SWEEP_STRETCH: Duration = Duration::from_millis(1_500);
+/// Load before each stretch that is not measured (connections warm, caches filled).
+const WARM_UP: Duration = Duration::from_millis(200);
+
+/// Keys added to the `default` namespace before lookups (its filter is sized for them at 1%).
+const FILLED_KEYS: u64 = 10_000_000;
+const FALSE_POSITIVE_RATE: f64 = 0.01;
+/// Keys per `Add` when filling.
+const ADD_BATCH: u64 = 10_000;
+/// Keys per `BatchMayExist` in the decode and Redis comparisons.
+const LOOKUP_BATCH: usize = 1_000;
+/// Batch sizes of the sweep (the plot).
+const SWEEP: [usize; 5] = [1, 10, 100, 1_000, 10_000];
+/// Distinct keys unary lookups cycle through.
+const UNARY_POOL: usize = 1 << 16;
+/// Keys of prebuilt batches (per batch size) that calls cycle through.
+const BATCH_POOL_KEYS: usize = 64_000;
+
+/// Tombstones: the `tomb` namespace holds at most this many...
+const TOMBSTONE_CAPACITY: u64 = 262_144;
+/// ...of keys drawn from this many added keys (so `RecordAbsent` finds them in the filter)...
+const TOMBSTONE_CANDIDATES: u64 = 2_000_000;
+/// ...and lookups of tombstoned keys cycle through this many of them.
+const TOMBSTONE_LOOKUPS: u64 = 65_536;
+
+/// The rotating namespace's span (its retention over `windows - 1 = 1`).
+const ROTATION_SPAN_MS: u64 = 10_000;
+/// Adds during the tail-latency run: one call of this many keys every `ADD_EVERY`.
+const ROTATION_ADD_KEYS: u64 = 100;
+const ADD_EVERY: Duration = Duration::from_millis(10);
+
+/// Key spaces: keys added to `default`, keys never added, keys of `tomb`, keys of `rot`.
+const PRESENT: u64 = 0;
+const ABSENT: u64 = 1 << 40;
+const TOMB: u64 = 1 << 41;
+const ROT: u64 = 1 << 42;
+
+/// The Redis bitmap of the Redisson-style Bloom filter.
+const BLOOM_KEY: &str = "bloom";
+
+/// The gate's configuration for the run.
+fn gate_config() -> String {
+    format!(
+        r#"[limits]
+max_batch_keys = 10000
+
+[namespaces.default]
+expected_keys = {FILLED_KEYS}
+false_positive_rate = {FALSE_POSITIVE_RATE}
+
+[namespaces.tomb]
+expected_keys = {TOMBSTONE_CANDIDATES}
+max_tombstones = {TOMBSTONE_CAPACITY}
+max_tombstone_rate = 100000000
+missing_ttl = "10m"
+
+[namespaces.rot]
+expected_keys = 1000000
+retention = "{}s"
+windows = 2
+"#,
+        ROTATION_SPAN_MS / 1_000
+    )
+}
+
+/// A bijective 64-bit mix (SplitMix64's finaliser).
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The `i`-th 16-byte key (the size of a UUID): random-looking, distinct for distinct `i`.
+fn key_bytes(i: u64) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&mix(i).to_le_bytes());
+    bytes[8..].copy_from_slice(&mix(i ^ 0x5555_5555_5555_5555).to_le_bytes());
+    bytes
+}
+
+/// Keys `indexes` as slices of one buffer (one allocation for all of them).
+fn keys(indexes: impl Iterator<Item = u64>) -> Vec<Bytes> {
+    let mut buffer = Vec::new();
+    indexes.for_each(|i| buffer.extend_from_slice(&key_bytes(i)));
+    let buffer = Bytes::from(buffer);
+    (0..buffer.len() / 16)
+        .map(|k| buffer.slice(k * 16..k * 16 + 16))
+        .collect()
+}
+
+/// The `j`-th key of a lookup: even `j` are added keys of `default`, odd `j` keys never added.
+fn lookup_index(j: u64) -> u64 {
+    if j % 2 == 0 {
+        PRESENT + (j / 2).wrapping_mul(7_919) % FILLED_KEYS
+    } else {
+        ABSENT + j
+    }
+}
+
+/// Keys concatenated, each preceded by its varint length (`BatchMayExistRequest.packed_keys`).
+fn pack(keys: &[Bytes]) -> Bytes {
+    let mut packed = Vec::with_capacity(keys.len() * 17);
+    for key in keys {
+        prost::encoding::encode_varint(key.len() as u64, &mut packed);
+        packed.extend_from_slice(key);
+    }
+    packed.into()
+}
+
+type Clients = Arc<Vec<ExistenceGateClient<Channel>>>;
+type RedisConnections = Arc<Vec<MultiplexedConnection>>;
+
+async fn connect(server: &Server) -> Clients {
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        // One Channel is one HTTP/2 connection.
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+            .expect("a valid address")
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", server.name));
+        clients.push(
+            ExistenceGateClient::new(channel)
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20),
+        );
+    }
+    Arc::new(clients)
+}
+
+async fn connect_redis(server: &Server) -> RedisConnections {
+    let client = redis::Client::open(format!("redis://{}/", server.addr)).expect("a redis URL");
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(None)
+        .set_connection_timeout(Some(Duration::from_secs(5)));
+    let mut connections = Vec::new();
+    for _ in 0..CONNECTIONS {
+        connections.push(
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .expect("a Redis connection"),
+        );
+    }
+    Arc::new(connections)
+}
+
+fn status(error: tonic::Status) -> String {
+    format!("{:?}: {}", error.code(), error.message())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Calls
+
+/// Unary `MayExist` of `keys` in `namespace`; with `want`, an answer on another basis is an error.
+fn may_exist(
+    clients: &Clients,
+    namespace: &'static str,
+    keys: Arc<Vec<Bytes>>,
+    want: Option<Basis>,
+) -> Op {
+    let clients = Arc::clone(clients);
+    drive::op(move |c, n| {
+        let mut client = clients[c].clone();
+        let key = keys[n as usize % keys.len()].clone();
+        async move {
+            let request = MayExistRequest {
+                namespace: namespace.to_string(),
+                key,
+            };
+            let reply = client
+                .may_exist(request)
+                .await
+                .map_err(status)?
+                .into_inner();
+            match want {
+                Some(basis) if reply.basis != basis as i32 => {
+                    Err(format!("basis {} instead of {basis:?}", reply.basis))
+                }
+                _ => Ok(1),
+            }
+        }
+    })
+}
+
+/// `BatchMayExist` cycling through prebuilt `requests` of `batch` keys each.
+fn batch_may_exist(
+    clients: &Clients,
+    requests: Arc<Vec<BatchMayExistRequest>>,
+    batch: usize,
+) -> Op {
+    let clients = Arc::clone(clients);
+    drive::op(move |c, n| {
+        let mut client = clients[c].clone();
+        let request = requests[n as usize % requests.len()].clone();
+        async move {
+            let reply = client
+                .batch_may_exist(request)
+                .await
+                .map_err(status)?
+                .into_inner();
+            if reply.answers.len() == batch || reply.may_exist_bitmap.len() == batch.div_ceil(8) {
+                Ok(batch as u64)
+            } else {
+                Err(format!(
+                    "{} answers and {} bitmap bytes for {batch} keys",
+                    reply.answers.len(),
+                    reply.may_exist_bitmap.len()
+                ))
+            }
+        }
+    })
+}
+
+/// Prebuilt lookup batches of `batch` keys, as `keys` or as `packed_keys`.
+fn lookup_requests(namespace: &str, batch: usize, packed: bool) -> Arc<Vec<BatchMayExistRequest>> {
+    let count = (BATCH_POOL_KEYS / batch).clamp(4, 64);
+    Arc::new(
+        (0..count)
+            .map(|b| {
+                let batch_keys =
+                    keys((0..batch as u64).map(|i| lookup_index((b * batch) as u64 + i)));
+                BatchMayExistRequest {
+                    namespace: namespace.to_string(),
+                    keys: if packed {
+                        Vec::new()
+                    } else {
+                        batch_keys.clone()
+                    },
+                    packed_keys: if packed {
+                        pack(&batch_keys)
+                    } else {
+                        Bytes::new()
+                    },
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Lookup batches of the `tomb` namespace (half tombstoned keys, half never added).
+fn tomb_requests(batch: usize) -> Arc<Vec<BatchMayExistRequest>> {
+    let count = (BATCH_POOL_KEYS / batch).clamp(4, 64);
+    Arc::new(
+        (0..count as u64)
+            .map(|b| {
+                let batch_keys = keys((0..batch as u64).map(|i| {
+                    let j = b * batch as u64 + i;
+                    if j % 2 == 0 {
+                        TOMB + (j / 2) % TOMBSTONE_LOOKUPS
+                    } else {
+                        ABSENT + j
+                    }
+                }));
+                BatchMayExistRequest {
+                    namespace: "tomb".to_string(),
+                    keys: Vec::new(),
+                    packed_keys: pack(&batch_keys),
+                }
+            })
+            .collect(),
+    )
+}
+
+/// `RecordAbsent` of a fresh `tomb` key per call (cycling through the candidates), expecting `RECORDED`.
+fn record_absent(clients: &Clients, next: Arc<AtomicU64>) -> Op {
+    let clients = Arc::clone(clients);
+    drive::op(move |c, _| {
+        let mut client = clients[c].clone();
+        let index = next.fetch_add(1, Ordering::Relaxed) % TOMBSTONE_CANDIDATES;
+        async move {
+            let request = RecordAbsentRequest {
+                namespace: "tomb".to_string(),
+                key: Bytes::copy_from_slice(&key_bytes(TOMB + index)),
+                kind: AbsenceKind::Missing as i32,
+                observed_seq: 0,
+                ttl_seconds: 0,
+            };
+            let reply = client
+                .record_absent(request)
+                .await
+                .map_err(status)?
+                .into_inner();
+            if reply.outcome == RecordOutcome::Recorded as i32 {
+                Ok(1)
+            } else {
+                Err(format!("outcome {} instead of RECORDED", reply.outcome))
+            }
+        }
+    })
+}
+
+/// Bit positions of a key the way Redisson's `RBloomFilter` derives them: a 128-bit hash split into two
+/// longs, then `k` indexes `(h & Long.MAX_VALUE) % size` with `h` advanced alternately by the two halves.
+/// (Redisson hashes with HighwayHash-128; XXH3-128 stands in — a client-side cost either way.)
+fn redisson_indexes(key: &[u8], probes: u32, size: u64) -> impl Iterator<Item = u64> {
+    let hash = xxhash_rust::xxh3::xxh3_128(key);
+    let (hash1, hash2) = (hash as u64 as i64, (hash >> 64) as u64 as i64);
+    let mut h = hash1;
+    (0..probes).map(move |i| {
+        let index = (h & i64::MAX) as u64 % size;
+        h = h.wrapping_add(if i % 2 == 0 { hash2 } else { hash1 });
+        index
+    })
+}
+
+/// Redisson's sizing for `keys` at rate `p`: (bits, probes).
+fn redisson_geometry(keys: u64, p: f64) -> (u64, u32) {
+    let ln2 = std::f64::consts::LN_2;
+    let bits = (-(keys as f64) * p.ln() / (ln2 * ln2)) as u64;
+    let probes = ((bits as f64 / keys as f64 * ln2).round() as u32).max(1);
+    (bits, probes)
+}
+
+/// Redis `GETBIT` pipelines (k per key) cycling through prebuilt pipelines of `batch` keys each.
+fn getbit(connections: &RedisConnections, batch: usize) -> Op {
+    let (bits, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
+    let count = (BATCH_POOL_KEYS / batch).clamp(4, 64);
+    let pipelines: Arc<Vec<redis::Pipeline>> = Arc::new(
+        (0..count)
+            .map(|b| {
+                let mut pipeline = redis::pipe();
+                for key in keys((0..batch as u64).map(|i| lookup_index((b * batch) as u64 + i))) {
+                    for index in redisson_indexes(&key, probes, bits) {
+                        pipeline.cmd("GETBIT").arg(BLOOM_KEY).arg(index);
+                    }
+                }
+                pipeline
+            })
+            .collect(),
+    );
+    let connections = Arc::clone(connections);
+    drive::op(move |c, n| {
+        let mut connection = connections[c].clone();
+        let pipelines = Arc::clone(&pipelines);
+        async move {
+            let pipeline = &pipelines[n as usize % pipelines.len()];
+            let bits: Vec<i64> = pipeline
+                .query_async(&mut connection)
+                .await
+                .map_err(|e| e.to_string())?;
+            // A key may exist when all of its k bits are set.
+            let _may_exist = bits
+                .chunks(probes as usize)
+                .filter(|c| c.iter().all(|&b| b == 1))
+                .count();
+            if bits.len() == batch * probes as usize {
+                Ok(batch as u64)
+            } else {
+                Err(format!("{} bits for {batch} keys", bits.len()))
+            }
+        }
+    })
+}
+
+/// Redis `GET` of null markers (keys `TOMB + i`, `i < TOMBSTONE_LOOKUPS`), expecting the empty marker.
+fn redis_get(connections: &RedisConnections) -> Op {
+    let connections = Arc::clone(connections);
+    drive::op(move |c, n| {
+        let mut connection = connections[c].clone();
+        let key = key_bytes(TOMB + n % TOMBSTONE_LOOKUPS);
+        async move {
+            let value: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(&key[..])
+                .query_async(&mut connection)
+                .await
+                .map_err(|e| e.to_string())?;
+            match value {
+                Some(marker) if marker.is_empty() => Ok(1),
+                other => Err(format!("GET returned {other:?}")),
+            }
+        }
+    })
+}
+
+/// Redis `SET key "" NX EX 60` of a fresh key per call.
+fn redis_set_nx(connections: &RedisConnections, next: Arc<AtomicU64>) -> Op {
+    let connections = Arc::clone(connections);
+    drive::op(move |c, _| {
+        let mut connection = connections[c].clone();
+        let key = key_bytes(TOMB + next.fetch_add(1, Ordering::Relaxed));
+        async move {
+            let reply: Option<String> = redis::cmd("SET")
+                .arg(&key[..])
+                .arg("")
+                .arg("NX")
+                .arg("EX")
+                .arg(60)
+                .query_async(&mut connection)
+                .await
+                .map_err(|e| e.to_string())?;
+            match reply {
+                Some(_) => Ok(1),
+                None => Err("SET NX found the key".to_string()),
+            }
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Measurement helpers
+
+/// One side of a comparison: a server and the call to drive it with.
+struct Side<'a> {
+    server: &'a Server,
+    op: Op,
+}
+
+/// Measures every side in `ROUNDS` alternating stretches of `stretch`; returns one sample per side.
+async fn compare(sides: &[Side<'_>], stretch: Duration) -> Vec<Sample> {
+    let mut samples = vec![Sample::default(); sides.len()];
+    for _ in 0..ROUNDS {
+        for (side, total) in sides.iter().zip(&mut samples) {
+            let pid = side.server.pid();
+            drive::closed_loop(CONNECTIONS, IN_FLIGHT, WARM_UP, pid, &side.op).await;
+            total.merge(drive::closed_loop(CONNECTIONS, IN_FLIGHT, stretch, pid, &side.op).await);
+        }
+    }
+    samples.iter_mut().for_each(Sample::sort);
+    samples
+}
+
+/// Adds `count` keys `base + i` to `namespace` in batches of `ADD_BATCH`, two calls in flight per connection.
+async fn fill(
+    clients: &Clients,
+    server: &Server,
+    namespace: &'static str,
+    base: u64,
+    count: u64,
+) -> Sample {
+    let batches = count.div_ceil(ADD_BATCH);
+    let next = Arc::new(AtomicU64::new(0));
+    let server_before = server.cpu_seconds();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CONNECTIONS * 2)
+        .map(|t| {
+            let (clients, next) = (Arc::clone(clients), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut client = clients[t % CONNECTIONS].clone();
+                loop {
+                    let b = next.fetch_add(1, Ordering::Relaxed);
+                    if b >= batches {
+                        break;
+                    }
+                    let end = ((b + 1) * ADD_BATCH).min(count);
+                    let request = AddRequest {
+                        namespace: namespace.to_string(),
+                        keys: keys((b * ADD_BATCH..end).map(|i| base + i)),
+                    };
+                    client.add(request).await.expect("Add while filling");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a fill task panicked");
+    }
+    Sample {
+        calls: batches,
+        keys: count,
+        wall: started.elapsed().as_secs_f64(),
+        server_cpu: server.cpu_seconds() - server_before,
+        ..Sample::default()
+    }
+}
+
+async fn stats(server: &Server, namespace: &str) -> NamespaceStats {
+    let mut admin = AdminClient::connect(format!("http://{}", server.addr))
+        .await
+        .expect("the admin service");
+    admin
+        .stats(StatsRequest {
+            namespace: namespace.to_string(),
+        })
+        .await
+        .expect("Stats")
+        .into_inner()
+        .namespaces
+        .remove(0)
+}
+
+async fn redis_used_memory(connections: &RedisConnections) -> u64 {
+    let mut connection = connections[0].clone();
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut connection)
+        .await
+        .expect("INFO memory");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The run
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("baseline-server") {
+        return baseline::serve();
+    }
+    if !args.iter().any(|a| a == "--bench") {
+        // `cargo test --benches`: the load run is minutes long and its figures are not pass/fail.
+        println!("load harness: run it with `cargo bench --bench load`");
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let started = Instant::now();
+    let mut report = Report::new(CONNECTIONS, IN_FLIGHT, ROUNDS, STRETCH);
+    let config = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(config.path(), gate_config()).expect("writing the configuration");
+    report.config = gate_config();
+
+    let gate = procs::start_gate(&procs::gate_binary(), config.path());
+    let trivial = procs::start_baseline();
+    let redis = procs::start_redis();
+    if redis.is_none() {
+        eprintln!("redis-server is not installed (apt-get install -y redis-server): Redis rows are skipped");
+    }
+    report.redis_version = redis.as_ref().map(|_| procs::redis_version());
+    let gate_clients = connect(&gate).await;
+    let trivial_clients = connect(&trivial).await;
+    let redis_connections = match &redis {
+        Some(redis) => Some(connect_redis(redis).await),
+        None => None,
+    };
+    println!(
+        "servers: gate {} (pid {}), trivial tonic {} (pid {}){}",
+        gate.addr,
+        gate.pid(),
+        trivial.addr,
+        trivial.pid(),
+        redis.as_ref().map_or(String::new(), |r| format!(
+            ", redis {} (pid {})",
+            r.addr,
+            r.pid()
+        ))
+    );
+
+    // --- Fill ---------------------------------------------------------------------------------------------
+    let rss_empty = gate.rss_bytes();
+    println!("filling: {FILLED_KEYS} keys into `default` in Adds of {ADD_BATCH}...");
+    let filled = fill(&gate_clients, &gate, "default", PRESENT, FILLED_KEYS).await;
+    println!(
+        "  {:.1} s, {:.2} M keys/s, {:.3} µs server CPU per key",
+        filled.wall,
+        filled.keys_per_second() / 1e6,
+        filled.server_us_per_key()
+    );
+    let rss_filled = gate.rss_bytes();
+    let default_stats = stats(&gate, "default").await;
+    fill(&gate_clients, &gate, "tomb", TOMB, TOMBSTONE_CANDIDATES).await;
+    fill(&gate_clients, &gate, "rot", ROT, 100_000).await;
+    report.add_fill(&filled, rss_empty, rss_filled, &default_stats);
+
+    // Sanity: added keys answer MAY_EXIST, and the false-positive rate of never-added keys is near 1%.
+    {
+        let requests = lookup_requests("", LOOKUP_BATCH, true);
+        let (mut present_hits, mut absent_hits, mut checked) = (0u64, 0u64, 0u64);
+        let mut client = gate_clients[0].clone();
+        for request in requests.iter().take(32) {
+            let reply = client
+                .batch_may_exist(request.clone())
+                .await
+                .expect("BatchMayExist")
+                .into_inner();
+            for i in 0..LOOKUP_BATCH {
+                let bit = reply.may_exist_bitmap[i / 8] >> (i % 8) & 1;
+                if i % 2 == 0 {
+                    present_hits += u64::from(bit);
+                } else {
+                    absent_hits += u64::from(bit);
+                }
+            }
+            checked += LOOKUP_BATCH as u64 / 2;
+        }
+        assert_eq!(present_hits, checked, "an added key answered ABSENT");
+        report.measured_fp = absent_hits as f64 / checked as f64;
+    }
+
+    // The Redisson-style bitmap: sized for the same keys and rate, filled with random bits (the state of a
+    // full filter; GETBIT costs the same whatever the bits are).
+    if let Some(connections) = &redis_connections {
+        let (bits, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
+        let before = redis_used_memory(connections).await;
+        let mut connection = connections[0].clone();
+        let bytes = bits.div_ceil(8);
+        let chunk = 1u64 << 20;
+        for offset in (0..bytes).step_by(chunk as usize) {
+            let len = chunk.min(bytes - offset);
+            let data: Vec<u8> = (0..len).map(|i| mix(offset + i) as u8).collect();
+            let _: i64 = redis::cmd("SETRANGE")
+                .arg(BLOOM_KEY)
+                .arg(offset)
+                .arg(data)
+                .query_async(&mut connection)
+                .await
+                .expect("SETRANGE");
+        }
+        let after = redis_used_memory(connections).await;
+        report.redis_bloom = Some((bits, probes, after.saturating_sub(before)));
+    }
+
+    // --- 1. Unary MayExist ------------------------------------------------------------------------------
+    println!("unary MayExist: gate vs trivial tonic...");
+    let unary_keys = Arc::new(keys((0..UNARY_POOL as u64).map(lookup_index)));
+    let unary = compare(
+        &[
+            Side {
+                server: &gate,
+                op: may_exist(&gate_clients, "", Arc::clone(&unary_keys), None),
+            },
+            Side {
+                server: &trivial,
+                op: may_exist(&trivial_clients, "", Arc::clone(&unary_keys), None),
+            },
+        ],
+        STRETCH,
+    )
+    .await;
+    let unary_capacity = unary[0].calls_per_second();
+    report.rows.push(
+        Row::new("MayExist (unary)", "gate", &unary[0], gate.rss_bytes())
+            .per_call_vs(&unary[1], "trivial"),
+    );
+    report.rows.push(Row::new(
+        "MayExist (unary)",
+        "trivial tonic",
+        &unary[1],
+        trivial.rss_bytes(),
+    ));
+
+    // --- 2. BatchMayExist, 1,000 keys, both encodings; Redis GETBIT pipelines --------------------------
+    println!("BatchMayExist of {LOOKUP_BATCH} keys (repeated bytes, packed) vs trivial tonic and Redis GETBIT...");
+    let keyed = lookup_requests("", LOOKUP_BATCH, false);
+    let packed = lookup_requests("", LOOKUP_BATCH, true);
+    let mut sides = vec![
+        Side {
+            server: &gate,
+            op: batch_may_exist(&gate_clients, Arc::clone(&keyed), LOOKUP_BATCH),
+        },
+        Side {
+            server: &trivial,
+            op: batch_may_exist(&trivial_clients, Arc::clone(&keyed), LOOKUP_BATCH),
+        },
+        Side {
+            server: &gate,
+            op: batch_may_exist(&gate_clients, Arc::clone(&packed), LOOKUP_BATCH),
+        },
+        Side {
+            server: &trivial,
+            op: batch_may_exist(&trivial_clients, Arc::clone(&packed), LOOKUP_BATCH),
+        },
+    ];
+    if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
+        sides.push(Side {
+            server: redis,
+            op: getbit(connections, LOOKUP_BATCH),
+        });
+    }
+    let batch = compare(&sides, STRETCH).await;
+    drop(sides);
+    let (gate_keyed, trivial_keyed, gate_packed, trivial_packed) =
+        (&batch[0], &batch[1], &batch[2], &batch[3]);
+    let getbit_1000 = batch.get(4);
+    let label = format!("BatchMayExist {LOOKUP_BATCH} keys, `keys`");
+    report.rows.push(
+        Row::new(&label, "gate", gate_keyed, gate.rss_bytes())
+            .per_key_vs(trivial_packed, "trivial packed"),
+    );
+    report.rows.push(
+        Row::new(&label, "trivial tonic", trivial_keyed, trivial.rss_bytes())
+            .per_key_vs(trivial_packed, "trivial packed"),
+    );
+    let label = format!("BatchMayExist {LOOKUP_BATCH} keys, `packed_keys`");
+    report.rows.push(
+        Row::new(&label, "gate", gate_packed, gate.rss_bytes())
+            .per_key_vs(trivial_packed, "trivial packed"),
+    );
+    report.rows.push(Row::new(
+        &label,
+        "trivial tonic",
+        trivial_packed,
+        trivial.rss_bytes(),
+    ));
+    if let (Some(getbit), Some(redis)) = (getbit_1000, &redis) {
+        let (_, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
+        report.rows.push(
+            Row::new(
+                &format!("{LOOKUP_BATCH} keys × {probes} GETBIT, pipelined"),
+                "redis",
+                getbit,
+                redis.rss_bytes(),
+            )
+            .throughput_vs(gate_packed, "gate packed"),
+        );
+    }
+
+    // --- 3. Batch size sweep (the plot) -------------------------------------------------------------------
+    println!("batch size sweep {SWEEP:?}: gate packed vs Redis GETBIT...");
+    for size in SWEEP {
+        let (gate_sample, redis_sample) = if size == LOOKUP_BATCH {
+            (gate_packed.clone(), getbit_1000.cloned())
+        } else {
+            let mut sides = vec![Side {
+                server: &gate,
+                op: batch_may_exist(&gate_clients, lookup_requests("", size, true), size),
+            }];
+            if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
+                sides.push(Side {
+                    server: redis,
+                    op: getbit(connections, size),
+                });
+            }
+            let mut samples = compare(&sides, SWEEP_STRETCH).await;
+            let redis_sample = (samples.len() > 1).then(|| samples.remove(1));
+            (samples.remove(0), redis_sample)
+        };
+        report.sweep.push((size, gate_sample, redis_sample));
+    }
+
+    // --- 4. RecordAbsent vs SET NX EX 60 -----------------------------------------------------------------
+    println!("RecordAbsent vs Redis SET NX EX 60...");
+    let rss_before_tombstones = gate.rss_bytes();
+    let redis_before_markers = match &redis_connections {
+        Some(c) => redis_used_memory(c).await,
+        None => 0,
+    };
+    let recorded = Arc::new(AtomicU64::new(0));
+    let markers = Arc::new(AtomicU64::new(0));
+    let mut sides = vec![
+        Side {
+            server: &gate,
+            op: record_absent(&gate_clients, Arc::clone(&recorded)),
+        },
+        Side {
+            server: &trivial,
+            op: record_absent(&trivial_clients, Arc::new(AtomicU64::new(0))),
+        },
+    ];
+    if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
+        sides.push(Side {
+            server: redis,
+            op: redis_set_nx(connections, Arc::clone(&markers)),
+        });
+    }
+    let writes = compare(&sides, STRETCH).await;
+    drop(sides);
+    report.rows.push(
+        Row::new(
+            "RecordAbsent (unary, new key each)",
+            "gate",
+            &writes[0],
+            gate.rss_bytes(),
+        )
+        .per_call_vs(&writes[1], "trivial"),
+    );
+    report.rows.push(Row::new(
+        "RecordAbsent (unary, new key each)",
+        "trivial tonic",
+        &writes[1],
+        trivial.rss_bytes(),
+    ));
+    if let (Some(set), Some(redis)) = (writes.get(2), &redis) {
+        report.rows.push(
+            Row::new(
+                "SET key \"\" NX EX 60 (16 in flight per connection)",
+                "redis",
+                set,
+                redis.rss_bytes(),
+            )
+            .throughput_vs(&writes[0], "gate RecordAbsent"),
+        );
+    }
+    // Fill the store to its bound so its memory is that of a full store (38 bytes per slot at 85% load).
+    let top_up = TOMBSTONE_CAPACITY.saturating_sub(recorded.load(Ordering::Relaxed));
+    if top_up > 0 {
+        let op = record_absent(&gate_clients, Arc::clone(&recorded));
+        let tasks: Vec<_> = (0..CONNECTIONS * IN_FLIGHT)
+            .map(|t| {
+                let (op, recorded) = (Arc::clone(&op), Arc::clone(&recorded));
+                tokio::spawn(async move {
+                    let mut n = 0;
+                    while recorded.load(Ordering::Relaxed) < TOMBSTONE_CAPACITY {
+                        op(t % CONNECTIONS, n)
+                            .await
+                            .expect("RecordAbsent while filling the store");
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("a fill task panicked");
+        }
+    }
+    let tomb_stats = stats(&gate, "tomb").await;
+    report.tombstones = Some(report::TombstoneMemory {
+        recorded: recorded.load(Ordering::Relaxed),
+        stored: tomb_stats.tombstones,
+        table_bytes: tomb_stats.tombstone_bytes,
+        rss_delta: gate.rss_bytes().saturating_sub(rss_before_tombstones),
+        redis_markers: markers.load(Ordering::Relaxed),
+        redis_delta: match &redis_connections {
+            Some(c) => redis_used_memory(c)
+                .await
+                .saturating_sub(redis_before_markers),
+            None => 0,
+        },
+    });
+
+    // --- 5. Lookups of tombstoned keys vs Redis GET of null markers ----------------------------------------
+    println!("tombstoned MayExist vs Redis GET of null markers...");
+    // Make sure the looked-up keys hold live tombstones / markers (the store evicts when full).
+    {
+        let mut client = gate_clients[0].clone();
+        for i in 0..TOMBSTONE_LOOKUPS {
+            client
+                .record_absent(RecordAbsentRequest {
+                    namespace: "tomb".to_string(),
+                    key: Bytes::copy_from_slice(&key_bytes(TOMB + i)),
+                    kind: AbsenceKind::Missing as i32,
+                    observed_seq: 0,
+                    ttl_seconds: 0,
+                })
+                .await
+                .expect("RecordAbsent");
+        }
+        if let Some(connections) = &redis_connections {
+            let mut connection = connections[0].clone();
+            let mut pipeline = redis::pipe();
+            for i in 0..TOMBSTONE_LOOKUPS {
+                pipeline
+                    .cmd("SET")
+                    .arg(&key_bytes(TOMB + i)[..])
+                    .arg("")
+                    .arg("EX")
+                    .arg(600)
+                    .ignore();
+            }
+            let () = pipeline
+                .query_async(&mut connection)
+                .await
+                .expect("SET markers");
+        }
+    }
+    let tomb_keys = Arc::new(keys((0..TOMBSTONE_LOOKUPS).map(|i| TOMB + i)));
+    let mut sides = vec![Side {
+        server: &gate,
+        op: may_exist(
+            &gate_clients,
+            "tomb",
+            Arc::clone(&tomb_keys),
+            Some(Basis::Tombstone),
+        ),
+    }];
+    if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
+        sides.push(Side {
+            server: redis,
+            op: redis_get(connections),
+        });
+    }
+    let tomb_lookups = compare(&sides, STRETCH).await;
+    drop(sides);
+    report.rows.push(
+        Row::new(
+            "MayExist of tombstoned keys (unary)",
+            "gate",
+            &tomb_lookups[0],
+            gate.rss_bytes(),
+        )
+        .per_call_vs(&unary[1], "trivial"),
+    );
+    if let (Some(get), Some(redis)) = (tomb_lookups.get(1), &redis) {
+        report.rows.push(
+            Row::new(
+                "GET null marker (16 in flight per connection)",
+                "redis",
+                get,
+                redis.rss_bytes(),
+            )
+            .throughput_vs(&tomb_lookups[0], "gate tombstone MayExist"),
+        );
+    }
+
+    // --- 6. Batches in a namespace holding tombstones ------------------------------------------------------
+    println!("BatchMayExist packed in a namespace with tombstones vs without...");
+    let with_tombstones = compare(
+        &[
+            Side {
+                server: &gate,
+                op: batch_may_exist(&gate_clients, Arc::clone(&packed), LOOKUP_BATCH),
+            },
+            Side {
+                server: &gate,
+                op: batch_may_exist(&gate_clients, tomb_requests(LOOKUP_BATCH), LOOKUP_BATCH),
+            },
+        ],
+        SWEEP_STRETCH,
+    )
+    .await;
+    report.rows.push(
+        Row::new(&format!("BatchMayExist {LOOKUP_BATCH} packed, namespace with {TOMBSTONE_CAPACITY} tombstones"), "gate", &with_tombstones[1], gate.rss_bytes())
+            .per_key_vs(&with_tombstones[0], "same without tombstones"),
+    );
+
+    // --- 7. Tail latency at half capacity, with Adds and a window rotation ---------------------------------
+    let rate = unary_capacity / 2.0;
+    let now = unix_ms();
+    let boundary = (now + 3_000).div_ceil(ROTATION_SPAN_MS) * ROTATION_SPAN_MS;
+    let duration = Duration::from_millis(boundary + 5_000 - now);
+    println!(
+        "tail latency: MayExist at {rate:.0}/s (half of {unary_capacity:.0}/s) for {:.1} s with Adds; rotation at +{:.1} s...",
+        duration.as_secs_f64(),
+        (boundary - now) as f64 / 1e3
+    );
+    let rot_keys = Arc::new(keys((0..UNARY_POOL as u64).map(|j| {
+        if j % 2 == 0 {
+            ROT + j / 2
+        } else {
+            ABSENT + j
+        }
+    })));
+    let adder = {
+        let clients = Arc::clone(&gate_clients);
+        let deadline = Instant::now() + duration;
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(ADD_EVERY);
+            let mut client = clients[0].clone();
+            let (mut next, mut latencies) = (1_000_000u64, Vec::new());
+            while Instant::now() < deadline {
+                ticks.tick().await;
+                let request = AddRequest {
+                    namespace: "rot".to_string(),
+                    keys: keys((next..next + ROTATION_ADD_KEYS).map(|i| ROT + i)),
+                };
+                let sent = Instant::now();
+                client
+                    .add(request)
+                    .await
+                    .expect("Add during the latency run");
+                latencies.push(sent.elapsed().as_nanos() as u64);
+                next += ROTATION_ADD_KEYS;
+            }
+            latencies.sort_unstable();
+            latencies
+        })
+    };
+    let lookups = may_exist(&gate_clients, "rot", Arc::clone(&rot_keys), None);
+    let (mut tail, timed) =
+        drive::open_loop(rate, CONNECTIONS, duration, gate.pid(), &lookups).await;
+    tail.sort();
+    let add_latencies = adder.await.expect("the Add task panicked");
+    let rot_stats = stats(&gate, "rot").await;
+    println!("tail latency: trivial tonic at the same rate...");
+    let trivial_lookups = may_exist(&trivial_clients, "rot", Arc::clone(&rot_keys), None);
+    let (mut trivial_tail, _) = drive::open_loop(
+        rate,
+        CONNECTIONS,
+        Duration::from_secs(6),
+        trivial.pid(),
+        &trivial_lookups,
+    )
+    .await;
+    trivial_tail.sort();
+    report.tail = Some(report::Tail {
+        rate,
+        capacity: unary_capacity,
+        rotation_at: (boundary - now) as f64 / 1e3,
+        sample: tail,
+        timed,
+        adds: add_latencies,
+        add_keys: ROTATION_ADD_KEYS,
+        add_every: ADD_EVERY,
+        trivial: trivial_tail,
+        windows: rot_stats.windows,
+    });
+
+    // --- Targets and output -------------------------------------------------------------------------------
+    report.targets.push(Target::at_most(
+        "2",
+        "BatchMayExist (1,000 keys, `packed_keys`): server CPU per key within 2x of the trivial tonic handler's packed-bytes ceiling",
+        gate_packed.server_us_per_key() / trivial_packed.server_us_per_key(),
+        2.0,
+        format!(
+            "{:.4} µs vs {:.4} µs per key; with `keys` (repeated bytes): {:.4} µs, {:.2}x the packed ceiling ({:.2}x the trivial handler with `keys`)",
+            gate_packed.server_us_per_key(),
+            trivial_packed.server_us_per_key(),
+            gate_keyed.server_us_per_key(),
+            gate_keyed.server_us_per_key() / trivial_packed.server_us_per_key(),
+            gate_keyed.server_us_per_key() / trivial_keyed.server_us_per_key(),
+        ),
+    ));
+    report.targets.push(Target::at_most(
+        "3",
+        "Unary MayExist: server CPU per call within 1.2x of the trivial tonic handler's",
+        unary[0].server_us_per_call() / unary[1].server_us_per_call(),
+        1.2,
+        format!(
+            "{:.2} µs vs {:.2} µs per call",
+            unary[0].server_us_per_call(),
+            unary[1].server_us_per_call()
+        ),
+    ));
+    report.targets.push(Target::at_most(
+        "4a",
+        "Batches: ≥ 20M keys/s per server core (≤ 0.045 µs server CPU per key), `packed_keys`, 1,000 keys",
+        gate_packed.server_us_per_key(),
+        0.045,
+        format!(
+            "{:.4} µs per key = {:.1}M keys/s per server core (`keys`: {:.4} µs = {:.1}M)",
+            gate_packed.server_us_per_key(),
+            gate_packed.keys_per_server_core_second() / 1e6,
+            gate_keyed.server_us_per_key(),
+            gate_keyed.keys_per_server_core_second() / 1e6
+        ),
+    ));
+    if let Some(getbit) = getbit_1000 {
+        report.targets.push(Target::at_least(
+            "4b",
+            "Batches: ≥ 5x the keys/s of a Redis GETBIT pipeline (Redisson RBloomFilter probes), same run",
+            gate_packed.keys_per_second() / getbit.keys_per_second(),
+            5.0,
+            format!(
+                "end to end {:.2}M vs {:.2}M keys/s; per server core {:.1}M vs {:.2}M keys/s ({:.0}x)",
+                gate_packed.keys_per_second() / 1e6,
+                getbit.keys_per_second() / 1e6,
+                gate_packed.keys_per_server_core_second() / 1e6,
+                getbit.keys_per_server_core_second() / 1e6,
+                gate_packed.keys_per_server_core_second() / getbit.keys_per_server_core_second()
+            ),
+        ));
+    }
+    if let Some(memory) = &report.tombstones {
+        let per_tombstone = memory.rss_delta as f64 / memory.stored.max(1) as f64;
+        report.targets.push(Target::at_most(
+            "4c",
+            "≤ 40 bytes per tombstone (server RSS growth over a store filled to its bound)",
+            per_tombstone,
+            40.0,
+            format!(
+                "{per_tombstone:.1} B per tombstone by RSS, {:.1} B by table size; Redis null marker {:.1} B (used_memory)",
+                memory.table_bytes as f64 / memory.stored.max(1) as f64,
+                memory.redis_delta as f64 / memory.redis_markers.max(1) as f64
+            ),
+        ));
+    }
+    report.elapsed = started.elapsed();
+    let results = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
+    std::fs::create_dir_all(&results).expect("benches/results");
+    let markdown = report.markdown();
+    std::fs::write(results.join("load.md"), &markdown).expect("writing load.md");
+    report::plot(&report.sweep, &results.join("throughput-vs-batch.svg"))
+        .expect("writing the plot");
+    println!("\n{markdown}");
+    println!(
+        "written: {} and {} ({:.0} s)",
+        results.join("load.md").display(),
+        results.join("throughput-vs-batch.svg").display(),
+        started.elapsed().as_secs_f64()
+    );
+    drop((gate, trivial, redis));
+}

@@ -1,0 +1,217 @@
+//! The processes under test — the gate's release binary, the trivial tonic baseline (this bench binary
+//! re-run as `baseline-server`) and Redis — and what `/proc` says about them: CPU time and resident memory.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `/proc/<pid>/stat` counts CPU time in clock ticks of 1/USER_HZ s; USER_HZ is 100 on every Linux ABI.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// A child process that is killed when dropped, so that no server outlives the harness (even on a panic).
+pub struct Server {
+    /// What it is, for messages.
+    pub name: &'static str,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+impl Server {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// User + system CPU seconds it has used so far, all threads (including exited ones) together.
+    pub fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.pid())
+    }
+
+    /// Its resident memory in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        rss_bytes(self.pid())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// User + system CPU seconds of process `pid`, from `/proc/<pid>/stat` (fields 14 and 15).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may contain spaces: count fields after its closing parenthesis.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // After the name: field 3 (state) is index 0, so utime (14) is index 11 and stime (15) index 12.
+    (ticks(11) + ticks(12)) as f64 / TICKS_PER_SECOND
+}
+
+/// CPU seconds of this (the client) process.
+pub fn own_cpu_seconds() -> f64 {
+    cpu_seconds(std::process::id())
+}
+
+/// Resident set size of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Waits for a line of `child`'s stdout containing every one of `markers` and returns the value of
+/// `grpc_addr=` (seen on that or an earlier line); the rest of the output is drained in the background so
+/// the child never blocks on a full pipe.
+fn wait_for_address(child: &mut Child, markers: &[&str], what: &str) -> SocketAddr {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut addr = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap_or_else(|e| panic!("reading {what}'s output: {e}"));
+        if let Some(rest) = line.split("grpc_addr=").nth(1) {
+            let token = rest.split_whitespace().next().unwrap_or_default();
+            addr = token.parse::<SocketAddr>().ok();
+        }
+        if addr.is_some() && markers.iter().all(|m| line.contains(m)) {
+            std::thread::spawn(move || lines.for_each(drop));
+            return addr.expect("checked");
+        }
+    }
+    let status = child.wait().ok();
+    panic!("{what} exited before it was serving (status {status:?})");
+}
+
+/// Where `cargo bench` put the gate's binary (built with the bench profile, i.e. optimised like release).
+pub fn gate_binary() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_existence-gate"));
+    if built.exists() {
+        return built;
+    }
+    let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/existence-gate");
+    assert!(
+        release.exists(),
+        "the gate's binary is missing: run `cargo build --release` (or `cargo bench --bench load`, which builds it)"
+    );
+    release
+}
+
+/// Starts the gate, in memory only, with the configuration file `config`; returns once it serves.
+pub fn start_gate(binary: &Path, config: &Path) -> Server {
+    let mut child = Command::new(binary)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--in-memory",
+            "--config",
+        ])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+    // In memory, the state is loaded (empty) before the "serving" line is logged.
+    let addr = wait_for_address(&mut child, &["serving"], "the gate");
+    Server {
+        name: "gate",
+        addr,
+        child,
+    }
+}
+
+/// Starts the trivial tonic server: this binary, re-run with `baseline-server`.
+pub fn start_baseline() -> Server {
+    let exe = std::env::current_exe().expect("the harness knows its own path");
+    let mut child = Command::new(exe)
+        .arg("baseline-server")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("cannot re-run the harness as the baseline server");
+    let addr = wait_for_address(&mut child, &[], "the baseline server");
+    Server {
+        name: "trivial tonic",
+        addr,
+        child,
+    }
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Starts `redis-server` on a loopback port without persistence; `None` when it is not installed.
+pub fn start_redis() -> Option<Server> {
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .ok()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "redis-server did not listen on {addr} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(Server {
+        name: "redis",
+        addr,
+        child,
+    })
+}
+
+/// One line describing `redis-server`'s version.
+pub fn redis_version() -> String {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,709 @@
+//! The results: one Markdown report (`benches/results/load.md`) and the throughput-by-batch-size plot
+//! (`benches/results/throughput-vs-batch.svg`).
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use existence_gate::filter::{FilterSpec, Retention};
+use existence_gate::proto::NamespaceStats;
+use plotters::prelude::*;
+
+use crate::drive::{percentile_us, Sample, Timed};
+
+/// One line of the main table, its figures computed when it is made.
+pub struct Row {
+    workload: String,
+    server: String,
+    calls_per_second: f64,
+    keys_per_second: f64,
+    server_us_per_call: f64,
+    server_us_per_key: f64,
+    server_cores: f64,
+    client_us_per_call: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    errors: u64,
+    rss: u64,
+    versus: String,
+}
+
+impl Row {
+    /// A row for `sample` (latencies sorted) of `server` at resident size `rss`.
+    pub fn new(workload: &str, server: &str, sample: &Sample, rss: u64) -> Self {
+        Self {
+            workload: workload.to_string(),
+            server: server.to_string(),
+            calls_per_second: sample.calls_per_second(),
+            keys_per_second: sample.keys_per_second(),
+            server_us_per_call: sample.server_us_per_call(),
+            server_us_per_key: sample.server_us_per_key(),
+            server_cores: sample.server_cores(),
+            client_us_per_call: sample.client_us_per_call(),
+            p50: sample.latency_us(0.5),
+            p99: sample.latency_us(0.99),
+            p999: sample.latency_us(0.999),
+            errors: sample.errors,
+            rss,
+            versus: String::new(),
+        }
+    }
+
+    /// Notes this row's server CPU per call as a multiple of `other`'s.
+    pub fn per_call_vs(mut self, other: &Sample, name: &str) -> Self {
+        self.versus = format!(
+            "{:.2}x {name} (CPU/call)",
+            self.server_us_per_call / other.server_us_per_call()
+        );
+        self
+    }
+
+    /// Notes this row's server CPU per key as a multiple of `other`'s.
+    pub fn per_key_vs(mut self, other: &Sample, name: &str) -> Self {
+        self.versus = format!(
+            "{:.2}x {name} (CPU/key)",
+            self.server_us_per_key / other.server_us_per_key()
+        );
+        self
+    }
+
+    /// Notes how much more `other` (named `name`) does: keys/s end to end and per server core.
+    pub fn throughput_vs(mut self, other: &Sample, name: &str) -> Self {
+        let per_core = self.keys_per_second / self.server_cores.max(1e-9);
+        self.versus = format!(
+            "{name}: {:.1}x keys/s, {:.1}x per server core",
+            other.keys_per_second() / self.keys_per_second,
+            other.keys_per_server_core_second() / per_core
+        );
+        self
+    }
+}
+
+/// A target of the tracker issue and whether this run met it.
+pub struct Target {
+    id: String,
+    what: String,
+    value: f64,
+    limit: f64,
+    at_most: bool,
+    figure: String,
+}
+
+impl Target {
+    /// Met when `value ≤ limit`.
+    pub fn at_most(id: &str, what: &str, value: f64, limit: f64, figure: String) -> Self {
+        Self {
+            id: id.to_string(),
+            what: what.to_string(),
+            value,
+            limit,
+            at_most: true,
+            figure,
+        }
+    }
+
+    /// Met when `value ≥ limit`.
+    pub fn at_least(id: &str, what: &str, value: f64, limit: f64, figure: String) -> Self {
+        Self {
+            at_most: false,
+            ..Self::at_most(id, what, value, limit, figure)
+        }
+    }
+
+    fn met(&self) -> bool {
+        if self.at_most {
+            self.value <= self.limit
+        } else {
+            self.value >= self.limit
+        }
+    }
+}
+
+/// Memory of the tombstone store filled to its bound, and of as many Redis null markers.
+pub struct TombstoneMemory {
+    /// `RecordAbsent` calls answered `RECORDED` (more than the bound once the store evicts).
+    pub recorded: u64,
+    /// Tombstones held at the end (the bound).
+    pub stored: u64,
+    /// Bytes of the store's tables, as `Stats` reports them.
+    pub table_bytes: u64,
+    /// Growth of the server's RSS from before the first `RecordAbsent` to the full store.
+    pub rss_delta: u64,
+    /// Null markers set in Redis.
+    pub redis_markers: u64,
+    /// Growth of Redis' `used_memory` over them.
+    pub redis_delta: u64,
+}
+
+/// The tail-latency run.
+pub struct Tail {
+    /// Lookups per second offered, and the closed-loop capacity it is half of.
+    pub rate: f64,
+    pub capacity: f64,
+    /// Seconds into the run at which the window boundary passed.
+    pub rotation_at: f64,
+    /// Lookups (latencies sorted) and each lookup's start time.
+    pub sample: Sample,
+    pub timed: Vec<Timed>,
+    /// Latencies of the concurrent Adds (sorted), their size and period.
+    pub adds: Vec<u64>,
+    pub add_keys: u64,
+    pub add_every: Duration,
+    /// The trivial tonic server at the same rate (latencies sorted).
+    pub trivial: Sample,
+    /// Live windows of the rotating namespace after the run.
+    pub windows: u32,
+}
+
+/// Everything one run measured.
+pub struct Report {
+    connections: usize,
+    in_flight: usize,
+    rounds: usize,
+    stretch: Duration,
+    load_at_start: String,
+    /// The gate's configuration file.
+    pub config: String,
+    /// `redis-server --version`, if Redis ran.
+    pub redis_version: Option<String>,
+    /// The table.
+    pub rows: Vec<Row>,
+    /// False-positive rate of never-added keys measured through the server.
+    pub measured_fp: f64,
+    /// The Redisson-style bitmap: bits, probes per key, Redis `used_memory` growth.
+    pub redis_bloom: Option<(u64, u32, u64)>,
+    fill: Option<(Sample, u64, u64, u64)>,
+    /// (batch size, gate packed, Redis GETBIT) for the plot.
+    pub sweep: Vec<(usize, Sample, Option<Sample>)>,
+    /// Tombstone memory.
+    pub tombstones: Option<TombstoneMemory>,
+    /// The tail-latency run.
+    pub tail: Option<Tail>,
+    /// Targets with verdicts.
+    pub targets: Vec<Target>,
+    /// How long the run took.
+    pub elapsed: Duration,
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `Y-M-D` of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil_date(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil_date((secs / 86_400) as i64);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+fn machine() -> String {
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory_gib = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
+    format!("{cores} cores ({cpu}), {memory_gib:.0} GiB, Linux {kernel}")
+}
+
+fn load_average() -> String {
+    read("/proc/loadavg")
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A rate with an SI suffix.
+fn si(value: f64) -> String {
+    if value >= 1e9 {
+        format!("{:.2}G", value / 1e9)
+    } else if value >= 1e6 {
+        format!("{:.2}M", value / 1e6)
+    } else if value >= 1e3 {
+        format!("{:.1}k", value / 1e3)
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+fn latency(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1e3)
+    } else if us >= 100.0 {
+        format!("{us:.0}")
+    } else {
+        format!("{us:.1}")
+    }
+}
+
+impl Report {
+    /// An empty report of a run with these load settings.
+    pub fn new(connections: usize, in_flight: usize, rounds: usize, stretch: Duration) -> Self {
+        Self {
+            connections,
+            in_flight,
+            rounds,
+            stretch,
+            load_at_start: load_average(),
+            config: String::new(),
+            redis_version: None,
+            rows: Vec::new(),
+            measured_fp: f64::NAN,
+            redis_bloom: None,
+            fill: None,
+            sweep: Vec::new(),
+            tombstones: None,
+            tail: None,
+            targets: Vec::new(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Records the fill of `default`: the Adds, the server's RSS before and after, its filter size.
+    pub fn add_fill(
+        &mut self,
+        adds: &Sample,
+        rss_before: u64,
+        rss_after: u64,
+        stats: &NamespaceStats,
+    ) {
+        self.fill = Some((adds.clone(), rss_before, rss_after, stats.filter_bytes));
+    }
+
+    /// The whole report as Markdown.
+    pub fn markdown(&mut self) -> String {
+        let mut out = String::new();
+        let w = &mut out;
+        let _ = writeln!(w, "# Load harness results\n");
+        let _ = writeln!(
+            w,
+            "`cargo bench --bench load`, {} — {}; load average {} at the start, {} at the end; the run took {:.0} s.\n",
+            today(),
+            machine(),
+            self.load_at_start,
+            load_average(),
+            self.elapsed.as_secs_f64()
+        );
+        let _ = writeln!(
+            w,
+            "Servers, each its own process on loopback: the gate's release binary (`serve --in-memory`), a trivial \
+             tonic server of the same contract whose handlers look nothing up (the ceiling of any tonic service), \
+             and {}. Clients: {} connections per server × {} calls in flight each (closed loop) in the harness \
+             process, which shares the {} cores with the server under test. Each side of a comparison is measured \
+             in {} alternating stretches of {:.1} s. **Server CPU** is user + system time of the server process \
+             from `/proc/<pid>/stat`, per call or per key; **client CPU** is the harness's. Throughput is end to end \
+             and shares the machine with the client; latency is per call, from send to answer, in µs.\n",
+            self.redis_version
+                .as_deref()
+                .map_or("no Redis (not installed)".to_string(), |v| format!("Redis ({v}, `--save \"\" --appendonly no`)")),
+            self.connections,
+            self.in_flight,
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            self.rounds,
+            self.stretch.as_secs_f64()
+        );
+
+        let mut targets = std::mem::take(&mut self.targets);
+        if let Some(tail) = &self.tail {
+            targets.push(tail_target(tail));
+        }
+        let _ = writeln!(w, "## Targets\n");
+        let _ = writeln!(w, "| # | target | this run | met |");
+        let _ = writeln!(w, "|---|---|---|---|");
+        for t in &targets {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} |",
+                t.id,
+                t.what,
+                t.figure,
+                if t.met() { "**met**" } else { "**not met**" }
+            );
+        }
+        self.targets = targets;
+
+        let _ = writeln!(w, "\n## Throughput, CPU and latency\n");
+        let _ = writeln!(
+            w,
+            "| workload | server | calls/s | keys/s | server CPU µs/call | server CPU µs/key | server cores busy | client CPU µs/call | p50 µs | p99 µs | p99.9 µs | RSS MB | errors | versus |"
+        );
+        let _ = writeln!(
+            w,
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        );
+        for r in &self.rows {
+            let _ = writeln!(
+                w,
+                "| {} | {} | {} | {} | {:.3} | {:.4} | {:.2} | {:.2} | {} | {} | {} | {:.0} | {} | {} |",
+                r.workload,
+                r.server,
+                si(r.calls_per_second),
+                si(r.keys_per_second),
+                r.server_us_per_call,
+                r.server_us_per_key,
+                r.server_cores,
+                r.client_us_per_call,
+                latency(r.p50),
+                latency(r.p99),
+                latency(r.p999),
+                r.rss as f64 / 1e6,
+                r.errors,
+                r.versus
+            );
+        }
+
+        let _ = writeln!(w, "\n## Memory\n");
+        if let Some((adds, before, after, filter_bytes)) = &self.fill {
+            let _ = writeln!(
+                w,
+                "- Filling `default` with {} keys in Adds of 10,000: {:.1} s, {} keys/s, {:.3} µs server CPU per key. \
+                 Filter {:.1} MB = {:.2} bytes per key (measured false-positive rate of never-added keys through the \
+                 server: {:.2}%). Server RSS {:.0} MB empty → {:.0} MB filled (the filter's pages are touched when it is \
+                 created; the growth is mostly the 16 MiB invalidation replay buffer).",
+                si(adds.keys as f64),
+                adds.wall,
+                si(adds.keys_per_second()),
+                adds.server_us_per_key(),
+                *filter_bytes as f64 / 1e6,
+                *filter_bytes as f64 / adds.keys as f64,
+                self.measured_fp * 100.0,
+                *before as f64 / 1e6,
+                *after as f64 / 1e6
+            );
+        }
+        if let Some((bits, probes, bytes)) = self.redis_bloom {
+            let _ = writeln!(
+                w,
+                "- Redis Bloom bitmap sized the way Redisson sizes it for 10M keys at 1%: {} bits, k = {probes}; \
+                 `used_memory` +{:.1} MB = {:.2} bytes per key.",
+                si(bits as f64),
+                bytes as f64 / 1e6,
+                bytes as f64 / 1e7
+            );
+        }
+        if let Some(t) = &self.tombstones {
+            let _ = writeln!(
+                w,
+                "- Tombstones: the store was filled to its bound of {} ({} `RECORDED` answers in all, so {} were \
+                 evicted on the way): server RSS +{:.1} MB = **{:.1} bytes per tombstone**; the tables themselves \
+                 {:.1} MB = {:.1} bytes per tombstone. Redis: {} null markers (`SET key \"\" NX EX 60`, 16-byte keys), \
+                 `used_memory` +{:.1} MB = **{:.1} bytes per marker**.",
+                t.stored,
+                t.recorded,
+                t.recorded.saturating_sub(t.stored),
+                t.rss_delta as f64 / 1e6,
+                t.rss_delta as f64 / t.stored.max(1) as f64,
+                t.table_bytes as f64 / 1e6,
+                t.table_bytes as f64 / t.stored.max(1) as f64,
+                t.redis_markers,
+                t.redis_delta as f64 / 1e6,
+                t.redis_delta as f64 / t.redis_markers.max(1) as f64
+            );
+        }
+
+        if let Some(tail) = &self.tail {
+            write_tail(w, tail);
+        }
+
+        let _ = writeln!(w, "\n## Throughput by batch size\n");
+        let _ = writeln!(
+            w,
+            "BatchMayExist with `packed_keys` against Redis GETBIT pipelines (k GETBITs per key, one pipeline per \
+             call), same connections and calls in flight. Plot: [throughput-vs-batch.svg](throughput-vs-batch.svg).\n"
+        );
+        let _ = writeln!(
+            w,
+            "| keys per call | gate keys/s | gate server µs/key | redis keys/s | redis server µs/key | gate / redis (keys/s) | gate / redis (per server core) |"
+        );
+        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|");
+        for (size, gate, redis) in &self.sweep {
+            let (rk, ru, ratio, core_ratio) = match redis {
+                Some(r) => (
+                    si(r.keys_per_second()),
+                    format!("{:.4}", r.server_us_per_key()),
+                    format!("{:.1}x", gate.keys_per_second() / r.keys_per_second()),
+                    format!("{:.1}x", r.server_us_per_key() / gate.server_us_per_key()),
+                ),
+                None => ("–".into(), "–".into(), "–".into(), "–".into()),
+            };
+            let _ = writeln!(
+                w,
+                "| {size} | {} | {:.4} | {rk} | {ru} | {ratio} | {core_ratio} |",
+                si(gate.keys_per_second()),
+                gate.server_us_per_key()
+            );
+        }
+
+        let _ = writeln!(w, "\n## Filter memory by sizing\n");
+        let _ = writeln!(
+            w,
+            "Bytes of filter for `expected_keys` N at `false_positive_rate` p: with W windows (a finite retention) \
+             each window is sized for N/(W-1) keys at p/W; `forever` is one window. Figures from the sizing code \
+             (`FilterSpec::initial_bytes`).\n"
+        );
+        let windows = [1u32, 2, 4, 8, 24];
+        let _ = writeln!(
+            w,
+            "| N | p | forever | 2 windows | 4 windows | 8 windows | 24 windows |"
+        );
+        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|");
+        for keys in [1_000_000u64, 10_000_000, 100_000_000] {
+            for p in [0.01, 0.001] {
+                let cells: Vec<String> = windows
+                    .iter()
+                    .map(|&windows| {
+                        let spec = FilterSpec {
+                            expected_keys: keys,
+                            false_positive_rate: p,
+                            retention: if windows == 1 {
+                                Retention::Forever
+                            } else {
+                                Retention::Millis(86_400_000)
+                            },
+                            windows: windows.max(2),
+                            max_bytes: 0,
+                        };
+                        format!("{:.1} MB", spec.initial_bytes() as f64 / 1e6)
+                    })
+                    .collect();
+                let _ = writeln!(
+                    w,
+                    "| {} | {}% | {} |",
+                    si(keys as f64),
+                    p * 100.0,
+                    cells.join(" | ")
+                );
+            }
+        }
+
+        let _ = writeln!(
+            w,
+            "\n## Configuration of the gate\n\n```toml\n{}```",
+            self.config
+        );
+        out
+    }
+}
+
+/// Latencies (ns, in start order) of calls that started within `[from, to)` seconds, sorted.
+fn latencies_between(timed: &[Timed], from: f64, to: f64) -> Vec<u64> {
+    let mut latencies: Vec<u64> = timed
+        .iter()
+        .filter(|t| t.at >= from && t.at < to)
+        .map(|t| t.latency)
+        .collect();
+    latencies.sort_unstable();
+    latencies
+}
+
+/// The stretch around the rotation: from half a second before the boundary to a second after.
+fn rotation_window(tail: &Tail) -> (f64, f64) {
+    (tail.rotation_at - 0.5, tail.rotation_at + 1.0)
+}
+
+fn outside_rotation(tail: &Tail) -> Vec<u64> {
+    let (from, to) = rotation_window(tail);
+    let mut latencies: Vec<u64> = tail
+        .timed
+        .iter()
+        .filter(|t| t.at < from || t.at >= to)
+        .map(|t| t.latency)
+        .collect();
+    latencies.sort_unstable();
+    latencies
+}
+
+fn tail_target(tail: &Tail) -> Target {
+    let (from, to) = rotation_window(tail);
+    let during = latencies_between(&tail.timed, from, to);
+    let outside = outside_rotation(tail);
+    let (p99_during, p99_outside) = (percentile_us(&during, 0.99), percentile_us(&outside, 0.99));
+    Target::at_most(
+        "5",
+        "Tail latency of unary MayExist at 50% of capacity with Adds and a window rotation: the rotation must not \
+         stall readers (p99 within ±1 s of it at most 2x the p99 elsewhere)",
+        p99_during / p99_outside,
+        2.0,
+        format!(
+            "p50 {} / p99 {} / p99.9 {} µs at {}/s; around the rotation p99 {} µs, max {} µs vs p99 {} µs, max {} µs elsewhere",
+            latency(tail.sample.latency_us(0.5)),
+            latency(tail.sample.latency_us(0.99)),
+            latency(tail.sample.latency_us(0.999)),
+            si(tail.rate),
+            latency(p99_during),
+            latency(percentile_us(&during, 1.0)),
+            latency(p99_outside),
+            latency(percentile_us(&outside, 1.0)),
+        ),
+    )
+}
+
+fn write_tail(w: &mut String, tail: &Tail) {
+    let (from, to) = rotation_window(tail);
+    let during = latencies_between(&tail.timed, from, to);
+    let outside = outside_rotation(tail);
+    let _ = writeln!(w, "\n## Tail latency with Adds and a window rotation\n");
+    let _ = writeln!(
+        w,
+        "Unary MayExist in namespace `rot` (retention 10 s over 2 windows, so the filter rotates every 10 s on \
+         the clock) offered open loop at {}/s — half the closed-loop capacity of {}/s measured above — for \
+         {:.1} s, while one Add of {} keys every {} ms runs on the same server; the window boundary passed {:.1} s \
+         into the run (the first Add after it builds the new window; {} windows were live at the end). Calls start \
+         in bursts each millisecond (the timer's resolution). The trivial tonic server at the same rate gives the \
+         floor of the stack on this machine.\n",
+        si(tail.rate),
+        si(tail.capacity),
+        tail.sample.wall,
+        tail.add_keys,
+        tail.add_every.as_millis(),
+        tail.rotation_at,
+        tail.windows
+    );
+    let _ = writeln!(
+        w,
+        "| calls | count | p50 µs | p99 µs | p99.9 µs | max µs | errors |"
+    );
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|");
+    let mut line = |name: &str, sorted: &[u64], errors: u64| {
+        let _ = writeln!(
+            w,
+            "| {name} | {} | {} | {} | {} | {} | {errors} |",
+            sorted.len(),
+            latency(percentile_us(sorted, 0.5)),
+            latency(percentile_us(sorted, 0.99)),
+            latency(percentile_us(sorted, 0.999)),
+            latency(percentile_us(sorted, 1.0))
+        );
+    };
+    line(
+        "gate MayExist, whole run",
+        &tail.sample.latencies,
+        tail.sample.errors,
+    );
+    line(
+        "gate MayExist, from 0.5 s before to 1 s after the rotation",
+        &during,
+        0,
+    );
+    line("gate MayExist, the rest of the run", &outside, 0);
+    line("gate Add (100 keys), whole run", &tail.adds, 0);
+    line(
+        "trivial tonic MayExist, same rate",
+        &tail.trivial.latencies,
+        tail.trivial.errors,
+    );
+    let _ = writeln!(
+        w,
+        "\nServer CPU during the run: {:.2} cores busy ({:.2} µs per lookup, Adds included).",
+        tail.sample.server_cores(),
+        tail.sample.server_us_per_call()
+    );
+}
+
+/// Draws keys/s against batch size for the gate and Redis, end to end and per server core.
+pub fn plot(
+    sweep: &[(usize, Sample, Option<Sample>)],
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let gate: Vec<(f64, f64)> = sweep
+        .iter()
+        .map(|(s, g, _)| (*s as f64, g.keys_per_second()))
+        .collect();
+    let gate_core: Vec<(f64, f64)> = sweep
+        .iter()
+        .map(|(s, g, _)| (*s as f64, g.keys_per_server_core_second()))
+        .collect();
+    let redis: Vec<(f64, f64)> = sweep
+        .iter()
+        .filter_map(|(s, _, r)| r.as_ref().map(|r| (*s as f64, r.keys_per_second())))
+        .collect();
+    let redis_core: Vec<(f64, f64)> = sweep
+        .iter()
+        .filter_map(|(s, _, r)| {
+            r.as_ref()
+                .map(|r| (*s as f64, r.keys_per_server_core_second()))
+        })
+        .collect();
+    let all = gate
+        .iter()
+        .chain(&gate_core)
+        .chain(&redis)
+        .chain(&redis_core)
+        .map(|p| p.1);
+    let (low, high) = all.fold((f64::MAX, 0.0f64), |(lo, hi), y| (lo.min(y), hi.max(y)));
+    let (low, high) = (
+        10f64.powf(low.max(1.0).log10().floor()),
+        10f64.powf(high.max(10.0).log10().ceil()),
+    );
+    let (min_x, max_x) = (
+        sweep.first().map_or(1.0, |s| s.0 as f64),
+        sweep.last().map_or(10_000.0, |s| s.0 as f64),
+    );
+
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "BatchMayExist (packed_keys) vs Redis GETBIT pipeline: keys/s by batch size",
+            ("sans-serif", 20),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d((min_x..max_x).log_scale(), (low..high).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("keys per call")
+        .y_desc("keys per second")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| si(*y))
+        .draw()?;
+    let blue = RGBColor(31, 119, 180);
+    let red = RGBColor(214, 39, 40);
+    chart
+        .draw_series(LineSeries::new(gate.clone(), blue.stroke_width(3)).point_size(4))?
+        .label("gate, end to end")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], blue.stroke_width(3)));
+    chart
+        .draw_series(LineSeries::new(redis.clone(), red.stroke_width(3)).point_size(4))?
+        .label("Redis GETBIT pipeline, end to end")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], red.stroke_width(3)));
+    chart
+        .draw_series(DashedLineSeries::new(gate_core, 8, 5, blue.stroke_width(2)))?
+        .label("gate, per server CPU-second")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], blue.stroke_width(1)));
+    chart
+        .draw_series(DashedLineSeries::new(redis_core, 8, 5, red.stroke_width(2)))?
+        .label("Redis, per server CPU-second")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], red.stroke_width(1)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
