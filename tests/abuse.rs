@@ -1,0 +1,399 @@
+//! Hostile traffic: a flood of random absences next to hot tombstones, overload far beyond the in-flight
+//! limit, subscribers that never read, and malformed wire input. The gate must stay up, bounded and
+//! correct. Scales are set for a 2-core CI machine; `EXISTENCE_FLOOD_KEYS` raises the flood (the README's
+//! figures use 2,000,000).
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use existence_gate::clock::ManualClock;
+use existence_gate::config::GateConfig;
+use existence_gate::gate::Gate;
+use existence_gate::hashing::KeyHasher;
+use existence_gate::log::VolatileLog;
+use existence_gate::namespace::{AbsenceReport, Basis, RecordOutcome};
+use existence_gate::proto::{
+    AddRequest, InvalidationCause, MayExistRequest, SubscribeInvalidationsRequest,
+};
+use existence_gate::tombstones::{AbsenceKind, SLOT_BYTES};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+
+const START_MS: u64 = 1_800_000_000_000;
+
+/// A flood of one-off absences (every key passes the saturated filter, the worst case) cannot evict hot
+/// tombstones or grow the store past its bound, and beyond the admission rate it is throttled.
+#[test]
+fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
+    let flood: u64 = std::env::var("EXISTENCE_FLOOD_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300_000);
+    let hot_keys = (flood / 200).max(1_000);
+    let max_tombstones = flood / 10;
+    // A filter sized for 1,000 keys and not allowed to grow, then overfilled: nearly every key passes it,
+    // so every absence is a candidate tombstone.
+    let config = GateConfig::from_toml(&format!(
+        "[namespaces.default]\nexpected_keys = 1000\nmax_filter_bytes = 2048\nmax_tombstones = {max_tombstones}\n\
+         max_tombstone_rate = 100000\nmissing_ttl = \"1h\"\nmax_ttl = \"1h\""
+    ))
+    .unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let gate = Gate::new(&config, KeyHasher::from_seed([3; 32]), clock.clone());
+    gate.open(Arc::new(VolatileLog));
+    for batch in 0..20u32 {
+        let keys = (0..1_000u32)
+            .map(|i| Bytes::from(format!("real-{batch}-{i}")))
+            .collect();
+        gate.add("", keys).unwrap();
+    }
+    let report = |key: Bytes| AbsenceReport {
+        key,
+        kind: AbsenceKind::Missing,
+        observed_seq: 0,
+        ttl_seconds: 0,
+    };
+    let hot: Vec<Bytes> = (0..hot_keys)
+        .map(|i| Bytes::from(format!("hot-{i}")))
+        .collect();
+    for key in &hot {
+        assert_eq!(
+            gate.record_absent("", report(key.clone())).unwrap().outcome,
+            RecordOutcome::Recorded
+        );
+        clock.advance(1);
+    }
+    let mut throttled = 0u64;
+    for i in 0..flood {
+        // 100 µs per absence: 10,000/s, a tenth of the admission rate...
+        clock.set(START_MS + hot_keys + i / 10);
+        if gate
+            .record_absent("", report(Bytes::from(format!("flood-{i}"))))
+            .unwrap()
+            .outcome
+            == RecordOutcome::Throttled
+        {
+            throttled += 1;
+        }
+        // ...while the hot keys keep being looked up, as hot keys are.
+        gate.may_exist("", &hot[(i % hot_keys) as usize]).unwrap();
+    }
+    assert_eq!(
+        throttled, 0,
+        "within the admission rate nothing is throttled"
+    );
+    let stats = &gate.stats()[0];
+    assert!(
+        stats.tombstones <= max_tombstones,
+        "{} > {max_tombstones}",
+        stats.tombstones
+    );
+    let bytes_per_tombstone = stats.tombstone_bytes as f64 / stats.tombstones as f64;
+    assert!(
+        bytes_per_tombstone <= 40.0,
+        "{bytes_per_tombstone} bytes per tombstone"
+    );
+    let surviving = hot
+        .iter()
+        .filter(|k| gate.may_exist("", k).unwrap().0.basis == Basis::Tombstone)
+        .count() as f64
+        / hot.len() as f64;
+    assert!(
+        surviving >= 0.95,
+        "only {:.1}% of hot tombstones survived",
+        surviving * 100.0
+    );
+
+    // A burst far above the rate: most of it is throttled, and the store stays bounded.
+    let before = gate.stats()[0].tombstones;
+    let burst = 300_000u64;
+    let throttled = (0..burst)
+        .filter(|i| {
+            gate.record_absent("", report(Bytes::from(format!("burst-{i}"))))
+                .unwrap()
+                .outcome
+                == RecordOutcome::Throttled
+        })
+        .count() as u64;
+    assert!(
+        throttled >= burst - 100_001,
+        "only {throttled} of {burst} throttled"
+    );
+    assert!(gate.stats()[0].tombstones <= max_tombstones.max(before));
+    println!(
+        "flood {flood}: {:.1}% of {hot_keys} hot tombstones survived, {} tombstones stored ({:.1} bytes each, \
+         bound {max_tombstones}, {} slots of {SLOT_BYTES} bytes), burst of {burst}: {throttled} throttled",
+        surviving * 100.0,
+        stats.tombstones,
+        bytes_per_tombstone,
+        stats.tombstone_bytes / SLOT_BYTES
+    );
+}
+
+fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Far more concurrent calls than the in-flight limit: the excess is refused fast with
+/// RESOURCE_EXHAUSTED, admitted calls succeed, health answers throughout, and the server stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_shed_fast_and_health_stays_answerable() {
+    // Writes wait for fsync (--sync always), so admitted calls hold their slot while the disk works.
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options("[limits]\nmax_in_flight = 2", 16 << 20);
+    options.durability = Some(existence_gate::server::DurabilityOptions {
+        data_dir: dir.path().to_path_buf(),
+        sync: existence_gate::persistence::SyncMode::Always,
+        snapshot_interval: Duration::from_secs(3_600),
+        snapshot_log_bytes: u64::MAX,
+    });
+    let server = start_options(options, Arc::new(existence_gate::clock::SystemClock)).await;
+    let ok = Arc::new(AtomicU64::new(0));
+    let shed = Arc::new(AtomicU64::new(0));
+    let slowest_refusal = Arc::new(AtomicU64::new(0));
+    let mut callers = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for _ in 0..4 {
+        let channel = channel(&server).await;
+        for _ in 0..16 {
+            let mut client = existence_gate::proto::existence_gate_client::ExistenceGateClient::new(
+                channel.clone(),
+            );
+            let (ok, shed, slowest) = (ok.clone(), shed.clone(), slowest_refusal.clone());
+            callers.push(tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    let request = AddRequest {
+                        namespace: String::new(),
+                        keys: (0..100u32)
+                            .map(|i| Bytes::from(i.to_le_bytes().to_vec()))
+                            .collect(),
+                    };
+                    match client.add(request).await {
+                        Ok(_) => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(status) => {
+                            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                            shed.fetch_add(1, Ordering::Relaxed);
+                            slowest
+                                .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&server).await);
+    let mut health_checks = 0;
+    while Instant::now() < deadline {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(1),
+            health.check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            }),
+        )
+        .await
+        .expect("health answers under overload")
+        .expect("health is served under overload");
+        assert_eq!(reply.into_inner().status, 1, "SERVING");
+        health_checks += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let (ok, shed) = (ok.load(Ordering::Relaxed), shed.load(Ordering::Relaxed));
+    assert!(ok > 0 && shed > 0, "ok {ok}, shed {shed}");
+    assert!(health_checks >= 5);
+    println!(
+        "overload: {ok} served, {shed} shed (slowest refusal {} µs), {health_checks} health checks answered",
+        slowest_refusal.load(Ordering::Relaxed)
+    );
+    let mut client = client(&server).await;
+    client
+        .may_exist(MayExistRequest::default())
+        .await
+        .expect_err("empty key")
+        .code();
+    client
+        .add(AddRequest {
+            namespace: String::new(),
+            keys: vec![Bytes::from_static(b"still-alive")],
+        })
+        .await
+        .expect("the server still serves");
+}
+
+/// 100 subscribers that never read while many keys are added: the server's memory stays bounded (the
+/// replay buffer evicts; subscribers hold only a cursor) and each gets a RESYNC when it reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_that_never_read_get_resync_and_memory_stays_bounded() {
+    let server =
+        start("[limits]\nreplay_buffer_bytes = 65536\nmax_subscribers_per_namespace = 200").await;
+    // Each subscriber on its own connection, as the client recipes do: an unread stream holds HTTP/2
+    // connection-level flow control, which would stall every other stream sharing its connection.
+    let mut client = client(&server).await;
+    let mut subscribers = Vec::new();
+    for _ in 0..100 {
+        // Small receive windows, so the test reaches the steady state quickly (the server side is bounded by
+        // the same windows plus one encoded message per stream).
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
+                .unwrap()
+                .initial_stream_window_size(65_535)
+                .initial_connection_window_size(65_535)
+                .connect()
+                .await
+                .unwrap();
+        let stream =
+            existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel)
+                .subscribe_invalidations(SubscribeInvalidationsRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+        subscribers.push(stream);
+    }
+    // Memory is measured for this whole process (server and 100 clients): what must hold is that it stops
+    // growing once flow-control windows are full, however many more keys are added.
+    let rss_before = rss_mb();
+    let keys_total = 60_000u32;
+    let mut grown_at_third = 0.0;
+    for batch in 0..keys_total / 1_000 {
+        let keys = (0..1_000u32)
+            .map(|i| Bytes::from(format!("{batch:04}-{i:06}-pad-pad-pad")))
+            .collect();
+        client
+            .add(AddRequest {
+                namespace: String::new(),
+                keys,
+            })
+            .await
+            .unwrap();
+        if batch + 1 == keys_total / 3_000 {
+            grown_at_third = rss_mb() - rss_before;
+        }
+    }
+    let grown = rss_mb() - rss_before;
+    let stats = &server.gate.stats()[0];
+    assert!(stats.replay_buffer_bytes <= 65_536, "{stats:?}");
+    assert!(
+        grown < grown_at_third * 1.25 + 16.0,
+        "RSS kept growing with 100 idle subscribers: {grown_at_third:.0} MB after a third, {grown:.0} MB at the end"
+    );
+    for (i, stream) in subscribers.iter_mut().enumerate() {
+        let mut resynced = false;
+        for _ in 0..64 {
+            let message = tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .expect("the subscriber is answered")
+                .unwrap()
+                .unwrap();
+            if message.cause() == InvalidationCause::Resync {
+                // The latest seq when this subscriber's stream noticed it had fallen behind.
+                assert!(message.seq >= 1 && message.seq <= u64::from(keys_total / 1_000), "{message:?}");
+                resynced = true;
+                break;
+            }
+        }
+        assert!(resynced, "subscriber {i} never got a RESYNC");
+    }
+    println!(
+        "100 idle subscribers while {keys_total} keys were added: RSS (server and clients) grew {grown_at_third:.1} MB \
+         after a third, {grown:.1} MB at the end; all resynced"
+    );
+}
+
+/// Garbage on the gRPC port — not HTTP/2, HTTP/2 with junk frames, and a gRPC call whose protobuf body is
+/// garbage — gets a clean error and the server keeps serving.
+#[tokio::test]
+async fn malformed_wire_input_gets_a_clean_error_and_the_server_keeps_serving() {
+    let server = start("").await;
+    for garbage in [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        b"\x00\x01\x02\x03 not http at all \xff\xfe".repeat(100),
+        [
+            &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..],
+            &[0, 0, 4, 0xff, 0, 0, 0, 0, 9, 1, 2, 3, 4][..],
+            &[0x55; 512][..],
+        ]
+        .concat(),
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(server.grpc_addr)
+            .await
+            .unwrap();
+        let _ = stream.write_all(&garbage).await;
+        let mut sink = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut sink)).await;
+        assert!(
+            read.is_ok(),
+            "the server neither answered nor closed the connection"
+        );
+    }
+
+    // A well-formed gRPC frame whose protobuf body is garbage.
+    let (mut sender, connection) = h2::client::handshake(
+        tokio::net::TcpStream::connect(server.grpc_addr)
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/existence.v1.ExistenceGate/MayExist",
+            server.grpc_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut body) = sender.send_request(request, false).unwrap();
+    let junk = [0xffu8; 12];
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(junk.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&junk);
+    body.send_data(frame.into(), true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), response)
+        .await
+        .unwrap()
+        .unwrap();
+    let grpc_status = match response.headers().get("grpc-status") {
+        Some(status) => status.to_str().unwrap().to_string(),
+        None => {
+            let mut body = response.into_body();
+            while body.data().await.is_some() {}
+            let trailers = body.trailers().await.unwrap().expect("trailers");
+            trailers
+                .get("grpc-status")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    assert_ne!(grpc_status, "0", "garbage protobuf must not succeed");
+
+    let mut client = client(&server).await;
+    let reply = client
+        .may_exist(MayExistRequest {
+            namespace: String::new(),
+            key: Bytes::from_static(b"k"),
+        })
+        .await
+        .expect("the server keeps serving");
+    assert_eq!(reply.into_inner().observed_seq, 0);
+}
