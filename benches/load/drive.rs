@@ -24,6 +24,8 @@ pub struct Sample {
     pub server_cpu: f64,
     /// CPU seconds this (client) process used meanwhile.
     pub client_cpu: f64,
+    /// CPU seconds all processes on the machine used meanwhile (`/proc/stat`).
+    pub machine_cpu: f64,
     /// Latency of every successful call, in nanoseconds.
     pub latencies: Vec<u64>,
 }
@@ -37,6 +39,7 @@ impl Sample {
         self.wall += other.wall;
         self.server_cpu += other.server_cpu;
         self.client_cpu += other.client_cpu;
+        self.machine_cpu += other.machine_cpu;
         self.latencies.extend(other.latencies);
     }
 
@@ -68,6 +71,12 @@ impl Sample {
     /// Server cores busy on average.
     pub fn server_cores(&self) -> f64 {
         self.server_cpu / self.wall
+    }
+
+    /// Cores busy on average with processes other than the server and the client (other work on a shared
+    /// machine).
+    pub fn other_cores(&self) -> f64 {
+        ((self.machine_cpu - self.server_cpu - self.client_cpu) / self.wall).max(0.0)
     }
 
     /// Keys per second of server CPU: throughput per fully used server core.
@@ -123,6 +132,7 @@ pub async fn closed_loop(
     let tasks = (connections * in_flight) as u64;
     let server_before = procs::cpu_seconds(server_pid);
     let client_before = procs::own_cpu_seconds();
+    let machine_before = procs::machine_cpu_seconds();
     let started = Instant::now();
     let deadline = started + duration;
     let handles: Vec<_> = (0..tasks)
@@ -159,6 +169,7 @@ pub async fn closed_loop(
     total.wall = started.elapsed().as_secs_f64();
     total.server_cpu = procs::cpu_seconds(server_pid) - server_before;
     total.client_cpu = procs::own_cpu_seconds() - client_before;
+    total.machine_cpu = procs::machine_cpu_seconds() - machine_before;
     total
 }
 
@@ -185,6 +196,7 @@ pub async fn open_loop(
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<(Timed, bool)>();
     let server_before = procs::cpu_seconds(server_pid);
     let client_before = procs::own_cpu_seconds();
+    let machine_before = procs::machine_cpu_seconds();
     let started = Instant::now();
     let mut issued = 0u64;
     loop {
@@ -223,6 +235,7 @@ pub async fn open_loop(
     sample.wall = started.elapsed().as_secs_f64();
     sample.server_cpu = procs::cpu_seconds(server_pid) - server_before;
     sample.client_cpu = procs::own_cpu_seconds() - client_before;
+    sample.machine_cpu = procs::machine_cpu_seconds() - machine_before;
     timed.sort_by(|a, b| a.at.total_cmp(&b.at));
     (sample, timed)
 }

@@ -16,6 +16,8 @@ pub struct Server {
     pub name: &'static str,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where its HTTP port (`/metrics`) listens, if it has one.
+    pub http_addr: Option<SocketAddr>,
     child: Child,
 }
 
@@ -67,6 +69,24 @@ pub fn own_cpu_seconds() -> f64 {
     cpu_seconds(std::process::id())
 }
 
+/// CPU seconds the whole machine has been busy (all CPUs; everything but idle and iowait in `/proc/stat`).
+pub fn machine_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let busy: u64 =
+        ticks.iter().sum::<u64>() - ticks.get(3).unwrap_or(&0) - ticks.get(4).unwrap_or(&0);
+    busy as f64 / TICKS_PER_SECOND
+}
+
 /// Resident set size of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_bytes(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -77,22 +97,30 @@ pub fn rss_bytes(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Waits for a line of `child`'s stdout containing every one of `markers` and returns the value of
-/// `grpc_addr=` (seen on that or an earlier line); the rest of the output is drained in the background so
-/// the child never blocks on a full pipe.
-fn wait_for_address(child: &mut Child, markers: &[&str], what: &str) -> SocketAddr {
+/// The address after `name=` on a log line, if any.
+fn address_field(line: &str, name: &str) -> Option<SocketAddr> {
+    let rest = line.split(&format!("{name}=")).nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// Waits for a line of `child`'s stdout containing every one of `markers` and returns the values of
+/// `grpc_addr=` and `http_addr=` (seen on that or an earlier line); the rest of the output is drained in the
+/// background so the child never blocks on a full pipe.
+fn wait_for_address(
+    child: &mut Child,
+    markers: &[&str],
+    what: &str,
+) -> (SocketAddr, Option<SocketAddr>) {
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut lines = BufReader::new(stdout).lines();
-    let mut addr = None;
+    let (mut addr, mut http_addr) = (None, None);
     for line in lines.by_ref() {
         let line = line.unwrap_or_else(|e| panic!("reading {what}'s output: {e}"));
-        if let Some(rest) = line.split("grpc_addr=").nth(1) {
-            let token = rest.split_whitespace().next().unwrap_or_default();
-            addr = token.parse::<SocketAddr>().ok();
-        }
-        if addr.is_some() && markers.iter().all(|m| line.contains(m)) {
+        addr = address_field(&line, "grpc_addr").or(addr);
+        http_addr = address_field(&line, "http_addr").or(http_addr);
+        if let Some(addr) = addr.filter(|_| markers.iter().all(|m| line.contains(m))) {
             std::thread::spawn(move || lines.for_each(drop));
-            return addr.expect("checked");
+            return (addr, http_addr);
         }
     }
     let status = child.wait().ok();
@@ -133,10 +161,11 @@ pub fn start_gate(binary: &Path, config: &Path) -> Server {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
     // In memory, the state is loaded (empty) before the "serving" line is logged.
-    let addr = wait_for_address(&mut child, &["serving"], "the gate");
+    let (addr, http_addr) = wait_for_address(&mut child, &["serving"], "the gate");
     Server {
         name: "gate",
         addr,
+        http_addr,
         child,
     }
 }
@@ -151,10 +180,11 @@ pub fn start_baseline() -> Server {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("cannot re-run the harness as the baseline server");
-    let addr = wait_for_address(&mut child, &[], "the baseline server");
+    let (addr, _) = wait_for_address(&mut child, &[], "the baseline server");
     Server {
         name: "trivial tonic",
         addr,
+        http_addr: None,
         child,
     }
 }
@@ -202,6 +232,7 @@ pub fn start_redis() -> Option<Server> {
     Some(Server {
         name: "redis",
         addr,
+        http_addr: None,
         child,
     })
 }
