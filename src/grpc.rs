@@ -39,18 +39,32 @@ impl GateService {
         }
     }
 
-    /// Runs an admitted write on the blocking pool when it may wait for an fsync, inline otherwise.
-    async fn write<T: Send + 'static>(
+    /// Admits a write needing the `write` role on the request's namespace, then runs it — on the blocking
+    /// pool when it may wait for an fsync, inline otherwise — and records its metrics.
+    async fn admitted_write<Q: Send + 'static, T: Send + 'static>(
         &self,
-        write: impl FnOnce(&Gate) -> Result<T, Status> + Send + 'static,
-    ) -> Result<T, Status> {
-        if !self.blocking_writes {
-            return write(&self.gate);
-        }
-        let gate = Arc::clone(&self.gate);
-        tokio::task::spawn_blocking(move || write(&gate))
-            .await
-            .map_err(|e| Status::internal(format!("write task failed: {e}")))?
+        rpc: Rpc,
+        request: Request<Q>,
+        namespace: impl Fn(&Q) -> &str,
+        write: impl FnOnce(&Gate, Q) -> Result<T, Status> + Send + 'static,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let scope = Scope::Namespace(namespace(request.get_ref()));
+        let result = match self.access.admit(&request, Role::Write, scope) {
+            Ok(admitted) if self.blocking_writes => {
+                let gate = Arc::clone(&self.gate);
+                let request = request.into_inner();
+                tokio::task::spawn_blocking(move || {
+                    let _admitted = admitted;
+                    write(&gate, request)
+                })
+                .await
+                .unwrap_or_else(|e| Err(Status::internal(format!("write task failed: {e}"))))
+            }
+            Ok(_admitted) => write(&self.gate, request.into_inner()),
+            Err(refused) => Err(refused),
+        };
+        self.finish(rpc, started, result)
     }
 
     /// Records the call's metrics and wraps its reply.
@@ -267,63 +281,47 @@ impl ExistenceGate for GateService {
         &self,
         request: Request<proto::AddRequest>,
     ) -> Result<Response<proto::AddResponse>, Status> {
-        let started = Instant::now();
-        let result = match self.access.admit(
-            &request,
-            Role::Write,
-            Scope::Namespace(&request.get_ref().namespace),
-        ) {
-            Ok(admitted) => {
-                let request = request.into_inner();
-                self.write(move |gate| {
-                    let _admitted = admitted;
-                    let added = gate.add(&request.namespace, request.keys).map_err(status)?;
-                    Ok(proto::AddResponse {
-                        seq: added.seq,
-                        tombstones_cleared: added.tombstones_cleared,
-                    })
+        self.admitted_write(
+            Rpc::Add,
+            request,
+            |r| &r.namespace,
+            |gate, request| {
+                let added = gate.add(&request.namespace, request.keys).map_err(status)?;
+                Ok(proto::AddResponse {
+                    seq: added.seq,
+                    tombstones_cleared: added.tombstones_cleared,
                 })
-                .await
-            }
-            Err(refused) => Err(refused),
-        };
-        self.finish(Rpc::Add, started, result)
+            },
+        )
+        .await
     }
 
     async fn record_absent(
         &self,
         request: Request<proto::RecordAbsentRequest>,
     ) -> Result<Response<proto::RecordAbsentResponse>, Status> {
-        let started = Instant::now();
-        let result = match self.access.admit(
-            &request,
-            Role::Write,
-            Scope::Namespace(&request.get_ref().namespace),
-        ) {
-            Ok(admitted) => {
-                let request = request.into_inner();
-                self.write(move |gate| {
-                    let _admitted = admitted;
-                    let report = AbsenceReport {
-                        kind: absence_kind(request.kind)?,
-                        key: request.key,
-                        observed_seq: request.observed_seq,
-                        ttl_seconds: request.ttl_seconds,
-                    };
-                    let recorded = gate
-                        .record_absent(&request.namespace, report)
-                        .map_err(status)?;
-                    Ok(proto::RecordAbsentResponse {
-                        outcome: record_outcome(recorded.outcome) as i32,
-                        seq: recorded.seq,
-                        expires_in_ms: recorded.expires_in_ms,
-                    })
+        self.admitted_write(
+            Rpc::RecordAbsent,
+            request,
+            |r| &r.namespace,
+            |gate, request| {
+                let report = AbsenceReport {
+                    kind: absence_kind(request.kind)?,
+                    key: request.key,
+                    observed_seq: request.observed_seq,
+                    ttl_seconds: request.ttl_seconds,
+                };
+                let recorded = gate
+                    .record_absent(&request.namespace, report)
+                    .map_err(status)?;
+                Ok(proto::RecordAbsentResponse {
+                    outcome: record_outcome(recorded.outcome) as i32,
+                    seq: recorded.seq,
+                    expires_in_ms: recorded.expires_in_ms,
                 })
-                .await
-            }
-            Err(refused) => Err(refused),
-        };
-        self.finish(Rpc::RecordAbsent, started, result)
+            },
+        )
+        .await
     }
 
     type SubscribeInvalidationsStream = InvalidationStream;
