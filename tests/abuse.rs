@@ -301,7 +301,10 @@ async fn subscribers_that_never_read_get_resync_and_memory_stays_bounded() {
                 .unwrap();
             if message.cause() == InvalidationCause::Resync {
                 // The latest seq when this subscriber's stream noticed it had fallen behind.
-                assert!(message.seq >= 1 && message.seq <= u64::from(keys_total / 1_000), "{message:?}");
+                assert!(
+                    message.seq >= 1 && message.seq <= u64::from(keys_total / 1_000),
+                    "{message:?}"
+                );
                 resynced = true;
                 break;
             }
