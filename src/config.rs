@@ -132,10 +132,10 @@ impl NamespaceSettings {
             ));
         }
         if let Retention::Millis(ms) = self.retention {
-            if ms < 1_000 {
+            if !(1_000..=100 * 365 * 86_400_000).contains(&ms) {
                 return Err(field(
                     "retention",
-                    format!("must be at least 1s, got {ms}ms"),
+                    format!("must be between 1s and 100 years, got {ms}ms"),
                 ));
             }
         }
@@ -155,8 +155,11 @@ impl NamespaceSettings {
             ("deleted_ttl", self.deleted_ttl),
             ("max_ttl", self.max_ttl),
         ] {
-            if ttl < Duration::from_secs(1) {
-                return Err(field(name_of, format!("must be at least 1s, got {ttl:?}")));
+            if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(365 * 86_400) {
+                return Err(field(
+                    name_of,
+                    format!("must be between 1s and 365d, got {ttl:?}"),
+                ));
             }
         }
         if !(0.0..=0.5).contains(&self.ttl_jitter) {
@@ -164,6 +167,9 @@ impl NamespaceSettings {
                 "ttl_jitter",
                 format!("must be between 0 and 0.5, got {}", self.ttl_jitter),
             ));
+        }
+        if self.max_tombstones == 0 {
+            return Err(field("max_tombstones", "must be at least 1".to_string()));
         }
         if self.max_tombstone_rate == 0 {
             return Err(field(

@@ -387,7 +387,7 @@ impl Namespace {
             at_ms: now_ms,
             key: report.key,
             kind: report.kind,
-            expires_at_ms: now_ms + ttl_ms,
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
         };
         let ticket = log.append(&mutation)?;
         self.apply_locked(&mut writer, mutation);

@@ -44,7 +44,7 @@ const WORDS_PER_BLOCK: usize = (BLOCK_BITS / 64) as usize;
 /// Multiplier that remixes the probe word between probes (2³² / golden ratio, odd).
 const REMIX: u32 = 0x9E37_79B9;
 /// The most probes a block filter uses; beyond this the gain in rate is lost to block overload.
-const MAX_PROBES: u32 = 24;
+pub const MAX_PROBES: u32 = 24;
 
 /// One cache line of filter bits.
 #[repr(C, align(64))]
@@ -167,6 +167,18 @@ impl BloomLayer {
 
     /// A filter restored from its raw words (as [`words`](Self::words) produced them) and insert count.
     pub fn from_words(geometry: Geometry, inserted: u64, words: &[u64]) -> Result<Self, String> {
+        if geometry.blocks == 0 || !(1..=MAX_PROBES).contains(&geometry.probes) {
+            return Err(format!(
+                "a layer of {} blocks with {} probes (needs at least 1 block and 1 to {MAX_PROBES} probes)",
+                geometry.blocks, geometry.probes
+            ));
+        }
+        if inserted > geometry.blocks as u64 * u64::from(BLOCK_BITS) {
+            return Err(format!(
+                "a layer claims {inserted} keys in {} bits",
+                geometry.blocks as u64 * u64::from(BLOCK_BITS)
+            ));
+        }
         let expected = geometry.blocks * WORDS_PER_BLOCK;
         if words.len() != expected {
             return Err(format!(

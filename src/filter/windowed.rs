@@ -211,7 +211,6 @@ impl WindowedFilter {
 
     /// A filter holding restored windows: `(window id, layers oldest first)`, oldest window first.
     pub fn from_windows(spec: FilterSpec, windows: Vec<(u64, Vec<BloomLayer>)>) -> Self {
-        let filter = Self::new(spec);
         let restored = Windows {
             list: windows
                 .into_iter()
@@ -221,11 +220,13 @@ impl WindowedFilter {
                 })
                 .collect(),
         };
-        filter.bytes.store(restored.bytes(), Ordering::Relaxed);
-        filter
-            .windows
-            .store(Owned::new(restored), Ordering::Release);
-        filter
+        Self {
+            spec,
+            base: spec.base_geometry(),
+            bytes: AtomicU64::new(restored.bytes()),
+            windows: Atomic::new(restored),
+            structure: Mutex::new(()),
+        }
     }
 
     /// The current windows and their layers, oldest first (their bits keep changing under concurrent inserts;

@@ -355,9 +355,15 @@ fn read_namespace(reader: &mut ImageReader) -> Result<NamespaceImage, Persistenc
                 f.u32()?,
             ))
         })?;
+    if seq >= 1 << 62 {
+        return Err(reader.corrupt(format!("namespace {name:?} claims seq {seq}")));
+    }
     let mut windows = Vec::new();
     for _ in 0..window_count {
         let (id, layer_count) = reader.next("a window header", |f| Ok((f.u64()?, f.u32()?)))?;
+        if layer_count == 0 {
+            return Err(reader.corrupt("a window without layers"));
+        }
         let layers = (0..layer_count)
             .map(|_| read_layer(reader))
             .collect::<Result<Vec<_>, _>>()?;
