@@ -577,11 +577,15 @@ fn tail_target(tail: &Tail) -> Target {
     let during = latencies_between(&tail.timed, from, to);
     let outside = outside_rotation(tail);
     let (p99_during, p99_outside) = (percentile_us(&during, 0.99), percentile_us(&outside, 0.99));
+    // Compared with the lower of the rest of the run and the trivial server at the same rate, so that a
+    // disturbance elsewhere in the run cannot make the rotation look harmless.
+    let reference = p99_outside.min(tail.trivial.latency_us(0.99));
     let mut target = Target::at_most(
         "5",
         "Tail latency of unary MayExist at 50% of capacity with Adds and a window rotation: the rotation must not \
-         stall readers (p99 within ±1 s of it at most 2x the p99 elsewhere)",
-        p99_during / p99_outside,
+         stall readers (p99 from 0.5 s before to 1 s after it at most 2x the lower of the p99 elsewhere in the run \
+         and the trivial tonic server's p99 at the same rate)",
+        p99_during / reference,
         2.0,
         format!(
             "p50 {} / p99 {} / p99.9 {} at {}/s (trivial tonic at the same rate: p50 {} / p99 {} / p99.9 {}); around the rotation p99 {}, max {} vs p99 {}, max {} elsewhere",
@@ -668,6 +672,34 @@ fn write_tail(w: &mut String, tail: &Tail) {
         tail.sample.server_cores(),
         tail.sample.server_us_per_call(),
         tail.sample.other_cores()
+    );
+    // Where the slowest calls were, to tell a stall at the rotation from one elsewhere.
+    let mut worst: Vec<(u64, u64)> = Vec::new();
+    for call in &tail.timed {
+        let bucket = (call.at * 10.0) as u64;
+        match worst.last_mut() {
+            Some((b, max)) if *b == bucket => *max = (*max).max(call.latency),
+            _ => worst.push((bucket, call.latency)),
+        }
+    }
+    worst.sort_by(|a, b| b.1.cmp(&a.1));
+    let slowest: Vec<String> = worst
+        .iter()
+        .take(5)
+        .map(|(bucket, max)| {
+            format!(
+                "+{:.1} s ({})",
+                *bucket as f64 / 10.0,
+                latency(*max as f64 / 1e3)
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        w,
+        "The five slowest 100 ms stretches by their slowest call (start time into the run): {}; the rotation \
+         was at +{:.1} s.",
+        slowest.join(", "),
+        tail.rotation_at
     );
 }
 
