@@ -155,16 +155,19 @@ impl Gate {
     }
 
     fn check_key(&self, key: &[u8], index: Option<usize>) -> Result<(), GateError> {
-        let name = index.map_or_else(|| "key".to_string(), |i| format!("keys[{i}]"));
+        // The name is formatted only for a bad key: this runs for every key of every batch.
+        let name = || index.map_or_else(|| "key".to_string(), |i| format!("keys[{i}]"));
         if key.is_empty() {
             return Err(GateError::InvalidArgument(format!(
-                "{name} is empty; keys must be 1 to {} bytes",
+                "{} is empty; keys must be 1 to {} bytes",
+                name(),
                 self.limits.max_key_bytes
             )));
         }
         if key.len() > self.limits.max_key_bytes {
             return Err(GateError::InvalidArgument(format!(
-                "{name} is {} bytes; the limit is max_key_bytes = {}",
+                "{} is {} bytes; the limit is max_key_bytes = {}",
+                name(),
                 key.len(),
                 self.limits.max_key_bytes
             )));
