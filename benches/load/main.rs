@@ -569,22 +569,26 @@ async fn repeat(op: &Op, count: u64, what: &'static str) {
     }
 }
 
+/// One `GET /metrics` of the server at `addr`, read to the end.
+async fn scrape_once(addr: std::net::SocketAddr) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return;
+    };
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_ok() {
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response).await;
+    }
+}
+
 /// Scrapes `http://addr/metrics` every `every` until the task is aborted.
 fn scrape_metrics(addr: std::net::SocketAddr, every: Duration) -> tokio::task::JoinHandle<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(every);
         loop {
             ticks.tick().await;
-            let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-                continue;
-            };
-            let request =
-                format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-            if stream.write_all(request.as_bytes()).await.is_ok() {
-                let mut response = Vec::new();
-                let _ = stream.read_to_end(&mut response).await;
-            }
+            scrape_once(addr).await;
         }
     })
 }
@@ -857,6 +861,31 @@ async fn run() {
         Row::new("MayExist (unary)", "gate", &unary[0], gate.rss_bytes())
             .per_call_vs(&unary[1], "trivial"),
     );
+    // What one scrape costs the server, measured while nothing else runs.
+    if let Some(http) = gate.http_addr {
+        const SCRAPES: u32 = 20;
+        scrape_once(http).await;
+        let before = gate.cpu_seconds();
+        for _ in 0..SCRAPES {
+            scrape_once(http).await;
+        }
+        let seconds = (gate.cpu_seconds() - before) / f64::from(SCRAPES);
+        let mut admin = AdminClient::connect(format!("http://{}", gate.addr))
+            .await
+            .expect("the admin service");
+        let filter_bytes: u64 = admin
+            .stats(StatsRequest {
+                namespace: String::new(),
+            })
+            .await
+            .expect("Stats")
+            .into_inner()
+            .namespaces
+            .iter()
+            .map(|n| n.filter_bytes)
+            .sum();
+        report.scrape_cpu = Some((seconds, filter_bytes));
+    }
     // From here on /metrics is scraped, as a deployment's Prometheus does.
     let scraper = gate
         .http_addr

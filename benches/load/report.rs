@@ -197,6 +197,8 @@ pub struct Report {
     pub tombstone_lookup_keys: usize,
     /// The gate's RSS growth over the unary workload, before anything scraped `/metrics`, and its calls.
     pub unbuffered_growth: Option<(u64, u64)>,
+    /// Server CPU seconds of one `/metrics` scrape, and the filter bytes the gate held then.
+    pub scrape_cpu: Option<(f64, u64)>,
     /// Targets with verdicts.
     pub targets: Vec<Target>,
     /// How long the run took.
@@ -296,6 +298,7 @@ impl Report {
             tail: None,
             tombstone_lookup_keys: 0,
             unbuffered_growth: None,
+            scrape_cpu: None,
             targets: Vec::new(),
             elapsed: Duration::ZERO,
         }
@@ -459,6 +462,16 @@ impl Report {
                 bytes as f64 / calls.max(1) as f64
             );
         }
+        if let Some((seconds, filter_bytes)) = self.scrape_cpu {
+            let _ = writeln!(
+                w,
+                "- One `/metrics` scrape costs the gate {:.1} ms of CPU (average of 20, nothing else running), \
+                 spent in the HTTP handler on a request thread: every scrape recomputes each namespace's \
+                 statistics, counting the set bits of every filter word ({:.1} MB of filters here).",
+                seconds * 1e3,
+                filter_bytes as f64 / 1e6
+            );
+        }
 
         if let Some(tail) = &self.tail {
             write_tail(w, tail);
@@ -572,23 +585,49 @@ fn outside_rotation(tail: &Tail) -> Vec<u64> {
     latencies
 }
 
+/// The p99 of each stretch of the run as long as the rotation window, leaving out those that overlap it.
+fn stretch_p99s(tail: &Tail) -> Vec<f64> {
+    let (from, to) = rotation_window(tail);
+    let length = to - from;
+    let mut p99s = Vec::new();
+    let mut start = 0.0;
+    while start + length <= tail.sample.wall {
+        let end = start + length;
+        if end <= from || start >= to {
+            let latencies = latencies_between(&tail.timed, start, end);
+            if latencies.len() >= 100 {
+                p99s.push(percentile_us(&latencies, 0.99));
+            }
+        }
+        start = end;
+    }
+    p99s.sort_by(f64::total_cmp);
+    p99s
+}
+
 fn tail_target(tail: &Tail) -> Target {
     let (from, to) = rotation_window(tail);
     let during = latencies_between(&tail.timed, from, to);
     let outside = outside_rotation(tail);
-    let (p99_during, p99_outside) = (percentile_us(&during, 0.99), percentile_us(&outside, 0.99));
-    // Compared with the lower of the rest of the run and the trivial server at the same rate, so that a
-    // disturbance elsewhere in the run cannot make the rotation look harmless.
-    let reference = p99_outside.min(tail.trivial.latency_us(0.99));
+    let p99_during = percentile_us(&during, 0.99);
+    // The typical stretch of the same run, so that one disturbance elsewhere (other work on a shared
+    // machine) neither hides a stall at the rotation nor stands in for one.
+    let stretches = stretch_p99s(tail);
+    let typical = stretches
+        .get(stretches.len() / 2)
+        .copied()
+        .unwrap_or(f64::NAN);
     let mut target = Target::at_most(
         "5",
         "Tail latency of unary MayExist at 50% of capacity with Adds and a window rotation: the rotation must not \
-         stall readers (p99 from 0.5 s before to 1 s after it at most 2x the lower of the p99 elsewhere in the run \
-         and the trivial tonic server's p99 at the same rate)",
-        p99_during / reference,
+         stall readers (p99 from 0.5 s before to 1 s after it at most 2x the median p99 of the run's other \
+         1.5 s stretches)",
+        p99_during / typical,
         2.0,
         format!(
-            "p50 {} / p99 {} / p99.9 {} at {}/s (trivial tonic at the same rate: p50 {} / p99 {} / p99.9 {}); around the rotation p99 {}, max {} vs p99 {}, max {} elsewhere",
+            "p50 {} / p99 {} / p99.9 {} at {}/s (trivial tonic at the same rate, run after: p50 {} / p99 {} / \
+             p99.9 {}); around the rotation p99 {}, max {}; other stretches: median p99 {}; rest of the run pooled: \
+             p99 {}, max {}",
             latency(tail.sample.latency_us(0.5)),
             latency(tail.sample.latency_us(0.99)),
             latency(tail.sample.latency_us(0.999)),
@@ -598,7 +637,8 @@ fn tail_target(tail: &Tail) -> Target {
             latency(tail.trivial.latency_us(0.999)),
             latency(p99_during),
             latency(percentile_us(&during, 1.0)),
-            latency(p99_outside),
+            latency(typical),
+            latency(percentile_us(&outside, 0.99)),
             latency(percentile_us(&outside, 1.0)),
         ),
     );
