@@ -9,7 +9,7 @@
 #[path = "../fuzz/src/harness.rs"]
 mod harness;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -33,7 +33,11 @@ fn seeds_of(target: &str) -> Vec<Vec<u8>> {
 }
 
 fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus")
+    // Resolved at run time: a test binary reused from a shared target folder may have been built in
+    // another checkout, and must read this checkout's corpora.
+    let root = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    root.join("fuzz/corpus")
 }
 
 /// One change to a valid input.
@@ -347,12 +351,12 @@ fn write_seed_corpora() {
 mod regressions {
     use super::*;
 
+    /// A layer to craft: `(blocks, probes, capacity, inserted, fill word)`.
+    type CraftedLayer = (u64, u32, u64, u64, u64);
+
     /// A snapshot of the `default` namespace of `harness::CONFIG` holding `windows`: `(id, layers)` with
     /// layers as `(blocks, probes, capacity, inserted, fill word)`, at `seq`.
-    pub fn crafted_snapshot(
-        seq: u64,
-        windows: &[(u64, Vec<(u64, u32, u64, u64, u64)>)],
-    ) -> Vec<u8> {
+    pub fn crafted_snapshot(seq: u64, windows: &[(u64, Vec<CraftedLayer>)]) -> Vec<u8> {
         let config = GateConfig::from_toml(harness::CONFIG).unwrap();
         let fingerprint = config.namespaces["default"].filter_spec().fingerprint();
         let (gate, _clock) = harness::new_gate(harness::CONFIG);

@@ -378,6 +378,9 @@ pub fn read_snapshot(dir: &Path, data: &[u8]) {
     exercise(&gate);
 }
 
+/// A layer of a snapshot: `(blocks, probes, capacity, inserted, words)`.
+pub type LayerSummary = (usize, u32, u64, u64, Vec<u64>);
+
 /// What a namespace of a snapshot holds, comparable.
 #[derive(Debug, PartialEq, Eq)]
 pub struct NamespaceSummary {
@@ -385,8 +388,8 @@ pub struct NamespaceSummary {
     pub fingerprint: u64,
     pub seq: u64,
     pub keys_added: u64,
-    /// `(id, [(blocks, probes, capacity, inserted, words)])`.
-    pub windows: Vec<(u64, Vec<(usize, u32, u64, u64, Vec<u64>)>)>,
+    /// `(id, layers)`.
+    pub windows: Vec<(u64, Vec<LayerSummary>)>,
     /// `(tag, strong hash, expires_at_ms, deleted)`, sorted.
     pub tombstones: Vec<(u32, [u64; 2], u64, bool)>,
 }
@@ -558,7 +561,7 @@ pub fn requests(data: &[u8]) {
             0 => {
                 let namespace = input.namespace();
                 let key = input.bytes(80);
-                check_may_exist(&gate, &namespace, &key);
+                check_may_exist(&gate, &namespace, key);
             }
             1 => {
                 let namespace = input.namespace();
