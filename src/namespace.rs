@@ -464,12 +464,12 @@ impl Namespace {
                     tag: tombstones::tag(self.hasher.hash(&key)),
                     strong: self.hasher.strong(&key),
                 };
-                if self
+                let evicted = self
                     .tombstones
                     .insert(tombstone, kind, expires_at_ms, at_ms)
-                    .evicted
-                {
-                    self.metrics.tombstones_evicted.increment(1);
+                    .evicted;
+                if evicted > 0 {
+                    self.metrics.tombstones_evicted.increment(u64::from(evicted));
                 }
                 self.latest_seq.store(seq, Ordering::Release);
                 0

@@ -20,7 +20,7 @@ use existence_gate::namespace::{AbsenceReport, Basis, RecordOutcome};
 use existence_gate::proto::{
     AddRequest, InvalidationCause, MayExistRequest, SubscribeInvalidationsRequest,
 };
-use existence_gate::tombstones::{AbsenceKind, SLOT_BYTES};
+use existence_gate::tombstones::{AbsenceKind, BUCKET_BYTES, WAYS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
@@ -127,11 +127,12 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
     assert!(gate.stats()[0].tombstones <= max_tombstones.max(before));
     println!(
         "flood {flood}: {:.1}% of {hot_keys} hot tombstones survived, {} tombstones stored ({:.1} bytes each, \
-         bound {max_tombstones}, {} slots of {SLOT_BYTES} bytes), burst of {burst}: {throttled} throttled",
+         bound {max_tombstones}, {} slots in buckets of {WAYS} × {:.1} bytes), burst of {burst}: {throttled} throttled",
         surviving * 100.0,
         stats.tombstones,
         bytes_per_tombstone,
-        stats.tombstone_bytes / SLOT_BYTES
+        stats.tombstone_bytes / BUCKET_BYTES * WAYS as u64,
+        BUCKET_BYTES as f64 / WAYS as f64
     );
 }
 
