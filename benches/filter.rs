@@ -297,7 +297,8 @@ impl Fixture {
         );
         println!(
             "fill: 1 window {:.3}, 8 windows {:.3} (fraction of bits set)",
-            single_stats.fill_ratio, windowed_stats.fill_ratio
+            self.single.fill_ratio(0),
+            self.windowed.fill_ratio(self.windowed_now_ms)
         );
         println!();
     }

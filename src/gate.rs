@@ -378,6 +378,15 @@ impl Gate {
         self.namespaces().iter().map(|n| n.stats(now)).collect()
     }
 
+    /// The fill ratio of each namespace's filter, by name: a scan of every filter word, for `Stats`.
+    pub fn fill_ratios(&self) -> HashMap<Arc<str>, f64> {
+        let now = self.clock.now_ms();
+        self.namespaces()
+            .iter()
+            .map(|n| (Arc::clone(n.name()), n.fill_ratio(now)))
+            .collect()
+    }
+
     /// Publishes every namespace's gauges.
     pub fn export_gauges(&self) {
         let now = self.clock.now_ms();

@@ -147,18 +147,30 @@ impl NamespaceMetrics {
         }
     }
 
-    /// Counts one answer from the filter or a tombstone (warming answers are counted by the gate).
+    /// Counts answers from the filter or tombstones (warming answers are counted by the gate): tallied
+    /// first, so a batch costs at most four shared-counter updates rather than one per key (each update of
+    /// a counter that other cores also update moves its cache line between them).
     #[inline]
-    pub fn count_answer(&self, lookup: Lookup) {
-        let answer = match lookup.answer {
-            Answer::Absent => 0,
-            Answer::MayExist => 1,
-        };
-        let basis = match lookup.basis {
-            Basis::Tombstone => 1,
-            Basis::Filter | Basis::Warming => 0,
-        };
-        self.answers[answer][basis].increment(1);
+    pub fn count_answers(&self, lookups: &[Lookup]) {
+        let mut tally = [[0u64; 2]; 2];
+        for lookup in lookups {
+            let answer = match lookup.answer {
+                Answer::Absent => 0,
+                Answer::MayExist => 1,
+            };
+            let basis = match lookup.basis {
+                Basis::Tombstone => 1,
+                Basis::Filter | Basis::Warming => 0,
+            };
+            tally[answer][basis] += 1;
+        }
+        for (counters, counts) in self.answers.iter().zip(tally) {
+            for (counter, count) in counters.iter().zip(counts) {
+                if count > 0 {
+                    counter.increment(count);
+                }
+            }
+        }
     }
 
     /// Sets the gauges from `stats`.

@@ -271,9 +271,11 @@ impl Namespace {
     #[inline]
     pub fn lookup(&self, key: &[u8], now_ms: u64) -> Lookup {
         let hash = self.hasher.hash(key);
-        self.answer(key, hash, now_ms, || {
+        let lookup = self.answer(key, hash, now_ms, || {
             self.filter.load().contains(hash, now_ms)
-        })
+        });
+        self.metrics.count_answers(std::slice::from_ref(&lookup));
+        lookup
     }
 
     /// Answers for many keys at once, in order, into `answers`: the filter probes them as a batch so that
@@ -294,6 +296,7 @@ impl Namespace {
                     self.answer(key.as_ref(), *hash, now_ms, || in_filter)
                 }),
         );
+        self.metrics.count_answers(answers);
     }
 
     /// A live tombstone answers first; otherwise the filter (`in_filter`, asked only if needed) decides.
@@ -323,7 +326,6 @@ impl Namespace {
                 basis: Basis::Filter,
             }
         };
-        self.metrics.count_answer(lookup);
         lookup
     }
 
@@ -469,7 +471,9 @@ impl Namespace {
                     .insert(tombstone, kind, expires_at_ms, at_ms)
                     .evicted;
                 if evicted > 0 {
-                    self.metrics.tombstones_evicted.increment(u64::from(evicted));
+                    self.metrics
+                        .tombstones_evicted
+                        .increment(u64::from(evicted));
                 }
                 self.latest_seq.store(seq, Ordering::Release);
                 0
@@ -565,6 +569,12 @@ impl Namespace {
             replay_buffer_bytes: self.hub.bytes(),
             subscribers: self.hub.subscribers(),
         }
+    }
+
+    /// Fraction of the live filter's bits that are set (a scan of every filter word: see
+    /// [`crate::filter::WindowedFilter::fill_ratio`]).
+    pub fn fill_ratio(&self, now_ms: u64) -> f64 {
+        self.filter.load().fill_ratio(now_ms)
     }
 
     /// Publishes the gauges of this namespace.

@@ -282,13 +282,16 @@ impl Shard {
 
     /// Every occupied slot.
     fn occupied(&self) -> impl Iterator<Item = Slot> + '_ {
-        self.entries.iter().enumerate().flat_map(|(bucket, entries)| {
-            entries
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| !e.is_empty())
-                .map(move |(way, _)| Slot { bucket, way })
-        })
+        self.entries
+            .iter()
+            .enumerate()
+            .flat_map(|(bucket, entries)| {
+                entries
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| !e.is_empty())
+                    .map(move |(way, _)| Slot { bucket, way })
+            })
     }
 
     /// The tombstone in an occupied `slot`.
@@ -322,7 +325,8 @@ impl Shard {
                 Some(free) => free,
                 None => {
                     evicted += 1;
-                    self.victim(key.tag, now_ms).expect("a full bucket has a victim")
+                    self.victim(key.tag, now_ms)
+                        .expect("a full bucket has a victim")
                 }
             };
             self.write(slot, key, written);
@@ -471,7 +475,9 @@ impl TombstoneStore {
                 continue;
             }
             // Full bucket of a grown table, or a store under 16 entries at its bound: make room here.
-            let victim = shard.victim(key.tag, now_ms).expect("a full store's bucket is occupied");
+            let victim = shard
+                .victim(key.tag, now_ms)
+                .expect("a full store's bucket is occupied");
             shard.clear(victim);
             evicted += 1;
             break victim;
@@ -631,7 +637,10 @@ mod tests {
         let held = keys.iter().filter(|k| store.has(**k, 0)).count() as u64;
         assert_eq!(held, store.len());
         assert_eq!(held + u64::from(evicted), 7_000);
-        assert!(held >= 6_500, "only {held} of 7,000 held in a store of 10,000");
+        assert!(
+            held >= 6_500,
+            "only {held} of 7,000 held in a store of 10,000"
+        );
     }
 
     #[test]
@@ -808,7 +817,11 @@ mod tests {
         keys(n as u32, 10)
             .into_iter()
             .map(|Key(hash, key)| {
-                let tag = if few_tags { key.tag % 5 * 0x3333_3333 } else { key.tag };
+                let tag = if few_tags {
+                    key.tag % 5 * 0x3333_3333
+                } else {
+                    key.tag
+                };
                 let hash = KeyHash(u64::from(tag) << 32 | hash.0 & 0xffff_ffff);
                 Key(hash, TombstoneKey { tag, ..key })
             })
