@@ -19,9 +19,14 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 const wait = 10 * time.Second // how long to wait for a streamed message
+
+// longLengths are the lengths of the packed batch's long keys: most take a 2-byte varint (the server's
+// max_key_bytes is 1,024).
+var longLengths = []int{127, 128, 129, 255, 256, 300, 1000, 1024}
 
 var passed, failed int
 
@@ -123,6 +128,38 @@ func keysOf(texts ...string) [][]byte {
 		out[i] = []byte(t)
 	}
 	return out
+}
+
+// packKeys encodes keys as BatchMayExist's packed_keys: each key preceded by its length as a protobuf varint.
+func packKeys(keys [][]byte) []byte {
+	var packed []byte
+	for _, key := range keys {
+		packed = protowire.AppendBytes(packed, key)
+	}
+	return packed
+}
+
+// bitsOf returns the first n bits of may_exist_bitmap: bit i is byte i/8, bit i%8, least significant first.
+func bitsOf(bitmap []byte, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = int(bitmap[i/8]>>(i%8)) & 1
+	}
+	return out
+}
+
+// longKey is the j-th long key of a kind, 127 to 1,024 bytes.
+func longKey(kind string, j int) []byte {
+	prefix := fmt.Sprintf("long-%s-%03d-", kind, j)
+	return []byte(prefix + strings.Repeat(".", longLengths[j%len(longLengths)]-len(prefix)))
+}
+
+// firstTen is at most the first ten of indexes, for failure details.
+func firstTen(indexes []int) []int {
+	if len(indexes) > 10 {
+		return indexes[:10]
+	}
+	return indexes
 }
 
 func run(addr, ns string) error {
@@ -341,6 +378,107 @@ func run(addr, ns string) error {
 		seqs = append(seqs, it.msg.Seq)
 	}
 	check("live stream: one ADDED per Add seq", reflect.DeepEqual(seqs, []uint64{1, 2, 3, 4, 5, 7, 9}), fmt.Sprint(seqs))
+
+	// Packed batches: packed_keys in, may_exist_bitmap out.
+	head := packKeys([][]byte{[]byte("a"), bytes.Repeat([]byte("x"), 300)})[:4]
+	check("packing: each key preceded by its varint length (300 = ac 02)",
+		bytes.Equal(head, []byte{0x01, 'a', 0xac, 0x02}), fmt.Sprintf("% x", head))
+	longAdded, longNever := make([][]byte, 100), make([][]byte, 100)
+	for j := range longAdded {
+		longAdded[j], longNever[j] = longKey("added", j), longKey("never", j)
+	}
+	added, err = gate.Add(ctx, &existencev1.AddRequest{Namespace: ns,
+		Keys: append(append([][]byte{}, longAdded...), []byte("packed-tomb"))})
+	check("Add of 100 long keys and packed-tomb gets seq 11", err == nil && added.Seq == 11, fmt.Sprint(added, err))
+	// 10,000 keys alternating added (even positions) and never added (odd positions).
+	addedKeys := append(append(append([][]byte{}, longAdded...), keysOf("a", "c", "d", "gone", "del")...), full[:4895]...)
+	neverKeys := append(append([][]byte{}, longNever...), full[5000:9900]...)
+	mixed := make([][]byte, 0, 10000)
+	for i := range addedKeys {
+		mixed = append(mixed, addedKeys[i], neverKeys[i])
+	}
+	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, PackedKeys: packKeys(mixed)})
+	if err != nil {
+		return fmt.Errorf("packed batch of 10,000: %w", err)
+	}
+	if !check("packed batch of 10,000: a 1,250-byte bitmap at seq 11, no answers",
+		len(batch.MayExistBitmap) == 1250 && batch.ObservedSeq == 11 && len(batch.Answers) == 0,
+		fmt.Sprintf("%d bytes, seq %d, %d answers", len(batch.MayExistBitmap), batch.ObservedSeq, len(batch.Answers))) {
+		return fmt.Errorf("packed batch of 10,000: no bitmap to check")
+	}
+	packedBits := bitsOf(batch.MayExistBitmap, len(mixed))
+	var zeroAt []int
+	packedFalsePositives := 0
+	for i, bit := range packedBits {
+		if i%2 == 0 && bit == 0 {
+			zeroAt = append(zeroAt, i)
+		}
+		if i%2 == 1 && bit == 1 {
+			packedFalsePositives++
+		}
+	}
+	check("packed batch of 10,000: every added key's bit is 1, 127- to 1,024-byte keys included",
+		len(zeroAt) == 0, fmt.Sprint("zero bits at ", firstTen(zeroAt)))
+	check("packed batch of 10,000: under 200 false positives in 5,000", packedFalsePositives < 200,
+		fmt.Sprint(packedFalsePositives))
+	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, Keys: mixed})
+	if err != nil {
+		return fmt.Errorf("batch of the same 10,000 keys: %w", err)
+	}
+	var disagree []int
+	for i, a := range batch.Answers {
+		if i >= len(packedBits) || (a == M) != (packedBits[i] == 1) {
+			disagree = append(disagree, i)
+		}
+	}
+	check("packed batch of 10,000: the bitmap agrees key for key with the same keys sent as keys",
+		len(batch.Answers) == 10000 && batch.ObservedSeq == 11 && len(disagree) == 0,
+		fmt.Sprintf("%d answers at seq %d; disagree at %v", len(batch.Answers), batch.ObservedSeq, firstTen(disagree)))
+
+	// Tombstones drive bits to 0: b was recorded absent (seq 10), packed-tomb is about to be.
+	tombBatch := keysOf("a", "packed-tomb", "c", "b", "d", "packed-tomb", "gone", "del", "packed-tomb", "a")
+	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, PackedKeys: packKeys(tombBatch)})
+	check("packed batch of 10: 2 bytes, tombstoned b is 0, packed-tomb is 1",
+		err == nil && len(batch.MayExistBitmap) == 2 && batch.ObservedSeq == 11 &&
+			reflect.DeepEqual(bitsOf(batch.MayExistBitmap, 10), []int{1, 1, 1, 0, 1, 1, 1, 1, 1, 1}),
+		fmt.Sprint(batch, err))
+	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("packed-tomb"),
+		Kind: existencev1.AbsenceKind_ABSENCE_KIND_DELETED, ObservedSeq: 11})
+	check("RecordAbsent packed-tomb DELETED: RECORDED, seq 12",
+		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == 12, rec.String())
+	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, PackedKeys: packKeys(tombBatch)})
+	check("packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 12",
+		err == nil && len(batch.MayExistBitmap) == 2 && batch.ObservedSeq == 12 &&
+			reflect.DeepEqual(bitsOf(batch.MayExistBitmap, 10), []int{1, 0, 1, 0, 1, 0, 1, 1, 0, 1}),
+		fmt.Sprint(batch, err))
+	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, Keys: tombBatch})
+	check("the same 10 keys sent as keys: the same answers",
+		err == nil && reflect.DeepEqual(batch.Answers, []existencev1.Answer{M, A, M, A, M, A, M, M, A, M}),
+		fmt.Sprint(batch, err))
+
+	// Malformed packings: INVALID_ARGUMENT naming the problem, no state change.
+	packedBatch := func(packed []byte, keys ...string) error {
+		_, err := gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, Keys: keysOf(keys...), PackedKeys: packed})
+		return err
+	}
+	expectError("keys and packed_keys both set: INVALID_ARGUMENT",
+		packedBatch(packKeys(keysOf("a")), "a"), codes.InvalidArgument, "send keys or packed_keys, not both")
+	expectError("packing ending inside a varint: INVALID_ARGUMENT naming the byte",
+		packedBatch(append(packKeys(keysOf("a")), 0x80)), codes.InvalidArgument,
+		"packed_keys has a malformed length at byte 2")
+	truncated := packKeys(append(keysOf("a", "c"), bytes.Repeat([]byte("y"), 128)))
+	expectError("packing whose last length runs past the end: INVALID_ARGUMENT naming key and bytes",
+		packedBatch(truncated[:len(truncated)-1]), codes.InvalidArgument,
+		"packed_keys[2] at byte 4 claims 128 bytes, but only 127 remain")
+	expectError("packing with an empty key at index 1: INVALID_ARGUMENT keys[1]",
+		packedBatch(packKeys(keysOf("a", "", "c"))), codes.InvalidArgument, "keys[1] is empty")
+	expectError("packing with a 1,025-byte key: INVALID_ARGUMENT naming max_key_bytes",
+		packedBatch(packKeys([][]byte{[]byte("a"), bytes.Repeat([]byte("x"), 1025)})), codes.InvalidArgument,
+		"keys[1] is 1025 bytes; the limit is max_key_bytes = 1024")
+	expectError("packing of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys",
+		packedBatch(packKeys(over)), codes.InvalidArgument, "max_batch_keys = 10000")
+	reply = mayExist("a")
+	check("refused packed batches used no seq", reply.ObservedSeq == 12, reply.String())
 	return nil
 }
 

@@ -13,6 +13,8 @@ const health = require('grpc-health-check');
 const PROTO_ROOT = path.resolve(__dirname, '../../../proto');
 const WAIT_MS = 10_000; // how long to wait for a streamed message
 const LOAD_OPTIONS = { keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true };
+// Lengths of the packed batch's long keys: most take a 2-byte varint (the server's max_key_bytes is 1,024).
+const LONG_LENGTHS = [127, 128, 129, 255, 256, 300, 1000, 1024];
 
 let passed = 0;
 let failed = 0;
@@ -122,6 +124,29 @@ function invalidationIs(item, namespace, seq, cause, keys) {
 const keysOf = (...texts) => texts.map((text) => Buffer.from(text));
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const equal = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+
+/** BatchMayExist's packed_keys: each key preceded by its length as a protobuf (unsigned LEB128) varint. */
+function packKeys(keys) {
+  const parts = [];
+  for (const key of keys) {
+    const prefix = [];
+    let length = key.length;
+    while (length >= 0x80) {
+      prefix.push(0x80 | (length & 0x7f));
+      length >>>= 7;
+    }
+    prefix.push(length);
+    parts.push(Buffer.from(prefix), key);
+  }
+  return Buffer.concat(parts);
+}
+
+/** The first n bits of may_exist_bitmap: bit i is byte i / 8, bit i % 8, least significant first. */
+const bitsOf = (bitmap, n) => Array.from({ length: n }, (_, i) => (bitmap[i >> 3] >> (i & 7)) & 1);
+
+/** The j-th long key of a kind, 127 to 1,024 bytes. */
+const longKey = (kind, j) =>
+  Buffer.from(`long-${kind}-${String(j).padStart(3, '0')}-`.padEnd(LONG_LENGTHS[j % LONG_LENGTHS.length], '.'));
 
 async function run(addr, ns) {
   const definition = protoLoader.loadSync('existence/v1/existence.proto', { ...LOAD_OPTIONS, includeDirs: [PROTO_ROOT] });
@@ -349,6 +374,127 @@ async function run(addr, ns) {
       seqs.push(next.seq);
     }
     check('live stream: one ADDED per Add seq', equal(seqs, [1, 2, 3, 4, 5, 7, 9]), seqs);
+
+    // Packed batches: packed_keys in, may_exist_bitmap out.
+    const head = packKeys(keysOf('a', 'x'.repeat(300))).subarray(0, 4);
+    check(
+      'packing: each key preceded by its varint length (300 = ac 02)',
+      head.equals(Buffer.from([0x01, 0x61, 0xac, 0x02])),
+      head.toString('hex'),
+    );
+    const longAdded = Array.from({ length: 100 }, (_, j) => longKey('added', j));
+    const longNever = Array.from({ length: 100 }, (_, j) => longKey('never', j));
+    added = await unary(gate, 'Add', { namespace: ns, keys: [...longAdded, Buffer.from('packed-tomb')] });
+    check('Add of 100 long keys and packed-tomb gets seq 11', added.seq === 11, added);
+    // 10,000 keys alternating added (even positions) and never added (odd positions).
+    const addedKeys = [...longAdded, ...keysOf('a', 'c', 'd', 'gone', 'del'), ...full.slice(0, 4_895)];
+    const neverKeys = [...longNever, ...full.slice(5_000, 9_900)];
+    const mixed = addedKeys.flatMap((key, i) => [key, neverKeys[i]]);
+    batch = await unary(gate, 'BatchMayExist', { namespace: ns, packed_keys: packKeys(mixed) });
+    const bitmap = batch.may_exist_bitmap;
+    if (
+      !check(
+        'packed batch of 10,000: a 1,250-byte bitmap at seq 11, no answers',
+        bitmap.length === 1_250 && batch.observed_seq === 11 && batch.answers.length === 0,
+        `${bitmap.length} bytes, seq ${batch.observed_seq}, ${batch.answers.length} answers`,
+      )
+    ) {
+      throw new Error('packed batch of 10,000: no bitmap to check');
+    }
+    const packedBits = bitsOf(bitmap, mixed.length);
+    const zeroAt = packedBits.flatMap((bit, i) => (i % 2 === 0 && bit === 0 ? [i] : []));
+    check(
+      "packed batch of 10,000: every added key's bit is 1, 127- to 1,024-byte keys included",
+      zeroAt.length === 0,
+      `zero bits at ${zeroAt.slice(0, 10)}`,
+    );
+    const packedFalsePositives = packedBits.filter((bit, i) => i % 2 === 1 && bit === 1).length;
+    check(
+      'packed batch of 10,000: under 200 false positives in 5,000',
+      packedFalsePositives < 200,
+      String(packedFalsePositives),
+    );
+    batch = await unary(gate, 'BatchMayExist', { namespace: ns, keys: mixed });
+    const disagree = batch.answers.flatMap((a, i) => ((a === M ? 1 : 0) === packedBits[i] ? [] : [i]));
+    check(
+      'packed batch of 10,000: the bitmap agrees key for key with the same keys sent as keys',
+      batch.answers.length === 10_000 && batch.observed_seq === 11 && disagree.length === 0,
+      `${batch.answers.length} answers at seq ${batch.observed_seq}; disagree at ${disagree.slice(0, 10)}`,
+    );
+
+    // Tombstones drive bits to 0: b was recorded absent (seq 10), packed-tomb is about to be.
+    const tombBatch = keysOf('a', 'packed-tomb', 'c', 'b', 'd', 'packed-tomb', 'gone', 'del', 'packed-tomb', 'a');
+    batch = await unary(gate, 'BatchMayExist', { namespace: ns, packed_keys: packKeys(tombBatch) });
+    check(
+      'packed batch of 10: 2 bytes, tombstoned b is 0, packed-tomb is 1',
+      batch.may_exist_bitmap.length === 2 &&
+        batch.observed_seq === 11 &&
+        equal(bitsOf(batch.may_exist_bitmap, 10), [1, 1, 1, 0, 1, 1, 1, 1, 1, 1]),
+      `${batch.may_exist_bitmap.toString('hex')} at seq ${batch.observed_seq}`,
+    );
+    rec = await recordAbsent({ key: Buffer.from('packed-tomb'), kind: 'ABSENCE_KIND_DELETED', observed_seq: 11 });
+    check(
+      'RecordAbsent packed-tomb DELETED: RECORDED, seq 12',
+      rec.outcome === 'RECORD_OUTCOME_RECORDED' && rec.seq === 12,
+      rec,
+    );
+    batch = await unary(gate, 'BatchMayExist', { namespace: ns, packed_keys: packKeys(tombBatch) });
+    check(
+      'packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 12',
+      batch.may_exist_bitmap.length === 2 &&
+        batch.observed_seq === 12 &&
+        equal(bitsOf(batch.may_exist_bitmap, 10), [1, 0, 1, 0, 1, 0, 1, 1, 0, 1]),
+      `${batch.may_exist_bitmap.toString('hex')} at seq ${batch.observed_seq}`,
+    );
+    batch = await unary(gate, 'BatchMayExist', { namespace: ns, keys: tombBatch });
+    check(
+      'the same 10 keys sent as keys: the same answers',
+      equal(batch.answers, [M, A, M, A, M, A, M, M, A, M]),
+      batch.answers,
+    );
+
+    // Malformed packings: INVALID_ARGUMENT naming the problem, no state change.
+    const packedBatch = (packed, keys = []) =>
+      unary(gate, 'BatchMayExist', { namespace: ns, keys, packed_keys: packed });
+    await expectError(
+      'keys and packed_keys both set: INVALID_ARGUMENT',
+      packedBatch(packKeys(keysOf('a')), keysOf('a')),
+      INVALID,
+      'send keys or packed_keys, not both',
+    );
+    await expectError(
+      'packing ending inside a varint: INVALID_ARGUMENT naming the byte',
+      packedBatch(Buffer.concat([packKeys(keysOf('a')), Buffer.from([0x80])])),
+      INVALID,
+      'packed_keys has a malformed length at byte 2',
+    );
+    const whole = packKeys(keysOf('a', 'c', 'y'.repeat(128)));
+    await expectError(
+      'packing whose last length runs past the end: INVALID_ARGUMENT naming key and bytes',
+      packedBatch(whole.subarray(0, whole.length - 1)),
+      INVALID,
+      'packed_keys[2] at byte 4 claims 128 bytes, but only 127 remain',
+    );
+    await expectError(
+      'packing with an empty key at index 1: INVALID_ARGUMENT keys[1]',
+      packedBatch(packKeys(keysOf('a', '', 'c'))),
+      INVALID,
+      'keys[1] is empty',
+    );
+    await expectError(
+      'packing with a 1,025-byte key: INVALID_ARGUMENT naming max_key_bytes',
+      packedBatch(packKeys(keysOf('a', 'x'.repeat(1025)))),
+      INVALID,
+      'keys[1] is 1025 bytes; the limit is max_key_bytes = 1024',
+    );
+    await expectError(
+      'packing of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys',
+      packedBatch(packKeys(over)),
+      INVALID,
+      'max_batch_keys = 10000',
+    );
+    reply = await mayExist('a');
+    check('refused packed batches used no seq', reply.observed_seq === 12, reply);
   } finally {
     for (const stream of streams) stream.cancel();
     gate.close();

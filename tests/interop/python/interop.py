@@ -21,6 +21,7 @@ from existence.v1 import existence_pb2_grpc as pb_grpc
 
 LANG = "python"
 WAIT = 10.0  # seconds to wait for a streamed message
+LONG_LENGTHS = [127, 128, 129, 255, 256, 300, 1000, 1024]  # the server's max_key_bytes is 1,024
 
 passed = 0
 failed = 0
@@ -90,6 +91,30 @@ def invalidation_is(message, namespace, seq, cause, keys=None):
         and message.cause == cause
         and (keys is None or list(message.keys) == keys)
     )
+
+
+def pack_keys(keys):
+    """BatchMayExist's packed_keys: each key preceded by its length as a protobuf (unsigned LEB128) varint."""
+    packed = bytearray()
+    for key in keys:
+        length = len(key)
+        while length >= 0x80:
+            packed.append(0x80 | (length & 0x7F))
+            length >>= 7
+        packed.append(length)
+        packed += key
+    return bytes(packed)
+
+
+def bits(bitmap, n):
+    """The first n bits of may_exist_bitmap: bit i is byte i // 8, bit i % 8, least significant first."""
+    return [(bitmap[i // 8] >> (i % 8)) & 1 for i in range(n)]
+
+
+def long_key(kind, j):
+    """The j-th long key of a kind: 127 to 1,024 bytes, so most lengths take a 2-byte varint."""
+    prefix = b"long-%s-%03d-" % (kind, j)
+    return prefix + b"." * (LONG_LENGTHS[j % len(LONG_LENGTHS)] - len(prefix))
 
 
 def main():
@@ -375,6 +400,126 @@ def main():
         seqs.append(message.seq)
     check("live stream: one ADDED per Add seq", seqs == [1, 2, 3, 4, 5, 7, 9], str(seqs))
     live_call.cancel()
+
+    # Packed batches: packed_keys in, may_exist_bitmap out.
+    head = pack_keys([b"a", b"x" * 300])[:4]
+    check("packing: each key preceded by its varint length (300 = ac 02)", head == b"\x01a\xac\x02", head.hex())
+    long_added = [long_key(b"added", j) for j in range(100)]
+    long_never = [long_key(b"never", j) for j in range(100)]
+    added = gate.Add(pb.AddRequest(namespace=ns, keys=long_added + [b"packed-tomb"]))
+    check("Add of 100 long keys and packed-tomb gets seq 11", added.seq == 11, str(added))
+    # 10,000 keys alternating added (even positions) and never added (odd positions).
+    added_keys = long_added + [b"a", b"c", b"d", b"gone", b"del"] + full[:4_895]
+    never_keys = long_never + full[5_000:9_900]
+    mixed = [key for pair in zip(added_keys, never_keys) for key in pair]
+    reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, packed_keys=pack_keys(mixed)))
+    check(
+        "packed batch of 10,000: a 1,250-byte bitmap at seq 11, no answers",
+        len(reply.may_exist_bitmap) == 1_250 and reply.observed_seq == 11 and len(reply.answers) == 0,
+        f"{len(reply.may_exist_bitmap)} bytes, seq {reply.observed_seq}, {len(reply.answers)} answers",
+    )
+    packed_bits = bits(reply.may_exist_bitmap, len(mixed)) if len(reply.may_exist_bitmap) == 1_250 else []
+    check(
+        "packed batch of 10,000: every added key's bit is 1, 127- to 1,024-byte keys included",
+        len(packed_bits) == 10_000 and all(packed_bits[0::2]),
+        f"zero bits at {[i for i in range(0, len(packed_bits), 2) if not packed_bits[i]][:10]}",
+    )
+    false_positives = sum(packed_bits[1::2])
+    check(
+        "packed batch of 10,000: under 200 false positives in 5,000",
+        len(packed_bits) == 10_000 and false_positives < 200,
+        f"{false_positives}",
+    )
+    reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, keys=mixed))
+    answer_bits = [1 if a == M else 0 for a in reply.answers]
+    disagree = [
+        i
+        for i in range(len(mixed))
+        if i >= len(packed_bits) or i >= len(answer_bits) or packed_bits[i] != answer_bits[i]
+    ]
+    check(
+        "packed batch of 10,000: the bitmap agrees key for key with the same keys sent as keys",
+        len(answer_bits) == 10_000 and reply.observed_seq == 11 and not disagree,
+        f"{len(answer_bits)} answers at seq {reply.observed_seq}; disagree at {disagree[:10]}",
+    )
+
+    # Tombstones drive bits to 0: b was recorded absent (seq 10), packed-tomb is about to be.
+    tomb_batch = [b"a", b"packed-tomb", b"c", b"b", b"d", b"packed-tomb", b"gone", b"del", b"packed-tomb", b"a"]
+    reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, packed_keys=pack_keys(tomb_batch)))
+    check(
+        "packed batch of 10: 2 bytes, tombstoned b is 0, packed-tomb is 1",
+        len(reply.may_exist_bitmap) == 2
+        and bits(reply.may_exist_bitmap, 10) == [1, 1, 1, 0, 1, 1, 1, 1, 1, 1]
+        and reply.observed_seq == 11,
+        f"{reply.may_exist_bitmap.hex()} at seq {reply.observed_seq}",
+    )
+    rec = gate.RecordAbsent(
+        pb.RecordAbsentRequest(namespace=ns, key=b"packed-tomb", kind=pb.ABSENCE_KIND_DELETED, observed_seq=11)
+    )
+    check(
+        "RecordAbsent packed-tomb DELETED: RECORDED, seq 12",
+        (rec.outcome, rec.seq) == (pb.RECORD_OUTCOME_RECORDED, 12),
+        str(rec),
+    )
+    reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, packed_keys=pack_keys(tomb_batch)))
+    check(
+        "packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 12",
+        len(reply.may_exist_bitmap) == 2
+        and bits(reply.may_exist_bitmap, 10) == [1, 0, 1, 0, 1, 0, 1, 1, 0, 1]
+        and reply.observed_seq == 12,
+        f"{reply.may_exist_bitmap.hex()} at seq {reply.observed_seq}",
+    )
+    reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, keys=tomb_batch))
+    check(
+        "the same 10 keys sent as keys: the same answers",
+        list(reply.answers) == [M, A, M, A, M, A, M, M, A, M],
+        str(list(reply.answers)),
+    )
+
+    # Malformed packings: INVALID_ARGUMENT naming the problem, no state change.
+    def packed_batch(packed, keys=()):
+        return lambda: gate.BatchMayExist(
+            pb.BatchMayExistRequest(namespace=ns, keys=list(keys), packed_keys=packed)
+        )
+
+    expect_error(
+        "keys and packed_keys both set: INVALID_ARGUMENT",
+        packed_batch(pack_keys([b"a"]), keys=[b"a"]),
+        INVALID,
+        "send keys or packed_keys, not both",
+    )
+    expect_error(
+        "packing ending inside a varint: INVALID_ARGUMENT naming the byte",
+        packed_batch(pack_keys([b"a"]) + b"\x80"),
+        INVALID,
+        "packed_keys has a malformed length at byte 2",
+    )
+    expect_error(
+        "packing whose last length runs past the end: INVALID_ARGUMENT naming key and bytes",
+        packed_batch(pack_keys([b"a", b"c", b"y" * 128])[:-1]),
+        INVALID,
+        "packed_keys[2] at byte 4 claims 128 bytes, but only 127 remain",
+    )
+    expect_error(
+        "packing with an empty key at index 1: INVALID_ARGUMENT keys[1]",
+        packed_batch(pack_keys([b"a", b"", b"c"])),
+        INVALID,
+        "keys[1] is empty",
+    )
+    expect_error(
+        "packing with a 1,025-byte key: INVALID_ARGUMENT naming max_key_bytes",
+        packed_batch(pack_keys([b"a", b"x" * 1025])),
+        INVALID,
+        "keys[1] is 1025 bytes; the limit is max_key_bytes = 1024",
+    )
+    expect_error(
+        "packing of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys",
+        packed_batch(pack_keys([b"k%d" % i for i in range(10_001)])),
+        INVALID,
+        "max_batch_keys = 10000",
+    )
+    reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"a"))
+    check("refused packed batches used no seq", reply.observed_seq == 12, str(reply))
     channel.close()
 
 

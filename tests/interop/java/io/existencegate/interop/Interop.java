@@ -1,6 +1,7 @@
 package io.existencegate.interop;
 
 import com.google.protobuf.ByteString;
+import com.google.protobuf.CodedOutputStream;
 import io.existencegate.v1.AbsenceKind;
 import io.existencegate.v1.AddRequest;
 import io.existencegate.v1.AddResponse;
@@ -27,6 +28,7 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.health.v1.HealthCheckRequest;
 import io.grpc.health.v1.HealthCheckResponse;
 import io.grpc.health.v1.HealthGrpc;
+import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
@@ -43,6 +45,8 @@ import java.util.concurrent.TimeUnit;
  */
 public final class Interop {
   private static final long WAIT_SECONDS = 10;
+  /** Lengths of the packed batch's long keys: most take a 2-byte varint (the server's max_key_bytes is 1,024). */
+  private static final int[] LONG_LENGTHS = {127, 128, 129, 255, 256, 300, 1000, 1024};
   private static int passed;
   private static int failed;
 
@@ -155,6 +159,37 @@ public final class Interop {
       out.add(ByteString.copyFromUtf8(text));
     }
     return out;
+  }
+
+  /** BatchMayExist's packed_keys: each key preceded by its length as a protobuf varint. */
+  static ByteString packKeys(List<ByteString> keys) throws IOException {
+    ByteString.Output packed = ByteString.newOutput();
+    CodedOutputStream out = CodedOutputStream.newInstance(packed);
+    for (ByteString key : keys) {
+      out.writeUInt32NoTag(key.size());
+      out.writeRawBytes(key);
+    }
+    out.flush();
+    return packed.toByteString();
+  }
+
+  /** The first n bits of may_exist_bitmap: bit i is byte i / 8, bit i % 8, least significant first. */
+  static List<Integer> bits(ByteString bitmap, int n) {
+    List<Integer> out = new ArrayList<>(n);
+    for (int i = 0; i < n; i++) {
+      out.add((bitmap.byteAt(i / 8) >> (i % 8)) & 1);
+    }
+    return out;
+  }
+
+  /** The j-th long key of a kind, 127 to 1,024 bytes. */
+  static ByteString longKey(String kind, int j) {
+    String prefix = String.format("long-%s-%03d-", kind, j);
+    return ByteString.copyFromUtf8(prefix + ".".repeat(LONG_LENGTHS[j % LONG_LENGTHS.length] - prefix.length()));
+  }
+
+  static <T> List<T> firstTen(List<T> items) {
+    return items.subList(0, Math.min(10, items.size()));
   }
 
   static void run(String addr, String ns) throws Exception {
@@ -419,6 +454,151 @@ public final class Interop {
     }
     check("live stream: one ADDED per Add seq", seqs.equals(List.of(1L, 2L, 3L, 4L, 5L, 7L, 9L)), seqs);
     live.cancel();
+
+    // Packed batches: packed_keys in, may_exist_bitmap out.
+    ByteString head = packKeys(keys("a", "x".repeat(300))).substring(0, 4);
+    check(
+        "packing: each key preceded by its varint length (300 = ac 02)",
+        head.equals(ByteString.copyFrom(new byte[] {0x01, 'a', (byte) 0xac, 0x02})),
+        head);
+    List<ByteString> longAdded = new ArrayList<>();
+    List<ByteString> longNever = new ArrayList<>();
+    for (int j = 0; j < 100; j++) {
+      longAdded.add(longKey("added", j));
+      longNever.add(longKey("never", j));
+    }
+    added =
+        gate.add(
+            AddRequest.newBuilder()
+                .setNamespace(ns)
+                .addAllKeys(longAdded)
+                .addKeys(ByteString.copyFromUtf8("packed-tomb"))
+                .build());
+    check("Add of 100 long keys and packed-tomb gets seq 11", added.getSeq() == 11, added);
+    // 10,000 keys alternating added (even positions) and never added (odd positions).
+    List<ByteString> addedKeys = new ArrayList<>(longAdded);
+    addedKeys.addAll(keys("a", "c", "d", "gone", "del"));
+    addedKeys.addAll(full.subList(0, 4_895));
+    List<ByteString> neverKeys = new ArrayList<>(longNever);
+    neverKeys.addAll(full.subList(5_000, 9_900));
+    List<ByteString> mixed = new ArrayList<>();
+    for (int i = 0; i < addedKeys.size(); i++) {
+      mixed.add(addedKeys.get(i));
+      mixed.add(neverKeys.get(i));
+    }
+    batch = packedBatch(gate, ns, packKeys(mixed));
+    ByteString bitmap = batch.getMayExistBitmap();
+    if (!check(
+        "packed batch of 10,000: a 1,250-byte bitmap at seq 11, no answers",
+        bitmap.size() == 1_250 && batch.getObservedSeq() == 11 && batch.getAnswersCount() == 0,
+        bitmap.size() + " bytes, seq " + batch.getObservedSeq() + ", " + batch.getAnswersCount() + " answers")) {
+      throw new IllegalStateException("packed batch of 10,000: no bitmap to check");
+    }
+    List<Integer> packedBits = bits(bitmap, mixed.size());
+    List<Integer> zeroAt = new ArrayList<>();
+    int packedFalsePositives = 0;
+    for (int i = 0; i < packedBits.size(); i++) {
+      if (i % 2 == 0 && packedBits.get(i) == 0) {
+        zeroAt.add(i);
+      }
+      if (i % 2 == 1 && packedBits.get(i) == 1) {
+        packedFalsePositives++;
+      }
+    }
+    check(
+        "packed batch of 10,000: every added key's bit is 1, 127- to 1,024-byte keys included",
+        zeroAt.isEmpty(),
+        "zero bits at " + firstTen(zeroAt));
+    check(
+        "packed batch of 10,000: under 200 false positives in 5,000",
+        packedFalsePositives < 200,
+        packedFalsePositives);
+    batch = gate.batchMayExist(BatchMayExistRequest.newBuilder().setNamespace(ns).addAllKeys(mixed).build());
+    List<Integer> disagree = new ArrayList<>();
+    for (int i = 0; i < batch.getAnswersCount(); i++) {
+      if (i >= packedBits.size() || (batch.getAnswers(i) == may) != (packedBits.get(i) == 1)) {
+        disagree.add(i);
+      }
+    }
+    check(
+        "packed batch of 10,000: the bitmap agrees key for key with the same keys sent as keys",
+        batch.getAnswersCount() == 10_000 && batch.getObservedSeq() == 11 && disagree.isEmpty(),
+        batch.getAnswersCount() + " answers at seq " + batch.getObservedSeq() + "; disagree at " + firstTen(disagree));
+
+    // Tombstones drive bits to 0: b was recorded absent (seq 10), packed-tomb is about to be.
+    List<ByteString> tombBatch =
+        keys("a", "packed-tomb", "c", "b", "d", "packed-tomb", "gone", "del", "packed-tomb", "a");
+    batch = packedBatch(gate, ns, packKeys(tombBatch));
+    check(
+        "packed batch of 10: 2 bytes, tombstoned b is 0, packed-tomb is 1",
+        batch.getMayExistBitmap().size() == 2
+            && batch.getObservedSeq() == 11
+            && bits(batch.getMayExistBitmap(), 10).equals(List.of(1, 1, 1, 0, 1, 1, 1, 1, 1, 1)),
+        batch);
+    rec = gate.recordAbsent(absence(ns, "packed-tomb", AbsenceKind.ABSENCE_KIND_DELETED, 11).build());
+    check(
+        "RecordAbsent packed-tomb DELETED: RECORDED, seq 12",
+        rec.getOutcome() == RecordOutcome.RECORD_OUTCOME_RECORDED && rec.getSeq() == 12,
+        rec);
+    batch = packedBatch(gate, ns, packKeys(tombBatch));
+    check(
+        "packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 12",
+        batch.getMayExistBitmap().size() == 2
+            && batch.getObservedSeq() == 12
+            && bits(batch.getMayExistBitmap(), 10).equals(List.of(1, 0, 1, 0, 1, 0, 1, 1, 0, 1)),
+        batch);
+    batch = gate.batchMayExist(BatchMayExistRequest.newBuilder().setNamespace(ns).addAllKeys(tombBatch).build());
+    check(
+        "the same 10 keys sent as keys: the same answers",
+        batch.getAnswersList().equals(List.of(may, absent, may, absent, may, absent, may, may, absent, may)),
+        batch);
+
+    // Malformed packings: INVALID_ARGUMENT naming the problem, no state change.
+    ByteString packedA = packKeys(keys("a"));
+    expectError(
+        "keys and packed_keys both set: INVALID_ARGUMENT",
+        () ->
+            gate.batchMayExist(
+                BatchMayExistRequest.newBuilder()
+                    .setNamespace(ns)
+                    .addAllKeys(keys("a"))
+                    .setPackedKeys(packedA)
+                    .build()),
+        invalid,
+        "send keys or packed_keys, not both");
+    ByteString unfinishedVarint = packedA.concat(ByteString.copyFrom(new byte[] {(byte) 0x80}));
+    expectError(
+        "packing ending inside a varint: INVALID_ARGUMENT naming the byte",
+        () -> packedBatch(gate, ns, unfinishedVarint),
+        invalid,
+        "packed_keys has a malformed length at byte 2");
+    ByteString whole = packKeys(keys("a", "c", "y".repeat(128)));
+    ByteString truncated = whole.substring(0, whole.size() - 1);
+    expectError(
+        "packing whose last length runs past the end: INVALID_ARGUMENT naming key and bytes",
+        () -> packedBatch(gate, ns, truncated),
+        invalid,
+        "packed_keys[2] at byte 4 claims 128 bytes, but only 127 remain");
+    ByteString withEmpty = packKeys(keys("a", "", "c"));
+    expectError(
+        "packing with an empty key at index 1: INVALID_ARGUMENT keys[1]",
+        () -> packedBatch(gate, ns, withEmpty),
+        invalid,
+        "keys[1] is empty");
+    ByteString withLong = packKeys(keys("a", "x".repeat(1025)));
+    expectError(
+        "packing with a 1,025-byte key: INVALID_ARGUMENT naming max_key_bytes",
+        () -> packedBatch(gate, ns, withLong),
+        invalid,
+        "keys[1] is 1025 bytes; the limit is max_key_bytes = 1024");
+    ByteString packedOver = packKeys(over);
+    expectError(
+        "packing of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys",
+        () -> packedBatch(gate, ns, packedOver),
+        invalid,
+        "max_batch_keys = 10000");
+    reply = mayExist(gate, ns, "a");
+    check("refused packed batches used no seq", reply.getObservedSeq() == 12, reply);
   }
 
   static MayExistResponse mayExist(ExistenceGateGrpc.ExistenceGateBlockingStub gate, String ns, String key) {
@@ -428,6 +608,11 @@ public final class Interop {
 
   static AddResponse add(ExistenceGateGrpc.ExistenceGateBlockingStub gate, String ns, String... keys) {
     return gate.add(AddRequest.newBuilder().setNamespace(ns).addAllKeys(keys(keys)).build());
+  }
+
+  static BatchMayExistResponse packedBatch(
+      ExistenceGateGrpc.ExistenceGateBlockingStub gate, String ns, ByteString packedKeys) {
+    return gate.batchMayExist(BatchMayExistRequest.newBuilder().setNamespace(ns).setPackedKeys(packedKeys).build());
   }
 
   static RecordAbsentRequest.Builder absence(String ns, String key, AbsenceKind kind, long observedSeq) {
