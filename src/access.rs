@@ -1,33 +1,31 @@
-//! Admission of gRPC calls: refused while shutting down, shed when too many are in flight, and checked
+//! Admission of gRPC calls: shed when too many are in flight, refused while shutting down, and checked
 //! against the caller's bearer token — the checks every RPC of both services makes before any work.
+//!
+//! The in-flight limit is a tower layer ([`InFlightLimitLayer`]) in front of the services rather than a
+//! check in each handler: it counts a call from the moment the server dispatches it, before its message is
+//! decoded, so calls waiting for a worker thread count too. A check made inside a synchronous handler sees
+//! only the calls running at that instant (at most one per worker thread), so it never sheds reads however
+//! deep the queue in front of the workers grows, and every queued call waits its turn.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use metrics::Counter;
+use tonic::codegen::http;
 use tonic::{Request, Status};
+use tower::{Layer, Service};
 
 use crate::auth::{Authorizer, Denied, Role, Scope};
 use crate::shutdown::Shutdown;
 
-/// The shared admission state of a server.
+/// The shared admission state of a server: tokens and the shutdown signal.
 #[derive(Debug)]
 pub struct Access {
     authorizer: Authorizer,
     shutdown: Shutdown,
-    in_flight: AtomicUsize,
-    max_in_flight: usize,
-}
-
-/// One admitted call; dropping it frees its in-flight slot.
-#[derive(Debug)]
-pub struct Admitted {
-    access: Arc<Access>,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.access.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// The `authorization` metadata of a request, if it is valid text.
@@ -39,13 +37,11 @@ pub fn authorization<T>(request: &Request<T>) -> Option<&str> {
 }
 
 impl Access {
-    /// Admission with these tokens, this shutdown signal and at most `max_in_flight` calls at once.
-    pub fn new(authorizer: Authorizer, shutdown: Shutdown, max_in_flight: usize) -> Arc<Self> {
+    /// Admission with these tokens and this shutdown signal.
+    pub fn new(authorizer: Authorizer, shutdown: Shutdown) -> Arc<Self> {
         Arc::new(Self {
             authorizer,
             shutdown,
-            in_flight: AtomicUsize::new(0),
-            max_in_flight,
         })
     }
 
@@ -61,41 +57,148 @@ impl Access {
 
     /// Admits a call needing `role` in `scope`, or says why not.
     pub fn admit<T>(
-        self: &Arc<Self>,
+        &self,
         request: &Request<T>,
         role: Role,
         scope: Scope<'_>,
-    ) -> Result<Admitted, Status> {
+    ) -> Result<(), Status> {
         self.admit_with(authorization(request), role, scope)
     }
 
     /// [`admit`](Self::admit) for an `authorization` value read earlier (a stream names its namespace only
     /// in its first message).
     pub fn admit_with(
-        self: &Arc<Self>,
+        &self,
         authorization: Option<&str>,
         role: Role,
         scope: Scope<'_>,
-    ) -> Result<Admitted, Status> {
+    ) -> Result<(), Status> {
         if self.shutdown.is_triggered() {
             return Err(Status::unavailable(
                 "the server is shutting down; retry on another replica",
             ));
         }
-        if self.in_flight.fetch_add(1, Ordering::Relaxed) >= self.max_in_flight {
-            self.in_flight.fetch_sub(1, Ordering::Relaxed);
-            return Err(Status::resource_exhausted(format!(
-                "the server is overloaded: {} calls in flight is the limit (max_in_flight); retry with backoff",
-                self.max_in_flight
-            )));
-        }
-        let admitted = Admitted {
-            access: Arc::clone(self),
-        };
         match self.authorizer.check(authorization, role, scope) {
-            Ok(_) => Ok(admitted),
+            Ok(_) => Ok(()),
             Err(Denied::Unauthenticated(reason)) => Err(Status::unauthenticated(reason)),
             Err(Denied::PermissionDenied(reason)) => Err(Status::permission_denied(reason)),
+        }
+    }
+}
+
+/// Paths the in-flight limit never sheds: load balancers' health checks and tooling's reflection must be
+/// answered precisely when the server is overloaded.
+const EXEMPT_PREFIXES: [&str; 2] = ["/grpc.health.", "/grpc.reflection."];
+
+/// The count of admitted calls and its bound.
+#[derive(Debug)]
+struct InFlight {
+    count: AtomicUsize,
+    max: usize,
+    shed: Counter,
+}
+
+/// One admitted call's share of the count; dropping it (the response is ready, or the call was
+/// abandoned) frees it.
+struct Slot(Arc<InFlight>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl InFlight {
+    fn try_acquire(self: &Arc<Self>) -> Option<Slot> {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.max {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            self.shed.increment(1);
+            return None;
+        }
+        Some(Slot(Arc::clone(self)))
+    }
+
+    fn refusal(&self) -> Status {
+        Status::resource_exhausted(format!(
+            "the server is overloaded: {} calls in flight is the limit (max_in_flight); retry with backoff",
+            self.max
+        ))
+    }
+}
+
+/// Sheds calls beyond `max_in_flight` at once with `RESOURCE_EXHAUSTED`, before decoding them.
+#[derive(Debug, Clone)]
+pub struct InFlightLimitLayer {
+    in_flight: Arc<InFlight>,
+}
+
+impl InFlightLimitLayer {
+    /// A limit of `max_in_flight` calls across every connection.
+    pub fn new(max_in_flight: usize) -> Self {
+        Self {
+            in_flight: Arc::new(InFlight {
+                count: AtomicUsize::new(0),
+                max: max_in_flight,
+                shed: crate::metrics::shed_calls(),
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for InFlightLimitLayer {
+    type Service = InFlightLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlightLimit {
+            inner,
+            in_flight: Arc::clone(&self.in_flight),
+        }
+    }
+}
+
+/// The service of [`InFlightLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct InFlightLimit<S> {
+    inner: S,
+    in_flight: Arc<InFlight>,
+}
+
+type HttpResponse = http::Response<tonic::body::Body>;
+
+impl<S, B> Service<http::Request<B>> for InFlightLimit<S>
+where
+    S: Service<http::Request<B>, Response = HttpResponse>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = HttpResponse;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<HttpResponse, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let path = request.uri().path();
+        if EXEMPT_PREFIXES
+            .iter()
+            .any(|prefix| path.starts_with(prefix))
+        {
+            return Box::pin(self.inner.call(request));
+        }
+        match self.in_flight.try_acquire() {
+            Some(slot) => {
+                let response = self.inner.call(request);
+                Box::pin(async move {
+                    let _slot = slot;
+                    response.await
+                })
+            }
+            None => {
+                let refusal = self.in_flight.refusal().into_http();
+                Box::pin(std::future::ready(Ok(refusal)))
+            }
         }
     }
 }

@@ -77,7 +77,7 @@ impl Admin for AdminService {
         } else {
             Scope::Namespace(wanted)
         };
-        let _admitted = self.access.admit(&request, Role::Admin, scope)?;
+        self.access.admit(&request, Role::Admin, scope)?;
         let authorization = access::authorization(&request);
         if !wanted.is_empty() {
             self.gate.namespace(wanted).map_err(status)?;
@@ -123,7 +123,7 @@ impl Admin for AdminService {
         &self,
         request: Request<proto::SnapshotRequest>,
     ) -> Result<Response<proto::SnapshotResponse>, Status> {
-        let _admitted = self.access.admit(&request, Role::Admin, Scope::All)?;
+        self.access.admit(&request, Role::Admin, Scope::All)?;
         let taken = AdminService::snapshot(self).await?;
         Ok(Response::new(proto::SnapshotResponse {
             path: taken.path.display().to_string(),
@@ -142,7 +142,7 @@ impl Admin for AdminService {
         let first = stream.next().await.ok_or_else(|| {
             Status::invalid_argument("Rebuild needs at least one message naming the namespace")
         })??;
-        let _admitted = self.access.admit_with(
+        self.access.admit_with(
             authorization.as_deref(),
             Role::Admin,
             Scope::Namespace(&first.namespace),

@@ -63,6 +63,10 @@ fn describe() {
         "existence_requests_total",
         "gRPC requests by rpc and status code."
     );
+    describe_counter!(
+        "existence_requests_shed_total",
+        "gRPC calls refused with RESOURCE_EXHAUSTED by the in-flight limit before decoding."
+    );
     describe_histogram!(
         "existence_request_duration_seconds",
         Unit::Seconds,
@@ -193,6 +197,12 @@ impl NamespaceMetrics {
 /// Counter of fail-open answers given while warming, per namespace.
 pub fn warming_answers(namespace: &str) -> Counter {
     counter!("existence_answers_total", "namespace" => namespace.to_string(), "answer" => "may_exist", "basis" => "warming")
+}
+
+/// Counter of calls shed by the in-flight limit (they never reach a handler, so `existence_requests_total`
+/// does not see them).
+pub fn shed_calls() -> Counter {
+    counter!("existence_requests_shed_total")
 }
 
 /// The RPCs, for labelling.

@@ -107,6 +107,9 @@ pub struct AbsenceReport {
     pub ttl_seconds: u32,
 }
 
+/// A filter window as a snapshot holds it: its id and its layers.
+pub type WindowImage = (u64, Vec<Arc<BloomLayer>>);
+
 /// Figures for stats and metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NamespaceStats {
@@ -308,7 +311,7 @@ impl Namespace {
         now_ms: u64,
         in_filter: impl FnOnce() -> bool,
     ) -> Lookup {
-        let lookup = if self
+        if self
             .tombstones
             .lookup(hash, || self.hasher.strong(key), now_ms)
         {
@@ -325,8 +328,7 @@ impl Namespace {
                 },
                 basis: Basis::Filter,
             }
-        };
-        lookup
+        }
     }
 
     /// Adds `keys` (non-empty, validated) at `now_ms`.
@@ -534,10 +536,7 @@ impl Namespace {
     /// The state a snapshot needs: the seq it is consistent from, keys added, the filter windows and the live
     /// tombstones. The seq is read under the writer lock, so every mutation logged before this call is
     /// included; later mutations may be partly included and are replayed from the log.
-    pub fn export(
-        &self,
-        now_ms: u64,
-    ) -> (u64, u64, Vec<(u64, Vec<Arc<BloomLayer>>)>, Vec<Tombstone>) {
+    pub fn export(&self, now_ms: u64) -> (u64, u64, Vec<WindowImage>, Vec<Tombstone>) {
         let seq = {
             let _writer = self.writer();
             self.latest_seq()

@@ -97,7 +97,7 @@ mod tests {
         }
         let false_superseded = (0..100_000u64)
             .filter(|i| {
-                adds.may_have_been_added_after(hasher.hash(&(i + 1 << 40).to_le_bytes()), 0)
+                adds.may_have_been_added_after(hasher.hash(&((i + 1) << 40).to_le_bytes()), 0)
             })
             .count();
         assert!(false_superseded < 500, "{false_superseded} of 100000");

@@ -19,11 +19,11 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::access::Access;
+use crate::access::{Access, InFlightLimitLayer};
 use crate::admin::AdminService;
 use crate::auth::Authorizer;
 use crate::clock::Clock;
@@ -204,6 +204,13 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerEr
     Ok((listener, local))
 }
 
+/// Accepted gRPC connections, with Nagle's algorithm off: a response's last frames (its trailers) are small
+/// writes that Nagle holds back until the client acknowledges the previous segment, which a client delaying
+/// its acknowledgements does only after ~40 ms — the latency of every large call otherwise.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// Health service names this server reports: overall ("") and the contract's.
 fn health_names() -> [&'static str; 2] {
     ["", crate::proto::existence_gate_server::SERVICE_NAME]
@@ -285,11 +292,7 @@ pub async fn start(
              and write every namespace"
         );
     }
-    let access = Access::new(
-        authorizer,
-        shutdown.clone(),
-        options.config.limits.max_in_flight,
-    );
+    let access = Access::new(authorizer, shutdown.clone());
     let gate_service = ExistenceGateServer::new(GateService::new(
         Arc::clone(&gate),
         Arc::clone(&access),
@@ -320,15 +323,19 @@ pub async fn start(
     let grpc_shutdown = shutdown.clone();
     let grpc = tokio::spawn(
         builder
-            .layer(tower::util::MapResponseLayer::new(
-                oversized_is_resource_exhausted as fn(GrpcResponse) -> GrpcResponse,
-            ))
+            .layer(
+                tower::ServiceBuilder::new()
+                    .layer(tower::util::MapResponseLayer::new(
+                        oversized_is_resource_exhausted as fn(GrpcResponse) -> GrpcResponse,
+                    ))
+                    .layer(InFlightLimitLayer::new(limits.max_in_flight)),
+            )
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(gate_service)
             .add_service(admin_service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
+            .serve_with_incoming_shutdown(incoming(grpc_listener), async move {
                 grpc_shutdown.wait().await
             }),
     );

@@ -17,8 +17,10 @@ use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::VolatileLog;
 use existence_gate::namespace::{AbsenceReport, Basis, RecordOutcome};
+use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
-    AddRequest, InvalidationCause, MayExistRequest, SubscribeInvalidationsRequest,
+    AddRequest, BatchMayExistRequest, InvalidationCause, MayExistRequest,
+    SubscribeInvalidationsRequest,
 };
 use existence_gate::tombstones::{AbsenceKind, BUCKET_BYTES, WAYS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -234,6 +236,71 @@ async fn overload_is_shed_fast_and_health_stays_answerable() {
         })
         .await
         .expect("the server still serves");
+}
+
+/// Reads are shed too: the in-flight limit counts calls from their dispatch, so calls queued for a busy
+/// request thread count, and those beyond the limit are refused before they are decoded. Health checks
+/// are exempt, and the refusals are counted in `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_reads_beyond_the_limit_are_shed_and_health_is_exempt() {
+    let server = start("[limits]\nmax_in_flight = 2\nmax_batch_keys = 20000").await;
+    let keys: Vec<Bytes> = (0..20_000u32)
+        .map(|i| Bytes::from(i.to_le_bytes().to_vec()))
+        .collect();
+    let request = BatchMayExistRequest {
+        namespace: String::new(),
+        keys: Vec::new(),
+        packed_keys: pack(&keys),
+    };
+    let (ok, shed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let deadline = Instant::now() + Duration::from_millis(1_500);
+    let mut callers = Vec::new();
+    for _ in 0..4 {
+        let channel = channel(&server).await;
+        for _ in 0..8 {
+            let mut client = ExistenceGateClient::new(channel.clone());
+            let (request, ok, shed) = (request.clone(), ok.clone(), shed.clone());
+            callers.push(tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    match client.batch_may_exist(request.clone()).await {
+                        Ok(reply) => {
+                            assert_eq!(reply.into_inner().may_exist_bitmap.len(), 2_500);
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(status) => {
+                            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                            assert!(status.message().contains("max_in_flight"), "{status:?}");
+                            shed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&server).await);
+    while Instant::now() < deadline {
+        let reply = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("health is exempt from the limit");
+        assert_eq!(reply.into_inner().status, 1, "SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let (ok, shed) = (ok.load(Ordering::Relaxed), shed.load(Ordering::Relaxed));
+    assert!(ok > 0 && shed > 0, "ok {ok}, shed {shed}");
+    let (_, metrics) = http_get(&server, "/metrics").await;
+    let counted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("existence_requests_shed_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the shed counter is exported");
+    assert!(counted >= shed, "{counted} counted, {shed} shed");
+    println!("reads: {ok} served, {shed} shed");
 }
 
 /// 100 subscribers that never read while many keys are added: the server's memory stays bounded (the

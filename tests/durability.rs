@@ -181,8 +181,7 @@ fn files(dir: &Path) -> Vec<String> {
 fn newest(dir: &Path, prefix: &str) -> PathBuf {
     let name = files(dir)
         .into_iter()
-        .filter(|n| n.starts_with(prefix) && !n.ends_with(".tmp"))
-        .last()
+        .rfind(|n| n.starts_with(prefix) && !n.ends_with(".tmp"))
         .unwrap();
     dir.join(name)
 }
@@ -244,7 +243,9 @@ async fn a_flipped_bit_inside_the_log_stops_startup_naming_file_and_offset() {
         let mut bytes = original.clone();
         bytes[position + 3] ^= 0x40;
         std::fs::write(&log, &bytes).unwrap();
-        let error = start_durable(dir.path(), "").await.err().expect("refused");
+        let Err(error) = start_durable(dir.path(), "").await else {
+            panic!("a damaged length field is refused");
+        };
         assert!(error.contains(&log.display().to_string()), "{error}");
         assert!(error.contains("byte offset"), "{error}");
         assert!(
@@ -277,8 +278,8 @@ async fn a_damaged_or_truncated_snapshot_stops_startup() {
     std::fs::write(&snapshot, &flipped).unwrap();
     let error = start_durable(dir.path(), config)
         .await
-        .err()
-        .expect("refused");
+        .map(drop)
+        .expect_err("refused");
     assert!(
         error.contains(&snapshot.display().to_string()) && error.contains("byte offset"),
         "{error}"
@@ -287,8 +288,8 @@ async fn a_damaged_or_truncated_snapshot_stops_startup() {
     std::fs::write(&snapshot, &original[..original.len() - 100]).unwrap();
     let error = start_durable(dir.path(), config)
         .await
-        .err()
-        .expect("refused");
+        .map(drop)
+        .expect_err("refused");
     assert!(error.contains("snapshot"), "{error}");
 
     std::fs::write(&snapshot, &original).unwrap();
@@ -303,8 +304,8 @@ async fn a_snapshot_under_another_sizing_is_refused() {
     let (dir, _) = snapshot_dir().await;
     let error = start_durable(dir.path(), "[namespaces.default]\nexpected_keys = 50000")
         .await
-        .err()
-        .expect("refused");
+        .map(drop)
+        .expect_err("refused");
     assert!(
         error.contains("another filter sizing") && error.contains("Rebuild"),
         "{error}"
@@ -323,7 +324,10 @@ async fn a_snapshot_under_another_sizing_is_refused() {
 async fn a_second_server_cannot_share_a_data_directory() {
     let dir = tempfile::tempdir().unwrap();
     let first = start_durable(dir.path(), "").await.unwrap();
-    let error = start_durable(dir.path(), "").await.err().expect("refused");
+    let error = start_durable(dir.path(), "")
+        .await
+        .map(drop)
+        .expect_err("refused");
     assert!(error.contains("in use"), "{error}");
     first.stop().await.unwrap();
 }

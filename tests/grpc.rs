@@ -554,15 +554,6 @@ async fn shutdown_ends_streams_with_unavailable() {
     stopping.await.unwrap().unwrap();
 }
 
-fn pack(keys: &[Bytes]) -> Bytes {
-    let mut packed = Vec::new();
-    for key in keys {
-        prost::encoding::encode_varint(key.len() as u64, &mut packed);
-        packed.extend_from_slice(key);
-    }
-    Bytes::from(packed)
-}
-
 #[tokio::test]
 async fn packed_batches_answer_with_a_bitmap_matching_the_plain_answers() {
     let server = start(SMALL).await;

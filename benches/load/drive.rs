@@ -28,6 +28,9 @@ pub struct Sample {
     pub machine_cpu: f64,
     /// Latency of every successful call, in nanoseconds.
     pub latencies: Vec<u64>,
+    /// Latency of every call the server shed with `RESOURCE_EXHAUSTED` (open loop only; not in `errors`),
+    /// in nanoseconds.
+    pub refusals: Vec<u64>,
 }
 
 impl Sample {
@@ -41,6 +44,7 @@ impl Sample {
         self.client_cpu += other.client_cpu;
         self.machine_cpu += other.machine_cpu;
         self.latencies.extend(other.latencies);
+        self.refusals.extend(other.refusals);
     }
 
     /// Calls per second.
@@ -86,6 +90,7 @@ impl Sample {
 
     /// Sorts the latencies so percentiles can be read.
     pub fn sort(&mut self) {
+        self.refusals.sort_unstable();
         self.latencies.sort_unstable();
     }
 
@@ -106,6 +111,9 @@ pub fn percentile_us(sorted: &[u64], p: f64) -> f64 {
 
 /// The outcome of one call: how many keys it carried, or why it failed.
 pub type CallResult = Result<u64, String>;
+
+/// How a call's error starts when the server shed it (the `Debug` name of `Code::ResourceExhausted`).
+pub const SHED_PREFIX: &str = "ResourceExhausted";
 
 /// One kind of call: `op(connection, n)` sends call number `n` on `connection`.
 pub type Op =
@@ -193,7 +201,7 @@ pub async fn open_loop(
     server_pid: u32,
     op: &Op,
 ) -> (Sample, Vec<Timed>) {
-    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<(Timed, bool)>();
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<(Timed, CallResult)>();
     let server_before = procs::cpu_seconds(server_pid);
     let client_before = procs::own_cpu_seconds();
     let machine_before = procs::machine_cpu_seconds();
@@ -211,9 +219,9 @@ pub async fn open_loop(
             tokio::spawn(async move {
                 let sent = Instant::now();
                 let at = sent.duration_since(started).as_secs_f64();
-                let ok = op((n as usize) % connections, n).await.is_ok();
+                let result = op((n as usize) % connections, n).await;
                 let latency = sent.elapsed().as_nanos() as u64;
-                let _ = sender.send((Timed { at, latency }, ok));
+                let _ = sender.send((Timed { at, latency }, result));
             });
             issued += 1;
         }
@@ -222,14 +230,16 @@ pub async fn open_loop(
     drop(sender);
     let mut timed = Vec::with_capacity(issued as usize);
     let mut sample = Sample::default();
-    while let Some((call, ok)) = receiver.recv().await {
-        if ok {
-            sample.calls += 1;
-            sample.keys += 1;
-            sample.latencies.push(call.latency);
-            timed.push(call);
-        } else {
-            sample.errors += 1;
+    while let Some((call, result)) = receiver.recv().await {
+        match result {
+            Ok(keys) => {
+                sample.calls += 1;
+                sample.keys += keys;
+                sample.latencies.push(call.latency);
+                timed.push(call);
+            }
+            Err(error) if error.starts_with(SHED_PREFIX) => sample.refusals.push(call.latency),
+            Err(_) => sample.errors += 1,
         }
     }
     sample.wall = started.elapsed().as_secs_f64();

@@ -19,6 +19,7 @@
 
 mod baseline;
 mod drive;
+mod overload;
 mod procs;
 mod report;
 
@@ -69,10 +70,14 @@ const BATCH_POOL_KEYS: usize = 64_000;
 /// keys drawn from this many added ones (`RecordAbsent` stores nothing for a key the filter rejects).
 const WRITE_CANDIDATES: u64 = 2_000_000;
 /// The tombstone store is measured in a second, fresh gate process (so its RSS growth is the store's, not
-/// memory freed earlier and reused): one namespace holding at most this many tombstones is filled to exactly
-/// this many recorded, then half as many more are recorded, which evicts as many.
+/// memory freed earlier and reused): one namespace holding at most this many tombstones gets twice as many
+/// recorded (a key may live only in its 16-slot bucket, so the first pass leaves some buckets short of full;
+/// the second fills them), then half as many more, each evicting one.
 const TOMBSTONE_CAPACITY: u64 = 131_072;
-/// Lookups of tombstoned keys (namespace `tomb` of the main gate, which never evicts) cycle through this many.
+/// Distinct keys recorded into the second gate's store.
+const TOMBSTONE_RECORDS: u64 = TOMBSTONE_CAPACITY * 5 / 2;
+/// Lookups of tombstoned keys (namespace `tomb` of the main gate) cycle through this many; `tomb` holds
+/// four times as many, so that no 16-slot bucket overflows and evicts one of them.
 const TOMBSTONE_LOOKUPS: u64 = 65_536;
 /// How often the harness scrapes the gate's `/metrics`, as Prometheus would (its histograms buffer every
 /// sample until a scrape).
@@ -120,7 +125,7 @@ expected_keys = 1000000
 retention = "{}s"
 windows = 2
 "#,
-        TOMBSTONE_LOOKUPS * 2,
+        TOMBSTONE_LOOKUPS * 4,
         ROTATION_SPAN_MS / 1_000
     )
 }
@@ -142,7 +147,7 @@ missing_ttl = "10m"
 [namespaces.plain]
 expected_keys = {}
 "#,
-        TOMBSTONE_CAPACITY * 2,
+        TOMBSTONE_RECORDS,
         TOMBSTONE_CAPACITY * 2
     )
 }
@@ -196,8 +201,13 @@ type Clients = Arc<Vec<ExistenceGateClient<Channel>>>;
 type RedisConnections = Arc<Vec<MultiplexedConnection>>;
 
 async fn connect(server: &Server) -> Clients {
+    connect_n(server, CONNECTIONS).await
+}
+
+/// `connections` clients, each on its own HTTP/2 connection.
+async fn connect_n(server: &Server, connections: usize) -> Clients {
     let mut clients = Vec::new();
-    for _ in 0..CONNECTIONS {
+    for _ in 0..connections {
         // One Channel is one HTTP/2 connection.
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
             .expect("a valid address")
@@ -635,9 +645,9 @@ async fn tombstone_store(report: &mut Report) -> report::TombstoneMemory {
     println!("tombstone store (second gate): fill to {TOMBSTONE_CAPACITY}, lookups, evictions...");
     let config = tempfile::NamedTempFile::new().expect("a temporary file");
     std::fs::write(config.path(), store_config()).expect("writing the configuration");
-    let server = procs::start_gate(&procs::gate_binary(), config.path());
+    let server = procs::start_gate(&procs::gate_binary(), config.path(), None);
     let clients = connect(&server).await;
-    fill(&clients, &server, "default", TOMB, TOMBSTONE_CAPACITY * 2).await;
+    fill(&clients, &server, "default", TOMB, TOMBSTONE_RECORDS).await;
     // Warm the connections and the runtime, then flush the metrics buffers before the baseline reading.
     let absent = Arc::new(keys((0..UNARY_POOL as u64).map(|i| ABSENT + i)));
     let warm = may_exist(&clients, "plain", Arc::clone(&absent), None);
@@ -657,10 +667,15 @@ async fn tombstone_store(report: &mut Report) -> report::TombstoneMemory {
         &clients,
         "default",
         TOMB,
-        TOMBSTONE_CAPACITY * 2,
+        TOMBSTONE_RECORDS,
         Arc::new(AtomicU64::new(0)),
     );
-    repeat(&record, TOMBSTONE_CAPACITY, "RecordAbsent into the store").await;
+    repeat(
+        &record,
+        TOMBSTONE_CAPACITY * 2,
+        "RecordAbsent into the store",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss_after = server.rss_bytes();
     let full = stats(&server, "default").await;
@@ -710,7 +725,8 @@ async fn tombstone_store(report: &mut Report) -> report::TombstoneMemory {
     );
     scraper.abort();
     report::TombstoneMemory {
-        recorded: TOMBSTONE_CAPACITY,
+        capacity: TOMBSTONE_CAPACITY,
+        recorded: TOMBSTONE_CAPACITY * 2,
         stored: full.tombstones,
         table_bytes: full.tombstone_bytes,
         rss_delta: rss_after.saturating_sub(rss_before),
@@ -733,6 +749,9 @@ fn main() {
         return;
     }
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    if args.iter().any(|a| a == "overload") {
+        return runtime.block_on(overload::run());
+    }
     runtime.block_on(run());
 }
 
@@ -743,7 +762,7 @@ async fn run() {
     std::fs::write(config.path(), gate_config()).expect("writing the configuration");
     report.config = gate_config();
 
-    let gate = procs::start_gate(&procs::gate_binary(), config.path());
+    let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
     let trivial = procs::start_baseline();
     let redis = procs::start_redis();
     if redis.is_none() {

@@ -141,9 +141,19 @@ pub fn gate_binary() -> PathBuf {
     release
 }
 
-/// Starts the gate, in memory only, with the configuration file `config`; returns once it serves.
-pub fn start_gate(binary: &Path, config: &Path) -> Server {
-    let mut child = Command::new(binary)
+/// Starts the gate, in memory only, with the configuration file `config`, on the CPUs `cpus` (a `taskset`
+/// list) if given; returns once it serves.
+pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
+    let mut command = match cpus {
+        // `taskset` execs the gate, so the child's pid is the gate's.
+        Some(cpus) => {
+            let mut command = Command::new("taskset");
+            command.args(["-c", cpus]).arg(binary);
+            command
+        }
+        None => Command::new(binary),
+    };
+    let mut child = command
         .args([
             "serve",
             "--listen",

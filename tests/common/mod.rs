@@ -91,3 +91,13 @@ pub async fn http_get(server: &RunningServer, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// Keys as `packed_keys` wants them: each preceded by its length as a varint.
+pub fn pack(keys: &[bytes::Bytes]) -> bytes::Bytes {
+    let mut packed = Vec::new();
+    for key in keys {
+        prost::encoding::encode_varint(key.len() as u64, &mut packed);
+        packed.extend_from_slice(key);
+    }
+    packed.into()
+}
