@@ -1,7 +1,7 @@
 //! Hostile traffic: a flood of random absences next to hot tombstones, overload far beyond the in-flight
 //! limit, subscribers that never read, and malformed wire input. The gate must stay up, bounded and
 //! correct. Scales are set for a 2-core CI machine; `EXISTENCE_FLOOD_KEYS` raises the flood (the README's
-//! figures use 2,000,000).
+//! figure uses 2,000,000) and `EXISTENCE_SUBSCRIBER_KEYS` sets the keys added past idle subscribers.
 
 mod common;
 
@@ -335,7 +335,10 @@ async fn subscribers_that_never_read_get_resync_and_memory_stays_bounded() {
     // Memory is measured for this whole process (server and 100 clients): what must hold is that it stops
     // growing once flow-control windows are full, however many more keys are added.
     let rss_before = rss_mb();
-    let keys_total = 60_000u32;
+    let keys_total: u32 = std::env::var("EXISTENCE_SUBSCRIBER_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     let mut grown_at_third = 0.0;
     for batch in 0..keys_total / 1_000 {
         let keys = (0..1_000u32)

@@ -16,8 +16,8 @@ use existence_gate::proto::{
     MayExistResponse, RecordAbsentRequest, RecordAbsentResponse, RecordOutcome,
     SubscribeInvalidationsRequest,
 };
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::Stream;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 /// Handlers that answer without looking anything up.
@@ -124,7 +124,8 @@ pub fn serve() {
             .max_encoding_message_size(16 << 20);
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming(TcpListenerStream::new(listener))
+            // Nagle off, as the gate has it: otherwise small trailers wait for delayed ACKs.
+            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
             .await
             .expect("the trivial server failed");
     });
