@@ -12,7 +12,7 @@
 //! - [`persistence`]: the data directory — write-ahead log, snapshots, recovery.
 //! - [`namespace`]: one key space — the deterministic state machine plus the decisions that feed it.
 //! - [`gate`]: all namespaces, request validation and warming; the core's public surface.
-//! - [`clock`]: time as the core sees it (a manual clock in tests).
+//! - [`clock`]: time as the core sees it (a manual clock in tests); [`prefetch`]: the cache hint batches use.
 //! - [`config`]: TOML configuration and its defaults.
 //! - [`metrics`]: Prometheus metrics with pre-resolved handles.
 //! - [`grpc`]: the thin gRPC layer that maps the contract onto the gate; [`admin`]: stats, snapshots, rebuild;
@@ -37,6 +37,7 @@ pub mod log;
 pub mod metrics;
 pub mod namespace;
 pub mod persistence;
+pub mod prefetch;
 pub mod rate_limit;
 pub mod recent_adds;
 pub mod server;

@@ -59,6 +59,27 @@ impl Lookup {
         answer: Answer::MayExist,
         basis: Basis::Warming,
     };
+
+    /// The answer for a key: a live tombstone (`tombstoned`) answers first; otherwise the filter
+    /// (`in_filter`, asked only if needed) decides.
+    #[inline]
+    fn of(tombstoned: bool, in_filter: impl FnOnce() -> bool) -> Lookup {
+        if tombstoned {
+            Lookup {
+                answer: Answer::Absent,
+                basis: Basis::Tombstone,
+            }
+        } else {
+            Lookup {
+                answer: if in_filter() {
+                    Answer::MayExist
+                } else {
+                    Answer::Absent
+                },
+                basis: Basis::Filter,
+            }
+        }
+    }
 }
 
 /// The result of an `Add`.
@@ -274,9 +295,10 @@ impl Namespace {
     #[inline]
     pub fn lookup(&self, key: &[u8], now_ms: u64) -> Lookup {
         let hash = self.hasher.hash(key);
-        let lookup = self.answer(key, hash, now_ms, || {
-            self.filter.load().contains(hash, now_ms)
-        });
+        let tombstoned = self
+            .tombstones
+            .lookup(hash, || self.hasher.strong(key), now_ms);
+        let lookup = Lookup::of(tombstoned, || self.filter.load().contains(hash, now_ms));
         self.metrics.count_answers(std::slice::from_ref(&lookup));
         lookup
     }
@@ -285,50 +307,25 @@ impl Namespace {
     /// their cache misses overlap.
     pub fn lookup_many<K: AsRef<[u8]>>(&self, keys: &[K], now_ms: u64, answers: &mut Vec<Lookup>) {
         let hashes: Vec<KeyHash> = keys.iter().map(|k| self.hasher.hash(k.as_ref())).collect();
+        let mut tombstoned = Vec::with_capacity(hashes.len());
+        self.tombstones.lookup_many(
+            &hashes,
+            |i| self.hasher.strong(keys[i].as_ref()),
+            now_ms,
+            &mut tombstoned,
+        );
         let mut in_filter = Vec::with_capacity(hashes.len());
         self.filter
             .load()
             .contains_many(&hashes, now_ms, &mut in_filter);
         answers.clear();
         answers.extend(
-            hashes
-                .iter()
-                .zip(keys)
+            tombstoned
+                .into_iter()
                 .zip(in_filter)
-                .map(|((hash, key), in_filter)| {
-                    self.answer(key.as_ref(), *hash, now_ms, || in_filter)
-                }),
+                .map(|(tombstoned, in_filter)| Lookup::of(tombstoned, || in_filter)),
         );
         self.metrics.count_answers(answers);
-    }
-
-    /// A live tombstone answers first; otherwise the filter (`in_filter`, asked only if needed) decides.
-    #[inline]
-    fn answer(
-        &self,
-        key: &[u8],
-        hash: KeyHash,
-        now_ms: u64,
-        in_filter: impl FnOnce() -> bool,
-    ) -> Lookup {
-        if self
-            .tombstones
-            .lookup(hash, || self.hasher.strong(key), now_ms)
-        {
-            Lookup {
-                answer: Answer::Absent,
-                basis: Basis::Tombstone,
-            }
-        } else {
-            Lookup {
-                answer: if in_filter() {
-                    Answer::MayExist
-                } else {
-                    Answer::Absent
-                },
-                basis: Basis::Filter,
-            }
-        }
     }
 
     /// Adds `keys` (non-empty, validated) at `now_ms`.

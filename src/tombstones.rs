@@ -46,6 +46,7 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use crate::hashing::{KeyHash, StrongKey};
+use crate::prefetch::LOOKAHEAD;
 
 /// Why the source says a key does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -215,6 +216,31 @@ impl Shard {
             matches &= matches - 1;
         }
         None
+    }
+
+    /// Whether a live tombstone holds the key with `tag` and strong hash `strong()` at `now_ms`; a hit
+    /// counts towards keeping it. Needs only a read lock: the counter is atomic.
+    #[inline]
+    fn hit(&self, tag: u32, strong: impl FnOnce() -> StrongKey, now_ms: u64) -> bool {
+        let Some(Slot { bucket, way }) = self.find(tag, strong) else {
+            return false;
+        };
+        if !self.entries[bucket][way].is_live(now_ms) {
+            return false;
+        }
+        let hits = &self.meta[bucket].hits[way];
+        if hits.load(Ordering::Relaxed) < HITS_CAP {
+            hits.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Starts loading the tag line `tag` would be found in.
+    #[inline]
+    fn prefetch(&self, tag: u32) {
+        if let Some(tags) = self.tags.get(self.bucket(tag)) {
+            crate::prefetch::prefetch(tags);
+        }
     }
 
     /// An empty slot in the bucket of `tag`, if it has one (none before the first bucket exists).
@@ -419,18 +445,37 @@ impl TombstoneStore {
             return false;
         }
         let tag = tag(hash);
-        let shard = lock!(self.shard(tag), read);
-        let Some(Slot { bucket, way }) = shard.find(tag, strong) else {
-            return false;
-        };
-        if !shard.entries[bucket][way].is_live(now_ms) {
-            return false;
+        lock!(self.shard(tag), read).hit(tag, strong, now_ms)
+    }
+
+    /// [`lookup`](Self::lookup) of many keys, in order, into `found`; `strong(i)` is key `i`'s strong hash.
+    /// A batch takes each shard's read lock once rather than once per key (writers, which take one shard
+    /// at a time, wait for the batch), and prefetches the tag lines of the keys a few places ahead, so that
+    /// their cache misses overlap.
+    pub fn lookup_many(
+        &self,
+        hashes: &[KeyHash],
+        strong: impl Fn(usize) -> StrongKey,
+        now_ms: u64,
+        found: &mut Vec<bool>,
+    ) {
+        found.clear();
+        if self.is_empty() {
+            found.resize(hashes.len(), false);
+            return;
         }
-        let hits = &shard.meta[bucket].hits[way];
-        if hits.load(Ordering::Relaxed) < HITS_CAP {
-            hits.fetch_add(1, Ordering::Relaxed);
+        let shards: Vec<_> = self.shards.iter().map(|s| lock!(s, read)).collect();
+        let shard = |tag: u32| &shards[tag as usize & (shards.len() - 1)];
+        for hash in hashes.iter().take(LOOKAHEAD) {
+            shard(tag(*hash)).prefetch(tag(*hash));
         }
-        true
+        found.extend(hashes.iter().enumerate().map(|(i, hash)| {
+            if let Some(ahead) = hashes.get(i + LOOKAHEAD) {
+                shard(tag(*ahead)).prefetch(tag(*ahead));
+            }
+            let tag = tag(*hash);
+            shard(tag).hit(tag, || strong(i), now_ms)
+        }));
     }
 
     /// Stores (or replaces) the tombstone of `key`, evicting another if its bucket or the store is full.
@@ -866,7 +911,18 @@ mod tests {
                     }
                     Op::Lookup(k) => {
                         let held = model.get(&k).is_some_and(|(expires, _)| *expires > now);
+                        let batch = [keys[k], keys[(k + 1) % keys.len()], keys[k]];
+                        let mut in_batch = Vec::new();
+                        store.lookup_many(
+                            &batch.map(|key| key.0),
+                            |i| batch[i].1.strong,
+                            now,
+                            &mut in_batch,
+                        );
                         let found = store.has(keys[k], now);
+                        prop_assert_eq!(in_batch[0], found, "batch and single lookups agree");
+                        prop_assert_eq!(in_batch[2], found);
+                        prop_assert_eq!(in_batch[1], store.has(batch[1], now));
                         prop_assert!(!found || held, "a tombstone for a key never recorded");
                         if evicted == 0 {
                             prop_assert_eq!(found, held);

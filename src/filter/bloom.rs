@@ -260,16 +260,7 @@ impl BloomLayer {
     /// cache: a batch issues all its prefetches first and overlaps the misses.
     #[inline]
     pub fn prefetch(&self, hash: KeyHash) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let line = self.block(hash) as *const Block as *const i8;
-            // SAFETY: prefetching is a hint with no architectural effect; `line` points into a live allocation
-            // (and a prefetch of any address cannot fault).
-            unsafe { _mm_prefetch(line, _MM_HINT_T0) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = hash;
+        crate::prefetch::prefetch(self.block(hash));
     }
 
     /// Copies of the raw bit words, block after block (what a snapshot stores).

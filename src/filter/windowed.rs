@@ -32,6 +32,7 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 
 use super::bloom::{BloomLayer, Geometry};
 use crate::hashing::KeyHash;
+use crate::prefetch::LOOKAHEAD;
 
 /// How long keys stay in the filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -288,8 +289,6 @@ impl WindowedFilter {
             .filter(|w| w.id >= oldest)
             .flat_map(|w| w.layers.iter().map(Arc::as_ref))
             .collect();
-        /// Keys whose blocks are in flight at once: enough to cover memory latency, few enough to stay in L1.
-        const LOOKAHEAD: usize = 16;
         for hash in hashes.iter().take(LOOKAHEAD) {
             live.iter().for_each(|layer| layer.prefetch(*hash));
         }
