@@ -33,10 +33,22 @@ pub fn router(gate: Arc<Gate>, prometheus: PrometheusHandle, shutdown: Shutdown)
         })
 }
 
-async fn metrics(State(http): State<Http>) -> String {
-    http.gate.export_gauges();
-    http.prometheus.run_upkeep();
-    http.prometheus.render()
+/// Renders the metrics on the blocking pool: folding the latency samples recorded since the last upkeep
+/// and rendering every series take milliseconds under load, which on a request thread would stall the gRPC
+/// calls queued behind it.
+async fn metrics(State(http): State<Http>) -> (StatusCode, String) {
+    let render = tokio::task::spawn_blocking(move || {
+        http.gate.export_gauges();
+        http.prometheus.run_upkeep();
+        http.prometheus.render()
+    });
+    match render.await {
+        Ok(text) => (StatusCode::OK, text),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering the metrics failed: {e}\n"),
+        ),
+    }
 }
 
 async fn healthz() -> &'static str {
