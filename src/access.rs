@@ -163,17 +163,18 @@ pub struct InFlightLimit<S> {
     in_flight: Arc<InFlight>,
 }
 
-type HttpResponse = http::Response<tonic::body::Body>;
+/// A response as the gRPC server's layers see it.
+pub(crate) type GrpcResponse = http::Response<tonic::body::Body>;
 
 impl<S, B> Service<http::Request<B>> for InFlightLimit<S>
 where
-    S: Service<http::Request<B>, Response = HttpResponse>,
+    S: Service<http::Request<B>, Response = GrpcResponse>,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
-    type Response = HttpResponse;
+    type Response = GrpcResponse;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<HttpResponse, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<GrpcResponse, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

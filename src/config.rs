@@ -185,8 +185,10 @@ impl NamespaceSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Calls handled at once across all connections; beyond it calls fail fast with `RESOURCE_EXHAUSTED`
-    /// instead of queueing without bound (subscription streams count while they are being set up).
+    /// Calls in flight across all connections, counted from the moment the server dispatches them (before
+    /// decoding, so calls queued for a busy core count too) until their response is ready; beyond it calls
+    /// fail fast with `RESOURCE_EXHAUSTED` instead of queueing without bound. Subscription streams count
+    /// while they are being set up; health checks and reflection never count.
     pub max_in_flight: usize,
     /// HTTP/2 streams one connection may have open at once (calls and subscriptions).
     pub max_concurrent_streams: u32,

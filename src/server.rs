@@ -23,7 +23,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::access::{Access, InFlightLimitLayer};
+use crate::access::{Access, GrpcResponse, InFlightLimitLayer};
 use crate::admin::AdminService;
 use crate::auth::Authorizer;
 use crate::clock::Clock;
@@ -221,8 +221,6 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
         health.set_service_status(name, status).await;
     }
 }
-
-type GrpcResponse = tonic::codegen::http::Response<tonic::body::Body>;
 
 /// tonic refuses a message over the size limit with `OUT_OF_RANGE`; the gRPC spec (and every other gRPC
 /// implementation, so every client's retry logic) says `RESOURCE_EXHAUSTED`. Rewrites that one status.
