@@ -8,8 +8,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::access::{self, Access};
 use crate::auth::{Role, Scope};
-use crate::gate::Gate;
+use crate::gate::{Gate, GateError};
 use crate::grpc::status;
+use crate::namespace::WriteError;
 use crate::proto;
 use crate::proto::admin_server::Admin;
 use crate::server::Persistence;
@@ -164,7 +165,9 @@ impl Admin for AdminService {
                 .feed_rebuild(&mut rebuild, &message.keys)
                 .map_err(status)?;
         }
-        let rebuilt = rebuild.finish();
+        let rebuilt = rebuild
+            .finish()
+            .map_err(|stopped| status(GateError::from(WriteError::from(stopped))))?;
         tracing::info!(namespace = %first.namespace, keys = rebuilt.keys, bytes = rebuilt.filter_bytes, "filter rebuilt");
         if self.durable {
             // The rebuilt filter exists only in memory until a snapshot holds it; a crash before that restores

@@ -16,7 +16,7 @@ use crate::hashing::KeyHasher;
 use crate::invalidations::Subscription;
 use crate::log::{Log, LogError, Mutation};
 use crate::namespace::{
-    AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Rebuild, Recorded,
+    AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Rebuild, Recorded, WriteError,
 };
 
 /// Why a request was refused. Nothing was changed and no seq was used.
@@ -50,6 +50,12 @@ impl std::error::Error for GateError {}
 
 impl From<LogError> for GateError {
     fn from(error: LogError) -> Self {
+        Self::Unavailable(error.to_string())
+    }
+}
+
+impl From<WriteError> for GateError {
+    fn from(error: WriteError) -> Self {
         Self::Unavailable(error.to_string())
     }
 }
@@ -246,6 +252,15 @@ impl Gate {
     ) -> Result<Recorded, GateError> {
         let namespace = self.namespace(namespace)?;
         self.check_key(&report.key, None)?;
+        let latest = namespace.latest_seq();
+        if report.observed_seq > latest {
+            return Err(GateError::InvalidArgument(format!(
+                "observed_seq {} is ahead of namespace {:?}'s latest seq {latest}: it was not observed on \
+                 this server (another deployment, or state lost in a restart); look the key up again",
+                report.observed_seq,
+                namespace.name()
+            )));
+        }
         let log = self.writable_log()?;
         Ok(namespace.record_absent(report, self.clock.now_ms(), log)?)
     }
@@ -271,12 +286,15 @@ impl Gate {
     pub fn begin_rebuild(&self, namespace: &str) -> Result<Rebuild, GateError> {
         let namespace = self.namespace(namespace)?;
         self.writable_log()?;
-        namespace.begin_rebuild().ok_or_else(|| {
-            GateError::Conflict(format!(
-                "a rebuild of namespace {:?} is already running; wait for it to finish",
-                namespace.name()
-            ))
-        })
+        namespace
+            .begin_rebuild()
+            .map_err(WriteError::from)?
+            .ok_or_else(|| {
+                GateError::Conflict(format!(
+                    "a rebuild of namespace {:?} is already running; wait for it to finish",
+                    namespace.name()
+                ))
+            })
     }
 
     /// Feeds validated keys to a rebuild.
@@ -311,7 +329,9 @@ impl Gate {
                 mutation.namespace()
             ));
         }
-        namespace.apply(mutation);
+        namespace
+            .apply(mutation)
+            .map_err(|stopped| stopped.to_string())?;
         Ok(())
     }
 
@@ -336,14 +356,15 @@ impl Gate {
                 image.name
             ));
         }
-        namespace.restore(
-            image.seq,
-            image.keys_added,
-            image.windows,
-            &image.tombstones,
-            self.clock.now_ms(),
-        );
-        Ok(())
+        namespace
+            .restore(
+                image.seq,
+                image.keys_added,
+                image.windows,
+                &image.tombstones,
+                self.clock.now_ms(),
+            )
+            .map_err(|stopped| stopped.to_string())
     }
 
     /// The hasher's [`check_value`](KeyHasher::check_value), recorded in snapshots.

@@ -12,6 +12,12 @@ use bytes::Bytes;
 
 use crate::tombstones::AbsenceKind;
 
+/// The seq of every namespace before its first mutation. Seqs count from 1, not 0, so that every
+/// `observed_seq` an answer carries differs from 0, which in a request means "not observed": a client that
+/// looked a key up in a namespace no one had written yet still gets `SUPERSEDED` if the key is added before
+/// its `RecordAbsent`.
+pub const GENESIS_SEQ: u64 = 1;
+
 /// One state change of one namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mutation {
@@ -56,6 +62,14 @@ impl Mutation {
         match self {
             Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } => *seq,
         }
+    }
+
+    /// The same mutation with its seq `by` higher: for logs written when seqs counted from another origin.
+    pub fn shift_seq(mut self, by: u64) -> Self {
+        match &mut self {
+            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } => *seq += by,
+        }
+        self
     }
 }
 

@@ -6,7 +6,7 @@
 //! (`Add`, stored tombstones) are serialised by the writer lock, which makes seq order, log order and apply
 //! order the same.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use crate::config::NamespaceSettings;
 use crate::filter::{BloomLayer, FilterStats, WindowedFilter};
 use crate::hashing::{KeyHash, KeyHasher};
 use crate::invalidations::{Hub, Invalidation, Subscription};
-use crate::log::{Log, LogError, Mutation};
+use crate::log::{Log, LogError, Mutation, GENESIS_SEQ};
 use crate::metrics::NamespaceMetrics;
 use crate::rate_limit::TokenBucket;
 use crate::recent_adds::RecentAdds;
@@ -152,6 +152,59 @@ pub struct NamespaceStats {
     pub subscribers: usize,
 }
 
+/// Why a namespace refuses a write.
+#[derive(Debug)]
+pub enum WriteError {
+    /// The log could not record it.
+    Log(LogError),
+    /// A mutation panicked while being applied: see [`WritesStopped`].
+    Stopped(WritesStopped),
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Log(error) => error.fmt(f),
+            Self::Stopped(stopped) => stopped.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+impl From<LogError> for WriteError {
+    fn from(error: LogError) -> Self {
+        Self::Log(error)
+    }
+}
+
+impl From<WritesStopped> for WriteError {
+    fn from(stopped: WritesStopped) -> Self {
+        Self::Stopped(stopped)
+    }
+}
+
+/// A namespace whose writer panicked mid-mutation. Its state may then differ from what replaying the log
+/// yields (the mutation was logged, but only part of it applied), and answers built on such a state could be
+/// a false "absent" that no restart would reproduce. So it takes no more writes; reads are still answered
+/// from what was applied, and a restart rebuilds the state from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WritesStopped(pub Arc<str>);
+
+impl std::fmt::Display for WritesStopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "namespace {:?} takes no more writes: applying a mutation failed part-way (a panic), so its \
+             state may differ from its log; reads are still answered. Restart the server to rebuild the \
+             state from the log",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for WritesStopped {}
+
 /// State only writers touch.
 struct Writer {
     /// Bounds on each key's newest `Add` seq, for `SUPERSEDED`.
@@ -192,23 +245,25 @@ impl Rebuild {
     }
 
     /// Swaps the rebuilt filter in. Adds applied since the rebuild began are in it too.
-    pub fn finish(mut self) -> Rebuilt {
-        let mut writer = self.namespace.writer();
+    pub fn finish(mut self) -> Result<Rebuilt, WritesStopped> {
+        let mut writer = self.namespace.writer()?;
         writer.shadow = None;
         self.namespace.filter.store(Arc::clone(&self.shadow));
         self.finished = true;
-        Rebuilt {
+        Ok(Rebuilt {
             keys: self.keys,
             filter_bytes: self.shadow.bytes(),
             seq: self.namespace.latest_seq(),
-        }
+        })
     }
 }
 
 impl Drop for Rebuild {
     fn drop(&mut self) {
-        if !self.finished {
-            let mut writer = self.namespace.writer();
+        if self.finished {
+            return;
+        }
+        if let Ok(mut writer) = self.namespace.writer() {
             if writer
                 .shadow
                 .as_ref()
@@ -233,6 +288,8 @@ pub struct Namespace {
     keys_added: AtomicU64,
     hub: Arc<Hub>,
     writer: Mutex<Writer>,
+    /// Whether the stop was logged already.
+    writes_stopped: AtomicBool,
     metrics: NamespaceMetrics,
 }
 
@@ -264,10 +321,11 @@ impl Namespace {
             tombstones: TombstoneStore::new(settings.max_tombstones),
             settings,
             hasher,
-            latest_seq: Arc::new(AtomicU64::new(0)),
+            latest_seq: Arc::new(AtomicU64::new(GENESIS_SEQ)),
             keys_added: AtomicU64::new(0),
             hub: Arc::new(Hub::new(replay_buffer_bytes)),
             writer: Mutex::new(writer),
+            writes_stopped: AtomicBool::new(false),
             metrics: NamespaceMetrics::new(name),
         }
     }
@@ -287,8 +345,23 @@ impl Namespace {
         self.latest_seq.load(Ordering::Acquire)
     }
 
-    fn writer(&self) -> MutexGuard<'_, Writer> {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    /// The writer lock, unless a writer panicked while holding it (see [`WritesStopped`]).
+    fn writer(&self) -> Result<MutexGuard<'_, Writer>, WritesStopped> {
+        self.writer.lock().map_err(|_| {
+            if !self.writes_stopped.swap(true, Ordering::Relaxed) {
+                tracing::error!(
+                    namespace = %self.name,
+                    "a mutation panicked while being applied: this namespace takes no more writes until \
+                     a restart rebuilds its state from the log"
+                );
+            }
+            WritesStopped(Arc::clone(&self.name))
+        })
+    }
+
+    /// Whether writes were stopped by a panic while applying a mutation.
+    pub fn writes_stopped(&self) -> bool {
+        self.writer.is_poisoned()
     }
 
     /// The answer for one key at `now_ms`.
@@ -329,8 +402,8 @@ impl Namespace {
     }
 
     /// Adds `keys` (non-empty, validated) at `now_ms`.
-    pub fn add(&self, keys: Vec<Bytes>, now_ms: u64, log: &dyn Log) -> Result<Added, LogError> {
-        let mut writer = self.writer();
+    pub fn add(&self, keys: Vec<Bytes>, now_ms: u64, log: &dyn Log) -> Result<Added, WriteError> {
+        let mut writer = self.writer()?;
         let mutation = Mutation::Add {
             namespace: Arc::clone(&self.name),
             seq: self.latest_seq() + 1,
@@ -354,9 +427,9 @@ impl Namespace {
         report: AbsenceReport,
         now_ms: u64,
         log: &dyn Log,
-    ) -> Result<Recorded, LogError> {
+    ) -> Result<Recorded, WriteError> {
         let hash = self.hasher.hash(&report.key);
-        let mut writer = self.writer();
+        let mut writer = self.writer()?;
         let not_stored = |outcome| Recorded {
             outcome,
             seq: self.latest_seq(),
@@ -420,9 +493,9 @@ impl Namespace {
     }
 
     /// Applies a mutation from the log (replay, or a replica's feed). Mutations must arrive in seq order.
-    pub fn apply(&self, mutation: Mutation) -> u32 {
-        let mut writer = self.writer();
-        self.apply_locked(&mut writer, mutation)
+    pub fn apply(&self, mutation: Mutation) -> Result<u32, WritesStopped> {
+        let mut writer = self.writer()?;
+        Ok(self.apply_locked(&mut writer, mutation))
     }
 
     /// The state machine's step; returns how many live tombstones an `Add` cleared.
@@ -487,19 +560,19 @@ impl Namespace {
     }
 
     /// Starts rebuilding the filter beside the live one; `None` if a rebuild already runs.
-    pub fn begin_rebuild(self: &Arc<Self>) -> Option<Rebuild> {
-        let mut writer = self.writer();
+    pub fn begin_rebuild(self: &Arc<Self>) -> Result<Option<Rebuild>, WritesStopped> {
+        let mut writer = self.writer()?;
         if writer.shadow.is_some() {
-            return None;
+            return Ok(None);
         }
         let shadow = Arc::new(WindowedFilter::new(self.settings.filter_spec()));
         writer.shadow = Some(Arc::clone(&shadow));
-        Some(Rebuild {
+        Ok(Some(Rebuild {
             namespace: Arc::clone(self),
             shadow,
             keys: 0,
             finished: false,
-        })
+        }))
     }
 
     /// Replaces the whole state with a snapshot's: filter windows, live tombstones and seq. Invalidations
@@ -512,8 +585,8 @@ impl Namespace {
         windows: Vec<(u64, Vec<BloomLayer>)>,
         tombstones: &[Tombstone],
         now_ms: u64,
-    ) {
-        let mut writer = self.writer();
+    ) -> Result<(), WritesStopped> {
+        let mut writer = self.writer()?;
         let filter = WindowedFilter::from_windows(self.settings.filter_spec(), windows);
         self.filter.store(Arc::new(filter));
         for tombstone in tombstones {
@@ -528,23 +601,27 @@ impl Namespace {
         self.keys_added.store(keys_added, Ordering::Relaxed);
         self.hub.reset(seq);
         self.latest_seq.store(seq, Ordering::Release);
+        Ok(())
     }
 
     /// The state a snapshot needs: the seq it is consistent from, keys added, the filter windows and the live
     /// tombstones. The seq is read under the writer lock, so every mutation logged before this call is
     /// included; later mutations may be partly included and are replayed from the log.
-    pub fn export(&self, now_ms: u64) -> (u64, u64, Vec<WindowImage>, Vec<Tombstone>) {
+    pub fn export(
+        &self,
+        now_ms: u64,
+    ) -> Result<(u64, u64, Vec<WindowImage>, Vec<Tombstone>), WritesStopped> {
         let seq = {
-            let _writer = self.writer();
+            let _writer = self.writer()?;
             self.latest_seq()
         };
         let keys_added = self.keys_added.load(Ordering::Relaxed);
-        (
+        Ok((
             seq,
             keys_added,
             self.filter.load().export(),
             self.tombstones.live(now_ms),
-        )
+        ))
     }
 
     /// Frees dead windows and expired tombstones; the server calls it periodically.
@@ -576,5 +653,89 @@ impl Namespace {
     /// Publishes the gauges of this namespace.
     pub fn export_gauges(&self, now_ms: u64) {
         self.metrics.export(&self.stats(now_ms));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::MemoryLog;
+
+    fn namespace() -> Arc<Namespace> {
+        let hasher = Arc::new(KeyHasher::from_seed([9; 32]));
+        Arc::new(Namespace::new(
+            "default",
+            NamespaceSettings::default(),
+            hasher,
+            1 << 16,
+        ))
+    }
+
+    fn key(k: &str) -> Bytes {
+        Bytes::copy_from_slice(k.as_bytes())
+    }
+
+    /// A panic while the writer lock is held (as inside `apply_locked`) stops writes, logged or replayed, and
+    /// snapshots of the possibly half-applied state; lookups go on.
+    #[test]
+    fn a_panic_while_applying_stops_writes_but_not_reads() {
+        let namespace = namespace();
+        let log = MemoryLog::default();
+        namespace.add(vec![key("before")], 1_000, &log).unwrap();
+        let panicking = Arc::clone(&namespace);
+        let result = std::thread::spawn(move || {
+            let _writer = panicking.writer();
+            panic!("a bug inside the state machine");
+        })
+        .join();
+        assert!(result.is_err());
+        assert!(namespace.writes_stopped());
+
+        let refused = namespace.add(vec![key("after")], 2_000, &log).unwrap_err();
+        assert!(
+            matches!(&refused, WriteError::Stopped(WritesStopped(name)) if &**name == "default"),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("Restart the server"));
+        let report = AbsenceReport {
+            key: key("before"),
+            kind: AbsenceKind::Missing,
+            observed_seq: namespace.latest_seq(),
+            ttl_seconds: 60,
+        };
+        assert!(namespace.record_absent(report, 2_000, &log).is_err());
+        assert!(namespace.export(2_000).is_err());
+        assert!(namespace.begin_rebuild().is_err());
+        let replayed = Mutation::Add {
+            namespace: Arc::from("default"),
+            seq: namespace.latest_seq() + 1,
+            at_ms: 2_000,
+            keys: vec![key("replayed")],
+        };
+        assert!(namespace.apply(replayed).is_err());
+        assert_eq!(log.mutations().len(), 1, "nothing more was logged");
+
+        assert_eq!(namespace.lookup(b"before", 3_000).answer, Answer::MayExist);
+    }
+
+    /// In a namespace no one has written, an answer's seq is still not 0, so an `Add` that races a
+    /// `RecordAbsent` of the recommended read path makes it `SUPERSEDED`.
+    #[test]
+    fn an_observation_of_a_fresh_namespace_still_detects_a_later_add() {
+        let namespace = namespace();
+        let log = MemoryLog::default();
+        let observed_seq = namespace.latest_seq();
+        assert_eq!(observed_seq, GENESIS_SEQ);
+        assert_ne!(observed_seq, 0, "0 in a request means \"not observed\"");
+        namespace.add(vec![key("raced")], 1_000, &log).unwrap();
+        let report = AbsenceReport {
+            key: key("raced"),
+            kind: AbsenceKind::Missing,
+            observed_seq,
+            ttl_seconds: 60,
+        };
+        let recorded = namespace.record_absent(report, 1_001, &log).unwrap();
+        assert_eq!(recorded.outcome, RecordOutcome::Superseded);
+        assert_eq!(namespace.lookup(b"raced", 1_002).answer, Answer::MayExist);
     }
 }

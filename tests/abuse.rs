@@ -15,7 +15,7 @@ use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
 use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
-use existence_gate::log::VolatileLog;
+use existence_gate::log::{VolatileLog, GENESIS_SEQ};
 use existence_gate::namespace::{AbsenceReport, Basis, RecordOutcome};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
@@ -373,7 +373,8 @@ async fn subscribers_that_never_read_get_resync_and_memory_stays_bounded() {
             if message.cause() == InvalidationCause::Resync {
                 // The latest seq when this subscriber's stream noticed it had fallen behind.
                 assert!(
-                    message.seq >= 1 && message.seq <= u64::from(keys_total / 1_000),
+                    message.seq > GENESIS_SEQ
+                        && message.seq <= GENESIS_SEQ + u64::from(keys_total / 1_000),
                     "{message:?}"
                 );
                 resynced = true;
@@ -469,5 +470,5 @@ async fn malformed_wire_input_gets_a_clean_error_and_the_server_keeps_serving() 
         })
         .await
         .expect("the server keeps serving");
-    assert_eq!(reply.into_inner().observed_seq, 0);
+    assert_eq!(reply.into_inner().observed_seq, GENESIS_SEQ);
 }

@@ -70,7 +70,7 @@ async fn stats_report_each_namespace() {
             default.windows,
             default.layers
         ),
-        (500, 1, 1, 1)
+        (500, 2, 1, 1)
     );
     assert!(
         default.estimated_keys >= 490 && default.estimated_keys <= 500,

@@ -193,3 +193,44 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
         "the race was never exercised"
     );
 }
+
+/// The first `Add` of a namespace racing the recommended read path (look up, read the source, record the
+/// absence with the lookup's seq): a tombstone may be stored only if its lookup came after the `Add`.
+/// Answers of a fresh namespace used to carry seq 0, which in a request means "not observed", so such a
+/// race stored a tombstone hiding the added key for its whole TTL.
+#[test]
+fn absences_racing_the_first_add_of_a_fresh_namespace_are_refused() {
+    let mut raced = 0;
+    for _ in 0..300 {
+        let gate = gate(Arc::new(ManualClock::new(START_MS)));
+        let hot = Bytes::from_static(b"first");
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let writer = {
+            let (gate, hot, barrier) = (gate.clone(), hot.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                gate.add("", vec![hot]).unwrap().seq
+            })
+        };
+        barrier.wait();
+        let (_, observed_seq) = gate.may_exist("", &hot).unwrap();
+        let report = AbsenceReport {
+            key: hot.clone(),
+            kind: AbsenceKind::Missing,
+            observed_seq,
+            ttl_seconds: 60,
+        };
+        let recorded = gate.record_absent("", report).unwrap();
+        let added_seq = writer.join().unwrap();
+        if observed_seq < added_seq {
+            raced += 1;
+            assert_ne!(
+                recorded.outcome,
+                RecordOutcome::Recorded,
+                "an absence observed at seq {observed_seq}, before the Add at {added_seq}, was stored"
+            );
+            assert_eq!(gate.may_exist("", &hot).unwrap().0.answer, Answer::MayExist);
+        }
+    }
+    assert!(raced > 0, "no lookup ever preceded the Add");
+}

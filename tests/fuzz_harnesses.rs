@@ -288,10 +288,15 @@ fn valid_seeds_decode_to_what_was_encoded() {
                 )
                 .unwrap();
                 let mut records = Vec::new();
-                let replayed = existence_gate::persistence::wal::replay(dir.path(), 0, |m| {
-                    records.push(m);
-                    Ok(())
-                })
+                let replayed = existence_gate::persistence::wal::replay(
+                    dir.path(),
+                    0,
+                    harness::seed_fingerprint(),
+                    |m| {
+                        records.push(m);
+                        Ok(())
+                    },
+                )
                 .unwrap();
                 assert_eq!(replayed.truncated, None);
                 // Four rounds of one Add and two recorded absences.

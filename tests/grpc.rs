@@ -4,6 +4,7 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
+use existence_gate::log::GENESIS_SEQ;
 use existence_gate::proto::{
     AbsenceKind, AddRequest, Answer, Basis, BatchMayExistRequest, InvalidationCause,
     MayExistRequest, RecordAbsentRequest, RecordOutcome, SubscribeInvalidationsRequest,
@@ -66,14 +67,17 @@ async fn added_keys_may_exist_and_others_are_absent() {
         .into_inner();
     assert_eq!(before.answer(), Answer::Absent);
     assert_eq!(before.basis(), Basis::Filter);
-    assert_eq!(before.observed_seq, 0);
+    assert_eq!(
+        before.observed_seq, GENESIS_SEQ,
+        "never 0: 0 means \"not observed\""
+    );
 
     let added = client
         .add(add("", &["user:1", "user:2"]))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(added.seq, 1);
+    assert_eq!(added.seq, GENESIS_SEQ + 1);
     assert_eq!(added.tombstones_cleared, 0);
     let after = client
         .may_exist(may_exist("default", "user:1"))
@@ -82,7 +86,7 @@ async fn added_keys_may_exist_and_others_are_absent() {
         .into_inner();
     assert_eq!(after.answer(), Answer::MayExist);
     assert_eq!(after.basis(), Basis::Filter);
-    assert_eq!(after.observed_seq, 1);
+    assert_eq!(after.observed_seq, GENESIS_SEQ + 1);
 
     // Namespaces are independent key spaces with their own seqs.
     let other = client
@@ -98,11 +102,11 @@ async fn added_keys_may_exist_and_others_are_absent() {
             .unwrap()
             .into_inner()
             .seq,
-        1
+        GENESIS_SEQ + 1
     );
     assert_eq!(
         client.add(add("", &["y"])).await.unwrap().into_inner().seq,
-        2
+        GENESIS_SEQ + 2
     );
 }
 
@@ -131,7 +135,7 @@ async fn batches_answer_in_order_with_duplicates_and_up_to_the_limit() {
             Answer::Absent
         ]
     );
-    assert_eq!(reply.observed_seq, 1);
+    assert_eq!(reply.observed_seq, GENESIS_SEQ + 1);
 
     let empty = client
         .batch_may_exist(BatchMayExistRequest::default())
@@ -432,7 +436,7 @@ async fn bad_requests_get_precise_statuses_and_change_nothing() {
 
     // None of that used a seq.
     let reply = client.add(add("", &["first"])).await.unwrap().into_inner();
-    assert_eq!(reply.seq, 1);
+    assert_eq!(reply.seq, GENESIS_SEQ + 1);
 }
 
 #[tokio::test]
@@ -453,20 +457,20 @@ async fn subscription_live_resumed_and_resynced() {
     let first = live.message().await.unwrap().unwrap();
     assert_eq!(first.namespace, "default");
     assert_eq!(first.cause(), InvalidationCause::Added);
-    assert_eq!((first.seq, first.keys.clone()), (1, keys(&["a", "b"])));
+    assert_eq!((first.seq, first.keys.clone()), (2, keys(&["a", "b"])));
     let second = live.message().await.unwrap().unwrap();
-    assert_eq!((second.seq, second.keys), (2, keys(&["c"])));
+    assert_eq!((second.seq, second.keys), (3, keys(&["c"])));
 
-    // Resume exactly after seq 1.
+    // Resume exactly after seq 2.
     let mut resumed = client
         .subscribe_invalidations(SubscribeInvalidationsRequest {
             namespace: "default".into(),
-            after_seq: 1,
+            after_seq: 2,
         })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(resumed.message().await.unwrap().unwrap().seq, 2);
+    assert_eq!(resumed.message().await.unwrap().unwrap().seq, 3);
 
     // A seq this server never issued cannot be served exactly.
     let mut future = client
@@ -479,10 +483,10 @@ async fn subscription_live_resumed_and_resynced() {
         .into_inner();
     let resync = future.message().await.unwrap().unwrap();
     assert_eq!(resync.cause(), InvalidationCause::Resync);
-    assert_eq!(resync.seq, 2);
+    assert_eq!(resync.seq, 3);
     assert!(resync.keys.is_empty());
     client.add(add("", &["d"])).await.unwrap();
-    assert_eq!(future.message().await.unwrap().unwrap().seq, 3);
+    assert_eq!(future.message().await.unwrap().unwrap().seq, 4);
 }
 
 #[tokio::test]
@@ -524,10 +528,17 @@ async fn a_lagging_subscriber_gets_resync_then_continues() {
             break;
         }
     }
-    assert_eq!(resync_seq, Some(400), "a RESYNC at the latest seq");
+    assert_eq!(
+        resync_seq,
+        Some(GENESIS_SEQ + 400),
+        "a RESYNC at the latest seq"
+    );
     client.add(add("", &["after"])).await.unwrap();
     let next = slow.message().await.unwrap().unwrap();
-    assert_eq!((next.seq, next.cause()), (401, InvalidationCause::Added));
+    assert_eq!(
+        (next.seq, next.cause()),
+        (GENESIS_SEQ + 401, InvalidationCause::Added)
+    );
 }
 
 #[tokio::test]
@@ -543,14 +554,14 @@ async fn shutdown_ends_streams_with_unavailable() {
         .unwrap()
         .into_inner();
     client.add(add("", &["a"])).await.unwrap();
-    assert_eq!(stream.message().await.unwrap().unwrap().seq, 1);
+    assert_eq!(stream.message().await.unwrap().unwrap().seq, 2);
     let stopping = tokio::spawn(server.stop());
     let status = stream
         .message()
         .await
         .expect_err("stream ends with a status");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert!(status.message().contains("after_seq = 1"), "{status:?}");
+    assert!(status.message().contains("after_seq = 2"), "{status:?}");
     stopping.await.unwrap().unwrap();
 }
 

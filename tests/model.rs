@@ -14,7 +14,7 @@ use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
 use existence_gate::gate::{Gate, GateError};
 use existence_gate::hashing::KeyHasher;
-use existence_gate::log::MemoryLog;
+use existence_gate::log::{MemoryLog, GENESIS_SEQ};
 use existence_gate::namespace::{AbsenceReport, Answer, Basis, Lookup, RecordOutcome};
 use existence_gate::tombstones::AbsenceKind;
 use proptest::prelude::*;
@@ -76,7 +76,7 @@ enum Observe {
     Unknown,
     /// A fresh lookup just now.
     Fresh,
-    /// An old observation: seq 1 (anything added since must make the record `SUPERSEDED`).
+    /// An old observation: the genesis seq (anything added since must make the record `SUPERSEDED`).
     Stale,
 }
 
@@ -124,6 +124,16 @@ struct Model {
     added: HashMap<u8, (u64, u64)>,
     /// Key → expiry of its live-or-expired tombstone (cleared by Add).
     tombstones: HashMap<u8, u64>,
+}
+
+impl Model {
+    /// A namespace no one has written: at the genesis seq.
+    fn fresh() -> Self {
+        Self {
+            seq: GENESIS_SEQ,
+            ..Self::default()
+        }
+    }
 }
 
 const NAMESPACES: [&str; 2] = ["windowed", "forever"];
@@ -206,7 +216,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let clock = Arc::new(ManualClock::new(START_MS));
     let log = Arc::new(MemoryLog::default());
     let gate = gate(log.clone(), clock.clone());
-    let mut models = [Model::default(), Model::default()];
+    let mut models = [Model::fresh(), Model::fresh()];
     let mut now = START_MS;
     for op in ops {
         match op {
@@ -248,7 +258,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                             .unwrap()
                             .1
                     }
-                    Observe::Stale => 1,
+                    Observe::Stale => GENESIS_SEQ,
                 };
                 let report = AbsenceReport {
                     key: key_bytes(key),

@@ -99,7 +99,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let clock = Arc::new(ManualClock::new(at_ms));
         let replayed = gate_on(&dir, clock);
         let mut applied = 0;
-        wal::replay(temp.path(), 0, |mutation| {
+        wal::replay(temp.path(), 0, dir.seed_fingerprint(), |mutation| {
             if applied < records {
                 applied += 1;
                 replayed.replay_one(mutation)

@@ -237,6 +237,12 @@ pub fn log_segment(data: &[u8]) {
 /// Writes `segments` as consecutive log segments in `dir`, replays them into a fresh gate, and checks what
 /// replay promises: a torn tail it truncated is gone on the next replay, and every key of an `Add` to a
 /// `forever` namespace answers `MAY_EXIST` unless a tombstone answers for it.
+/// The seed fingerprint replayed segments are checked against: the seeds' data directory's (a mutated header
+/// with another fingerprint is refused like any other damage).
+pub fn seed_fingerprint() -> u64 {
+    wal::seed_fingerprint(&SEED)
+}
+
 fn replay_files(dir: &Path, segments: &[&[u8]]) {
     for (number, bytes) in segments.iter().enumerate() {
         std::fs::write(wal::segment_path(dir, number as u64 + 1), bytes).expect("write a segment");
@@ -245,7 +251,7 @@ fn replay_files(dir: &Path, segments: &[&[u8]]) {
     // gate (sizing its filters) costs more than the rest of a run.
     let mut gate: Option<Gate> = None;
     let mut added: Vec<Bytes> = Vec::new();
-    let first = wal::replay(dir, 0, |mutation| {
+    let first = wal::replay(dir, 0, seed_fingerprint(), |mutation| {
         let gate = gate.get_or_insert_with(|| new_gate(CONFIG).0);
         // Replay skips records the state already holds: only the next seq is applied.
         let next = gate
@@ -278,7 +284,7 @@ fn replay_files(dir: &Path, segments: &[&[u8]]) {
         })
     };
     let mut again_gate: Option<Gate> = None;
-    let again = wal::replay(dir, 0, |mutation| {
+    let again = wal::replay(dir, 0, seed_fingerprint(), |mutation| {
         again_gate
             .get_or_insert_with(|| new_gate(CONFIG).0)
             .replay_one(mutation)
@@ -886,8 +892,13 @@ fn check_record_absent(
         Ok(proto::AbsenceKind::Deleted) => AbsenceKind::Deleted,
         Err(_) => return,
     };
-    let expected = expected_refusal(gate, namespace, &[&key], false);
     let before = gate.namespace(namespace).map(|n| n.latest_seq()).ok();
+    // An observation newer than anything this gate issued cannot have been made here.
+    let expected = expected_refusal(gate, namespace, &[&key], false).or_else(|| {
+        before
+            .is_some_and(|latest| observed_seq > latest)
+            .then_some("invalid")
+    });
     let report = AbsenceReport {
         key: key.clone(),
         kind,
@@ -977,7 +988,7 @@ fn check_rebuild(
     }
     if finish {
         let (_, running) = rebuild.take().expect("running");
-        running.finish();
+        running.finish().expect("no write panicked");
         let fed: Vec<Bytes> = request
             .keys
             .into_iter()

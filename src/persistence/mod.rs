@@ -14,6 +14,7 @@
 
 pub mod codec;
 pub mod frame;
+pub mod segment_file;
 pub mod snapshot;
 pub mod wal;
 
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::gate::Gate;
 use crate::hashing::KeyHasher;
+use segment_file::{RealFiles, SegmentFiles};
 pub use wal::{SyncMode, Wal};
 
 /// Why the data directory cannot be used.
@@ -171,6 +173,11 @@ impl DataDir {
         self.seed
     }
 
+    /// The fingerprint of the seed that log segment headers carry.
+    pub fn seed_fingerprint(&self) -> u64 {
+        wal::seed_fingerprint(&self.seed)
+    }
+
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path
@@ -198,6 +205,16 @@ pub fn recover(
     dir: &DataDir,
     gate: &Gate,
     mode: SyncMode,
+) -> Result<(Wal, Recovered), PersistenceError> {
+    recover_with_files(dir, gate, mode, Arc::new(RealFiles))
+}
+
+/// [`recover`], with new log segments created through `files` (a test's [faulty files](segment_file)).
+pub fn recover_with_files(
+    dir: &DataDir,
+    gate: &Gate,
+    mode: SyncMode,
+    files: Arc<dyn SegmentFiles>,
 ) -> Result<(Wal, Recovered), PersistenceError> {
     let started = Instant::now();
     let mut covered = 0;
@@ -228,8 +245,12 @@ pub fn recover(
         covered = number.max(image.covered);
         loaded = Some(path);
     }
-    let replayed = wal::replay(dir.path(), covered, |mutation| gate.replay_one(mutation))?;
-    let wal = Wal::create(dir.path(), replayed.last_segment.max(covered) + 1, mode)?;
+    let fingerprint = dir.seed_fingerprint();
+    let replayed = wal::replay(dir.path(), covered, fingerprint, |mutation| {
+        gate.replay_one(mutation)
+    })?;
+    let next_segment = replayed.last_segment.max(covered) + 1;
+    let wal = Wal::create(dir.path(), next_segment, mode, fingerprint, files)?;
     Ok((
         wal,
         Recovered {

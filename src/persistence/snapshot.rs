@@ -32,7 +32,9 @@ use crate::tombstones::{AbsenceKind, Tombstone, TombstoneKey};
 
 const HEADER_MAGIC: &[u8; 8] = b"EXGSNAP1";
 const FOOTER_MAGIC: &[u8; 8] = b"EXGSNEND";
-const VERSION: u32 = 1;
+/// The format this build writes. Version 1 counted each namespace's seqs from 0, version 2 from
+/// [`GENESIS_SEQ`](crate::log::GENESIS_SEQ) = 1; both are read (a version-1 seq is read as one higher).
+const VERSION: u32 = 2;
 /// Bit words per chunk frame (1 MiB).
 const WORDS_PER_CHUNK: usize = 1 << 17;
 /// Tombstones per chunk frame.
@@ -143,7 +145,8 @@ fn write_frames(
         p.extend_from_slice(&(namespaces.len() as u32).to_le_bytes());
     })?;
     for namespace in &namespaces {
-        let (seq, keys_added, windows, tombstones) = namespace.export(now);
+        let (seq, keys_added, windows, tombstones) =
+            namespace.export(now).map_err(std::io::Error::other)?;
         writer.frame(|p| {
             put_string(p, namespace.name());
             p.extend_from_slice(
@@ -309,21 +312,26 @@ pub fn read(path: &Path) -> Result<Image, PersistenceError> {
         path: path.to_path_buf(),
         offset: 0,
     };
-    let (seed, hash_check, covered, count) = reader.next("the header", |f| {
+    let header = reader.next("the header", |f| {
         if f.take(8)? != HEADER_MAGIC {
             return Err(frame::Malformed("not a snapshot (bad magic)".into()));
         }
         let version = f.u32()?;
-        if version != VERSION {
+        if version > VERSION {
             return Err(frame::Malformed(format!(
-                "version {version}, this build reads {VERSION}"
+                "written by a newer existence-gate (snapshot format {version}; this build reads formats 1 \
+                 to {VERSION}): run that version or a newer one"
             )));
         }
+        if version == 0 {
+            return Err(frame::Malformed("snapshot format 0 does not exist".into()));
+        }
         let seed: [u8; 32] = f.take(32)?.try_into().expect("32 bytes");
-        Ok((seed, f.u64()?, f.u64()?, f.u32()?))
+        Ok((version, seed, f.u64()?, f.u64()?, f.u32()?))
     })?;
+    let (version, seed, hash_check, covered, count) = header;
     let namespaces = (0..count)
-        .map(|_| read_namespace(&mut reader))
+        .map(|_| read_namespace(&mut reader, version))
         .collect::<Result<Vec<_>, _>>()?;
     let footer_count = reader.next("the footer", |f| {
         if f.take(8)? != FOOTER_MAGIC {
@@ -344,8 +352,11 @@ pub fn read(path: &Path) -> Result<Image, PersistenceError> {
     })
 }
 
-fn read_namespace(reader: &mut ImageReader) -> Result<NamespaceImage, PersistenceError> {
-    let (name, fingerprint, seq, keys_added, window_count) =
+fn read_namespace(
+    reader: &mut ImageReader,
+    version: u32,
+) -> Result<NamespaceImage, PersistenceError> {
+    let (name, fingerprint, stored_seq, keys_added, window_count) =
         reader.next("a namespace header", |f| {
             Ok((
                 f.string()?.to_string(),
@@ -355,9 +366,14 @@ fn read_namespace(reader: &mut ImageReader) -> Result<NamespaceImage, Persistenc
                 f.u32()?,
             ))
         })?;
-    if seq >= 1 << 62 {
-        return Err(reader.corrupt(format!("namespace {name:?} claims seq {seq}")));
+    if stored_seq >= 1 << 62 {
+        return Err(reader.corrupt(format!("namespace {name:?} claims seq {stored_seq}")));
     }
+    let seq = if version == 1 {
+        stored_seq + 1
+    } else {
+        stored_seq
+    };
     let mut windows = Vec::new();
     for _ in 0..window_count {
         let (id, layer_count) = reader.next("a window header", |f| Ok((f.u64()?, f.u32()?)))?;
