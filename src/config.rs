@@ -30,12 +30,16 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::auth::{Authorizer, TokenConfig};
-use crate::filter::{FilterSpec, Retention};
+use crate::filter::{FilterSpec, Retention, MAX_LAYER_BYTES};
+use crate::tombstones::{BUCKET_BYTES, WAYS};
 
 /// The namespace an empty namespace string means.
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// Longest namespace name.
 const MAX_NAMESPACE_LEN: usize = 128;
+
+/// The most tombstones one namespace may hold (about 120 GiB of table at 30 bytes each).
+pub const MAX_TOMBSTONES: u64 = 1 << 32;
 
 /// Sizing and TTLs of one namespace.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -98,10 +102,24 @@ impl NamespaceSettings {
             windows: self.windows,
             max_bytes: 0,
         };
-        spec.max_bytes = self
-            .max_filter_bytes
-            .unwrap_or_else(|| spec.initial_bytes().saturating_mul(8));
+        spec.max_bytes = self.max_filter_bytes.unwrap_or_else(|| {
+            spec.initial_bytes()
+                .saturating_mul(8)
+                .min(MAX_LAYER_BYTES.max(spec.initial_bytes()))
+        });
         spec
+    }
+
+    /// Bytes this namespace holds at its configured size: its filter at `expected_keys` (every live
+    /// window) and a full tombstone table. Growth past `expected_keys` can add up to `max_filter_bytes`.
+    pub fn bytes_at_capacity(&self) -> u64 {
+        let tombstone_bytes = self
+            .max_tombstones
+            .saturating_mul(BUCKET_BYTES)
+            .div_ceil(WAYS as u64);
+        self.filter_spec()
+            .initial_bytes()
+            .saturating_add(tombstone_bytes)
     }
 
     /// Checks every field; errors name the field as `namespaces.NAME.FIELD`.
@@ -140,7 +158,24 @@ impl NamespaceSettings {
             }
         }
         let initial = self.filter_spec().initial_bytes();
+        if initial > MAX_LAYER_BYTES {
+            return Err(field(
+                "expected_keys",
+                format!(
+                    "needs a filter of {initial} bytes at false_positive_rate {}, more than the \
+                     {MAX_LAYER_BYTES} bytes (256 GiB) one namespace's filter can index; split the keys \
+                     into several namespaces",
+                    self.false_positive_rate
+                ),
+            ));
+        }
         if let Some(cap) = self.max_filter_bytes {
+            if cap > MAX_LAYER_BYTES {
+                return Err(field(
+                    "max_filter_bytes",
+                    format!("must be at most {MAX_LAYER_BYTES} bytes (256 GiB), got {cap}"),
+                ));
+            }
             if cap < initial {
                 return Err(field(
                     "max_filter_bytes",
@@ -168,8 +203,29 @@ impl NamespaceSettings {
                 format!("must be between 0 and 0.5, got {}", self.ttl_jitter),
             ));
         }
-        if self.max_tombstones == 0 {
-            return Err(field("max_tombstones", "must be at least 1".to_string()));
+        for (name_of, ttl) in [
+            ("missing_ttl", self.missing_ttl),
+            ("deleted_ttl", self.deleted_ttl),
+        ] {
+            if ttl > self.max_ttl {
+                return Err(field(
+                    name_of,
+                    format!(
+                        "is {ttl:?}, above max_ttl {:?}: every such tombstone would get max_ttl \
+                         instead; lower it or raise max_ttl",
+                        self.max_ttl
+                    ),
+                ));
+            }
+        }
+        if !(1..=MAX_TOMBSTONES).contains(&self.max_tombstones) {
+            return Err(field(
+                "max_tombstones",
+                format!(
+                    "must be between 1 and {MAX_TOMBSTONES} (2^32), got {}",
+                    self.max_tombstones
+                ),
+            ));
         }
         if self.max_tombstone_rate == 0 {
             return Err(field(
@@ -346,7 +402,47 @@ impl GateConfig {
             validate_namespace_name(name)?;
             settings.validate(name)?;
         }
+        refuse_look_alike_names(config.namespaces.keys())?;
         Ok(config)
+    }
+
+    /// Bytes all namespaces hold at their configured sizes (see
+    /// [`NamespaceSettings::bytes_at_capacity`]).
+    pub fn bytes_at_capacity(&self) -> u64 {
+        self.namespaces
+            .values()
+            .map(NamespaceSettings::bytes_at_capacity)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Refuses a configuration whose namespaces would not fit in `memory` bytes at their configured sizes:
+    /// better a startup error naming the largest namespace than a server that reports ready, then dies
+    /// allocating a filter on its first `Add` (and again on every replay).
+    pub fn check_fits(&self, memory: u64) -> Result<(), ConfigError> {
+        let needed = self.bytes_at_capacity();
+        if needed <= memory {
+            return Ok(());
+        }
+        let (name, largest) = self
+            .namespaces
+            .iter()
+            .max_by_key(|(_, settings)| settings.bytes_at_capacity())
+            .expect("default always exists");
+        let filter_bytes = largest.filter_spec().initial_bytes();
+        let field = if filter_bytes >= largest.bytes_at_capacity() / 2 {
+            "expected_keys"
+        } else {
+            "max_tombstones"
+        };
+        Err(ConfigError::Invalid {
+            field: format!("namespaces.{name}.{field}"),
+            problem: format!(
+                "makes the namespaces need {needed} bytes at their configured sizes ({name}: {} bytes, \
+                 of which {filter_bytes} of filter), more than the {memory} bytes of memory available; \
+                 lower expected_keys, false_positive_rate or max_tombstones",
+                largest.bytes_at_capacity()
+            ),
+        })
     }
 
     /// Reads, parses and validates a TOML file.
@@ -357,6 +453,24 @@ impl GateConfig {
         })?;
         Self::from_toml(&text)
     }
+}
+
+/// Names are case-sensitive, so `Users` and `users` would be two key spaces: a typo away from writing keys
+/// where no reader looks. Names that differ only in case are refused.
+fn refuse_look_alike_names<'a>(names: impl Iterator<Item = &'a String>) -> Result<(), ConfigError> {
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+    for name in names {
+        if let Some(other) = seen.insert(name.to_ascii_lowercase(), name) {
+            return Err(ConfigError::Invalid {
+                field: format!("namespaces.{name}"),
+                problem: format!(
+                    "differs from namespace {other:?} only in case: names are case-sensitive, so these \
+                     would be two key spaces; rename one"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn validate_namespace_name(name: &str) -> Result<(), ConfigError> {
@@ -518,5 +632,70 @@ mod tests {
     fn the_default_filter_cap_is_eight_times_the_initial_size() {
         let spec = NamespaceSettings::default().filter_spec();
         assert_eq!(spec.max_bytes, spec.initial_bytes() * 8);
+    }
+
+    fn refusal(toml: &str) -> String {
+        GateConfig::from_toml(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn sizes_past_what_a_filter_can_index_are_refused_with_the_real_limit() {
+        let huge = refusal("[namespaces.users]\nexpected_keys = 1000000000000");
+        assert!(
+            huge.contains("namespaces.users.expected_keys") && huge.contains("256 GiB"),
+            "{huge}"
+        );
+        let cap = refusal("[namespaces.users]\nmax_filter_bytes = 300000000000");
+        assert!(cap.contains("namespaces.users.max_filter_bytes"), "{cap}");
+        // The largest sizing that fits keeps its default growth cap within the limit.
+        let config =
+            GateConfig::from_toml("[namespaces.users]\nexpected_keys = 100000000000").unwrap();
+        assert!(config.namespaces["users"].filter_spec().max_bytes <= MAX_LAYER_BYTES);
+        let tombstones = refusal("[namespaces.users]\nmax_tombstones = 4611686018427387904");
+        assert!(
+            tombstones.contains("namespaces.users.max_tombstones") && tombstones.contains("2^32"),
+            "{tombstones}"
+        );
+    }
+
+    #[test]
+    fn a_configuration_that_does_not_fit_in_memory_names_the_largest_namespace() {
+        let config = GateConfig::from_toml(
+            "[namespaces.small]\nexpected_keys = 1000\n[namespaces.big]\nexpected_keys = 10000000000",
+        )
+        .unwrap();
+        let needed = config.bytes_at_capacity();
+        assert!(needed > 10_000_000_000, "{needed}");
+        config.check_fits(needed).unwrap();
+        let refused = config.check_fits(8 << 30).unwrap_err().to_string();
+        assert!(
+            refused.contains("namespaces.big.expected_keys")
+                && refused.contains(&needed.to_string())
+                && refused.contains(&(8u64 << 30).to_string()),
+            "{refused}"
+        );
+        let tombstones =
+            GateConfig::from_toml("[namespaces.t]\nexpected_keys = 1\nmax_tombstones = 1000000000")
+                .unwrap();
+        let refused = tombstones.check_fits(1 << 30).unwrap_err().to_string();
+        assert!(refused.contains("namespaces.t.max_tombstones"), "{refused}");
+    }
+
+    #[test]
+    fn default_ttls_above_max_ttl_are_refused() {
+        let refused = refusal("[namespaces.users]\nmissing_ttl = \"2h\"\nmax_ttl = \"1h\"");
+        assert!(
+            refused.contains("namespaces.users.missing_ttl") && refused.contains("max_ttl"),
+            "{refused}"
+        );
+        assert!(refusal("[namespaces.users]\ndeleted_ttl = \"2d\"").contains("deleted_ttl"));
+    }
+
+    #[test]
+    fn names_that_differ_only_in_case_are_refused() {
+        let refused = refusal("[namespaces.Users]\n[namespaces.users]");
+        assert!(refused.contains("only in case"), "{refused}");
+        assert!(refusal("[namespaces.DEFAULT]").contains("only in case"));
+        GateConfig::from_toml("[namespaces.users]\n[namespaces.users-v2]").unwrap();
     }
 }

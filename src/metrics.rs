@@ -248,6 +248,16 @@ const CODE_NAMES: [&str; 17] = [
     "UNAUTHENTICATED",
 ];
 
+/// `code` if the spec defines it (0..=16), else UNKNOWN (2): how the spec says clients must treat codes
+/// outside its range (tonic passes through whatever a handler sets).
+fn known_code(code: usize) -> usize {
+    if code < CODE_NAMES.len() {
+        code
+    } else {
+        2
+    }
+}
+
 /// Request counters and latency histograms per RPC and status, resolved on first use.
 #[derive(Debug, Default)]
 pub struct RpcMetrics {
@@ -259,7 +269,7 @@ impl RpcMetrics {
     #[inline]
     pub fn record(&self, rpc: Rpc, code: usize, started: Instant) {
         let rpc_index = rpc as usize;
-        let code = code.min(CODE_NAMES.len() - 1);
+        let code = known_code(code);
         let (count, latency) = self.series[rpc_index][code].get_or_init(|| {
             let labels = [("rpc", rpc.name()), ("code", CODE_NAMES[code])];
             (
@@ -269,5 +279,19 @@ impl RpcMetrics {
         });
         count.increment(1);
         latency.record(started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_outside_the_spec_are_labelled_unknown() {
+        assert_eq!(CODE_NAMES[known_code(16)], "UNAUTHENTICATED");
+        assert_eq!(CODE_NAMES[known_code(0)], "OK");
+        for code in [17, 99, usize::MAX] {
+            assert_eq!(CODE_NAMES[known_code(code)], "UNKNOWN");
+        }
     }
 }

@@ -222,25 +222,46 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// tonic refuses a message over the size limit with `OUT_OF_RANGE`; the gRPC spec (and every other gRPC
-/// implementation, so every client's retry logic) says `RESOURCE_EXHAUSTED`. Rewrites that one status.
-fn oversized_is_resource_exhausted(mut response: GrpcResponse) -> GrpcResponse {
+/// Rewrites the two statuses tonic gives to bad requests before a handler sees them into the ones callers
+/// can act on: a message over the size limit is `OUT_OF_RANGE` in tonic, `RESOURCE_EXHAUSTED` in the gRPC
+/// spec (and so in every other implementation's retry logic); a body that does not decode (truncated
+/// protobuf, a namespace that is not UTF-8) is `INTERNAL` in tonic, which reads as the server's fault and
+/// invites retries of a request that will never succeed: it is `INVALID_ARGUMENT`.
+fn client_errors_as_client_errors(mut response: GrpcResponse) -> GrpcResponse {
     let headers = response.headers_mut();
-    let oversized = headers.get("grpc-status").is_some_and(|s| s == "11")
-        && headers
-            .get("grpc-message")
-            .and_then(|m| m.to_str().ok())
-            .is_some_and(|m| {
-                m.contains("message%20length%20too%20large")
-                    || m.contains("message length too large")
-            });
-    if oversized {
-        headers.insert(
-            "grpc-status",
-            tonic::codegen::http::HeaderValue::from_static("8"),
-        );
-    }
+    let message = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or_default()
+        .replace("%20", " ");
+    let rewritten = match headers.get("grpc-status").map(|s| s.as_bytes()) {
+        Some(b"11") if message.contains("message length too large") => "8",
+        Some(b"13") if message.starts_with("failed to decode Protobuf message") => "3",
+        _ => return response,
+    };
+    headers.insert(
+        "grpc-status",
+        tonic::codegen::http::HeaderValue::from_static(rewritten),
+    );
     response
+}
+
+/// The memory this process may use: the machine's (`MemTotal`), or its cgroup's limit if lower; unlimited if
+/// neither can be read.
+fn memory_available() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib.saturating_mul(1024))
+        })
+        .unwrap_or(u64::MAX);
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|limit| limit.trim().parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    total.min(cgroup)
 }
 
 /// Binds both ports and starts serving; the state loads in the background (see [`RunningServer::loaded`]).
@@ -248,6 +269,10 @@ pub async fn start(
     options: ServeOptions,
     clock: Arc<dyn Clock>,
 ) -> Result<RunningServer, ServerError> {
+    options
+        .config
+        .check_fits(memory_available())
+        .map_err(|e| ServerError::Config(e.to_string()))?;
     let prometheus = crate::metrics::install_recorder();
     let (grpc_listener, grpc_addr) = bind(options.listen).await?;
     let (http_listener, http_addr) = bind(options.http_listen).await?;
@@ -324,7 +349,7 @@ pub async fn start(
             .layer(
                 tower::ServiceBuilder::new()
                     .layer(tower::util::MapResponseLayer::new(
-                        oversized_is_resource_exhausted as fn(GrpcResponse) -> GrpcResponse,
+                        client_errors_as_client_errors as fn(GrpcResponse) -> GrpcResponse,
                     ))
                     .layer(InFlightLimitLayer::new(limits.max_in_flight)),
             )

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use crate::hashing::{KeyHash, StrongKey};
-use crate::prefetch::LOOKAHEAD;
+use crate::prefetch::prefetched_ahead;
 
 /// Why the source says a key does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -466,16 +466,12 @@ impl TombstoneStore {
         }
         let shards: Vec<_> = self.shards.iter().map(|s| lock!(s, read)).collect();
         let shard = |tag: u32| &shards[tag as usize & (shards.len() - 1)];
-        for hash in hashes.iter().take(LOOKAHEAD) {
-            shard(tag(*hash)).prefetch(tag(*hash));
-        }
-        found.extend(hashes.iter().enumerate().map(|(i, hash)| {
-            if let Some(ahead) = hashes.get(i + LOOKAHEAD) {
-                shard(tag(*ahead)).prefetch(tag(*ahead));
-            }
-            let tag = tag(*hash);
-            shard(tag).hit(tag, || strong(i), now_ms)
-        }));
+        prefetched_ahead(
+            hashes,
+            found,
+            |hash| shard(tag(*hash)).prefetch(tag(*hash)),
+            |i, hash| shard(tag(*hash)).hit(tag(*hash), || strong(i), now_ms),
+        );
     }
 
     /// Stores (or replaces) the tombstone of `key`, evicting another if its bucket or the store is full.

@@ -417,50 +417,23 @@ async fn malformed_wire_input_gets_a_clean_error_and_the_server_keeps_serving() 
         );
     }
 
-    // A well-formed gRPC frame whose protobuf body is garbage.
-    let (mut sender, connection) = h2::client::handshake(
-        tokio::net::TcpStream::connect(server.grpc_addr)
-            .await
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
-    let request = http::Request::builder()
-        .method("POST")
-        .uri(format!(
-            "http://{}/existence.v1.ExistenceGate/MayExist",
-            server.grpc_addr
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (response, mut body) = sender.send_request(request, false).unwrap();
-    let junk = [0xffu8; 12];
-    let mut frame = vec![0u8];
-    frame.extend_from_slice(&(junk.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&junk);
-    body.send_data(frame.into(), true).unwrap();
-    let response = tokio::time::timeout(Duration::from_secs(5), response)
-        .await
-        .unwrap()
-        .unwrap();
-    let grpc_status = match response.headers().get("grpc-status") {
-        Some(status) => status.to_str().unwrap().to_string(),
-        None => {
-            let mut body = response.into_body();
-            while body.data().await.is_some() {}
-            let trailers = body.trailers().await.unwrap().expect("trailers");
-            trailers
-                .get("grpc-status")
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .to_string()
-        }
-    };
-    assert_ne!(grpc_status, "0", "garbage protobuf must not succeed");
+    // Well-formed gRPC frames whose protobuf bodies do not decode: garbage, a truncated field, a namespace
+    // that is not UTF-8. The caller's fault, so INVALID_ARGUMENT (tonic alone says INTERNAL).
+    let not_utf8 = [0x0a, 0x02, 0xff, 0xfe, 0x12, 0x01, b'k'];
+    for (what, body) in [
+        ("garbage", &[0xffu8; 12][..]),
+        ("truncated", &[0x12, 0x05, b'k'][..]),
+        ("a namespace that is not UTF-8", &not_utf8[..]),
+    ] {
+        let (status, message) = raw_call(
+            server.grpc_addr,
+            "/existence.v1.ExistenceGate/MayExist",
+            body,
+        )
+        .await;
+        assert_eq!(status, "3", "{what}: {message}");
+        assert!(message.contains("failed to decode"), "{what}: {message}");
+    }
 
     let mut client = client(&server).await;
     let reply = client
@@ -471,4 +444,44 @@ async fn malformed_wire_input_gets_a_clean_error_and_the_server_keeps_serving() 
         .await
         .expect("the server keeps serving");
     assert_eq!(reply.into_inner().observed_seq, GENESIS_SEQ);
+}
+
+/// Sends one gRPC frame carrying `body` to `path` over raw HTTP/2; returns the `grpc-status` and the
+/// decoded `grpc-message`, from the headers or the trailers.
+async fn raw_call(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> (String, String) {
+    let (mut sender, connection) =
+        h2::client::handshake(tokio::net::TcpStream::connect(addr).await.unwrap())
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut stream) = sender.send_request(request, false).unwrap();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(body);
+    stream.send_data(frame.into(), true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(30), response)
+        .await
+        .unwrap()
+        .unwrap();
+    let headers = if response.headers().contains_key("grpc-status") {
+        response.headers().clone()
+    } else {
+        let mut body = response.into_body();
+        while body.data().await.is_some() {}
+        body.trailers().await.unwrap().expect("trailers")
+    };
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| v.to_str().unwrap().replace("%20", " "))
+            .unwrap_or_default()
+    };
+    (text("grpc-status"), text("grpc-message"))
 }

@@ -45,6 +45,9 @@ const WORDS_PER_BLOCK: usize = (BLOCK_BITS / 64) as usize;
 const REMIX: u32 = 0x9E37_79B9;
 /// The most probes a block filter uses; beyond this the gain in rate is lost to block overload.
 pub const MAX_PROBES: u32 = 24;
+/// The largest layer: the block index `((hash >> 32) * blocks) >> 32` is exact in 64 bits only while
+/// `blocks < 2^32`, so a layer holds at most 2^32 - 1 blocks of 64 bytes (just under 256 GiB).
+pub const MAX_LAYER_BYTES: u64 = (u32::MAX as u64) * (BLOCK_BITS as u64 / 8);
 
 /// One cache line of filter bits.
 #[repr(C, align(64))]

@@ -32,7 +32,7 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 
 use super::bloom::{BloomLayer, Geometry};
 use crate::hashing::KeyHash;
-use crate::prefetch::LOOKAHEAD;
+use crate::prefetch::prefetched_ahead;
 
 /// How long keys stay in the filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,7 +165,8 @@ pub struct WindowedFilter {
     windows: Atomic<Windows>,
     /// Serialises rotation and growth (inserts into existing layers need no lock).
     structure: Mutex<()>,
-    /// Bytes of all live layers, for the memory cap.
+    /// Bytes of every layer in the published list (windows past retention count until `expire` drops
+    /// them), kept for stats; growth checks the cap against the list itself.
     bytes: AtomicU64,
 }
 
@@ -289,16 +290,13 @@ impl WindowedFilter {
             .filter(|w| w.id >= oldest)
             .flat_map(|w| w.layers.iter().map(Arc::as_ref))
             .collect();
-        for hash in hashes.iter().take(LOOKAHEAD) {
-            live.iter().for_each(|layer| layer.prefetch(*hash));
-        }
         answers.clear();
-        answers.extend(hashes.iter().enumerate().map(|(i, hash)| {
-            if let Some(ahead) = hashes.get(i + LOOKAHEAD) {
-                live.iter().for_each(|layer| layer.prefetch(*ahead));
-            }
-            live.iter().any(|layer| layer.contains(*hash))
-        }));
+        prefetched_ahead(
+            hashes,
+            answers,
+            |hash| live.iter().for_each(|layer| layer.prefetch(*hash)),
+            |_, hash| live.iter().any(|layer| layer.contains(*hash)),
+        );
     }
 
     /// Adds `hash` as of time `at_ms`, rotating or growing as needed.
@@ -397,7 +395,8 @@ impl WindowedFilter {
         self.load(guard)
     }
 
-    /// Bytes of all live layers.
+    /// Bytes of every layer in the published list, windows past retention included until `expire` drops
+    /// them.
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }

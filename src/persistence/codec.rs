@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::frame::{put_bytes, put_string, Fields, Malformed};
+use super::frame::{put_absence_kind, put_bytes, put_string, Fields, Malformed};
 use crate::log::Mutation;
-use crate::tombstones::AbsenceKind;
 
 const ADD: u8 = 1;
 const RECORD_ABSENT: u8 = 2;
@@ -47,10 +46,7 @@ pub fn encode(mutation: &Mutation, out: &mut Vec<u8>) {
             put_string(out, namespace);
             out.extend_from_slice(&seq.to_le_bytes());
             out.extend_from_slice(&at_ms.to_le_bytes());
-            out.push(match kind {
-                AbsenceKind::Missing => 1,
-                AbsenceKind::Deleted => 2,
-            });
+            put_absence_kind(out, *kind);
             out.extend_from_slice(&expires_at_ms.to_le_bytes());
             put_bytes(out, key);
         }
@@ -85,11 +81,7 @@ pub fn decode(payload: &[u8]) -> Result<Mutation, Malformed> {
             }
         }
         RECORD_ABSENT => {
-            let kind = match fields.u8()? {
-                1 => AbsenceKind::Missing,
-                2 => AbsenceKind::Deleted,
-                other => return Err(Malformed(format!("unknown absence kind {other}"))),
-            };
+            let kind = fields.absence_kind()?;
             let expires_at_ms = fields.u64()?;
             let key = Bytes::copy_from_slice(fields.bytes()?);
             Mutation::RecordAbsent {

@@ -7,6 +7,8 @@
 
 use std::io::{self, Read};
 
+use crate::tombstones::AbsenceKind;
+
 /// Bytes before each payload.
 pub const HEADER_BYTES: u64 = 8;
 /// The largest payload a frame may carry; a larger length field is damage, not data.
@@ -186,6 +188,15 @@ impl<'a> Fields<'a> {
             .map_err(|_| Malformed("a name is not UTF-8".to_string()))
     }
 
+    /// An [`AbsenceKind`] as [`put_absence_kind`] writes it.
+    pub fn absence_kind(&mut self) -> Result<AbsenceKind, Malformed> {
+        match self.u8()? {
+            1 => Ok(AbsenceKind::Missing),
+            2 => Ok(AbsenceKind::Deleted),
+            other => Err(Malformed(format!("unknown absence kind {other}"))),
+        }
+    }
+
     /// Fails unless every byte was read.
     pub fn finish(self) -> Result<(), Malformed> {
         if self.bytes.is_empty() {
@@ -203,6 +214,14 @@ impl<'a> Fields<'a> {
 pub fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(bytes);
+}
+
+/// Appends an [`AbsenceKind`] as one byte (the log and snapshots share it): 1 missing, 2 deleted.
+pub fn put_absence_kind(out: &mut Vec<u8>, kind: AbsenceKind) {
+    out.push(match kind {
+        AbsenceKind::Missing => 1,
+        AbsenceKind::Deleted => 2,
+    });
 }
 
 /// Appends a string prefixed by its u16 length.

@@ -23,12 +23,12 @@ use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::frame::{self, put_string, Fields, Next};
+use super::frame::{self, put_absence_kind, put_string, Fields, Next};
 use super::{sync_dir, PersistenceError};
 use crate::filter::{BloomLayer, Geometry};
 use crate::gate::Gate;
 use crate::hashing::StrongKey;
-use crate::tombstones::{AbsenceKind, Tombstone, TombstoneKey};
+use crate::tombstones::{Tombstone, TombstoneKey};
 
 const HEADER_MAGIC: &[u8; 8] = b"EXGSNAP1";
 const FOOTER_MAGIC: &[u8; 8] = b"EXGSNEND";
@@ -180,10 +180,7 @@ fn write_frames(
                     p.extend_from_slice(&t.key.strong.0[0].to_le_bytes());
                     p.extend_from_slice(&t.key.strong.0[1].to_le_bytes());
                     p.extend_from_slice(&t.expires_at_ms.to_le_bytes());
-                    p.push(match t.kind {
-                        AbsenceKind::Missing => 1,
-                        AbsenceKind::Deleted => 2,
-                    });
+                    put_absence_kind(p, t.kind);
                 }
             })?;
         }
@@ -396,13 +393,7 @@ fn read_namespace(
                         strong: StrongKey([f.u64()?, f.u64()?]),
                     };
                     let expires_at_ms = f.u64()?;
-                    let kind = match f.u8()? {
-                        1 => AbsenceKind::Missing,
-                        2 => AbsenceKind::Deleted,
-                        other => {
-                            return Err(frame::Malformed(format!("unknown absence kind {other}")))
-                        }
-                    };
+                    let kind = f.absence_kind()?;
                     Ok(Tombstone {
                         key,
                         expires_at_ms,
