@@ -224,11 +224,11 @@ async fn overload_is_shed_fast_and_health_stays_answerable() {
         slowest_refusal.load(Ordering::Relaxed)
     );
     let mut client = client(&server).await;
-    client
+    let refused = client
         .may_exist(MayExistRequest::default())
         .await
-        .expect_err("empty key")
-        .code();
+        .expect_err("empty key");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     client
         .add(AddRequest {
             namespace: String::new(),
