@@ -157,16 +157,24 @@ async fn the_log_alone_restores_state_and_snapshots_remove_covered_log() {
 /// A crashed process leaves the LOCK file behind but releases the lock; reopening must work. An in-process
 /// "crash" keeps the lock until its tasks end, so wait for that.
 async fn start_durable_after_crash(dir: &Path) -> RunningServer {
-    for _ in 0..50 {
-        match start_durable(dir, "").await {
-            Ok(server) => return server,
-            Err(reason) if reason.contains("in use") => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(reason) => panic!("{reason}"),
-        }
-    }
-    panic!("the data directory stayed locked");
+    released(dir).await;
+    start_durable(dir, "").await.unwrap()
+}
+
+/// Waits until nothing holds `dir`'s lock: every task of a server "crashed" in this process has ended, so
+/// none can write to the directory any more.
+async fn released(dir: &Path) {
+    let lock = dir.join("LOCK");
+    common::wait_until(
+        common::PATIENCE,
+        "the data directory's lock to be released",
+        async || {
+            let file = std::fs::File::open(&lock).unwrap();
+            // Taken and, as `file` drops, released again at once.
+            file.try_lock().ok()
+        },
+    )
+    .await;
 }
 
 fn files(dir: &Path) -> Vec<String> {
@@ -193,8 +201,9 @@ async fn log_only_dir() -> (tempfile::TempDir, u64) {
     let seq = populate(&server, 300).await;
     server.shutdown_handle().trigger();
     drop(server);
-    // The final snapshot is what a graceful stop writes; a crash would not: remove any.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The final snapshot is what a graceful stop writes; a crash would not: remove any, once no task of the
+    // server is left to write one.
+    released(dir.path()).await;
     for name in files(dir.path()) {
         if name.starts_with("snapshot-") {
             std::fs::remove_file(dir.path().join(name)).unwrap();
