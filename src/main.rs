@@ -268,33 +268,46 @@ fn log_settings(options: &ServeOptions) {
     }
 }
 
-async fn wait_for_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+/// Starts listening for SIGTERM and SIGINT now — from here on neither kills the process — and returns what
+/// completes on the first of them. Called before serving: a SIGTERM that arrives as soon as the ports answer
+/// must drain, not kill.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind, name: &'static str| {
+        let mut signal = signal(kind)
+            .map_err(|error| tracing::error!(%error, "cannot listen for {name}"))
+            .ok();
+        async move {
+            match &mut signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+            name
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        () = terminate => tracing::info!("SIGTERM received"),
+    let terminate = listen(SignalKind::terminate(), "SIGTERM");
+    let interrupt = listen(SignalKind::interrupt(), "SIGINT");
+    async move {
+        let name = tokio::select! {
+            name = terminate => name,
+            name = interrupt => name,
+        };
+        tracing::info!("{name} received");
     }
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
     let options = args.options()?;
     log_settings(&options);
+    let signal = shutdown_signal();
     let running = server::start(options, Arc::new(SystemClock))
         .await
         .map_err(|e| e.to_string())?;
     let shutdown = running.shutdown_handle();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        signal.await;
         shutdown.trigger();
     });
     running

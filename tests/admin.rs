@@ -222,29 +222,42 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
     .await
     .unwrap();
 
-    let (sender, receiver) = tokio::sync::mpsc::channel(4);
-    let mut admin = AdminClient::new(channel(&server).await);
-    let first = tokio::spawn(async move { admin.rebuild(ReceiverStream::new(receiver)).await });
-    sender
-        .send(RebuildRequest {
-            namespace: String::new(),
-            keys: keys("x", 0..10),
-        })
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Two rebuilds of the namespace (named "" and "default"), both left open: whichever the server starts
+    // first runs, and the other must be refused while it does. Neither can end on its own, so the first answer
+    // is the refusal, and no guess is needed about when a rebuild has started.
+    let open_rebuild = async |namespace: &str| {
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        sender
+            .send(RebuildRequest {
+                namespace: namespace.to_string(),
+                keys: keys("x", 0..10),
+            })
+            .await
+            .unwrap();
+        let mut admin = AdminClient::new(channel(&server).await);
+        let call = tokio::spawn(async move { admin.rebuild(ReceiverStream::new(receiver)).await });
+        (sender, call)
+    };
+    let mut rebuilds = [open_rebuild("").await, open_rebuild("default").await];
+    let (refused, answered) = tokio::time::timeout(PATIENCE, async {
+        let [(_, a), (_, b)] = &mut rebuilds;
+        tokio::select! {
+            answer = a => (answer, 0),
+            answer = b => (answer, 1),
+        }
+    })
+    .await
+    .expect("one of two concurrent rebuilds is refused");
+    let refused = refused.unwrap().unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    let [one, other] = rebuilds;
+    let (sender, running) = if answered == 0 { other } else { one };
 
-    let mut second_admin = AdminClient::new(channel(&server).await);
-    let second = second_admin
-        .rebuild(tokio_stream::iter([RebuildRequest {
-            namespace: "default".into(),
-            keys: vec![],
-        }]))
-        .await
-        .unwrap_err();
-    assert_eq!(second.code(), tonic::Code::FailedPrecondition, "{second:?}");
-
-    // A bad key aborts the first rebuild.
+    // A bad key aborts the running rebuild.
     sender
         .send(RebuildRequest {
             namespace: String::new(),
@@ -252,7 +265,7 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
         })
         .await
         .unwrap();
-    let status = first.await.unwrap().unwrap_err();
+    let status = running.await.unwrap().unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     let old = answers(&server, keys("old", 0..100)).await;
     assert!(

@@ -3,7 +3,7 @@
 //! never make an added key absent unless the record observed that Add.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use bytes::Bytes;
@@ -137,16 +137,26 @@ fn adds_are_visible_to_every_thread_during_rotation_and_growth() {
 #[test]
 fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
     let clock = Arc::new(ManualClock::new(START_MS));
-    let gate = gate(clock);
+    let gate = gate(clock.clone());
     let hot = Bytes::from_static(b"hot");
-    gate.add("", vec![hot.clone()]).unwrap();
+    // The seqs of the Adds of `hot`, in order (only this thread adds).
+    let mut adds = vec![gate.add("", vec![hot.clone()]).unwrap().seq];
     let done = Arc::new(AtomicBool::new(false));
-    let recorded = Arc::new(AtomicU64::new(0));
+    // Each RECORDED reply as (the tombstone's seq, the observed_seq its report carried), in seq order.
+    let recorded: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    // Reports refused as SUPERSEDED: an Add (may have) landed between their observation and their record,
+    // the race this test is about.
+    let superseded = Arc::new(AtomicU64::new(0));
 
     // A reporter keeps observing and recording the key absent, as a client racing the source would.
     let reporter = {
-        let (gate, hot, done, recorded) =
-            (gate.clone(), hot.clone(), done.clone(), recorded.clone());
+        let (gate, hot, done, recorded, superseded) = (
+            gate.clone(),
+            hot.clone(),
+            done.clone(),
+            recorded.clone(),
+            superseded.clone(),
+        );
         thread::spawn(move || {
             while !done.load(Ordering::Acquire) {
                 let (_, observed_seq) = gate.may_exist("", &hot).unwrap();
@@ -156,41 +166,92 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
                     observed_seq,
                     ttl_seconds: 60,
                 };
-                if gate.record_absent("", report).unwrap().outcome == RecordOutcome::Recorded {
-                    recorded.fetch_add(1, Ordering::Relaxed);
+                let reply = gate.record_absent("", report).unwrap();
+                match reply.outcome {
+                    RecordOutcome::Recorded => {
+                        recorded.lock().unwrap().push((reply.seq, observed_seq))
+                    }
+                    RecordOutcome::Superseded => {
+                        superseded.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
                 }
             }
         })
     };
 
-    // Each Add must clear the tombstone; a tombstone seen afterwards must come from a record whose
-    // observation was at or after this Add (its seq is then above the Add's).
-    // At least 5,000 rounds, and until the reporter got tombstones in between (bounded by time).
+    // Add, then look up: a tombstone answering is remembered with the Add it followed.
+    // At least 5,000 rounds, and until the reporter got tombstones in between and Adds landed between its
+    // observations and its records (bounded by time).
     let started = std::time::Instant::now();
+    let mut tombstone_after = Vec::new();
     let mut rounds = 0;
     while rounds < 5_000
-        || (recorded.load(Ordering::Relaxed) < 50
+        || ((recorded.lock().unwrap().len() < 50 || superseded.load(Ordering::Relaxed) < 50)
             && started.elapsed() < std::time::Duration::from_secs(20))
     {
         rounds += 1;
         if rounds % 16 == 0 {
             thread::yield_now();
         }
+        // A millisecond a round keeps refilling the tombstone admission bucket (10 tokens a millisecond at
+        // the default rate), so that records keep racing Adds instead of all being throttled once the first
+        // second's burst is spent.
+        clock.advance(1);
         let added = gate.add("", vec![hot.clone()]).unwrap();
-        let (lookup, seq) = gate.may_exist("", &hot).unwrap();
+        adds.push(added.seq);
+        let (lookup, _) = gate.may_exist("", &hot).unwrap();
         if lookup.basis == Basis::Tombstone {
-            assert!(
-                seq > added.seq,
-                "a tombstone older than the Add answered: add {} lookup {seq}",
-                added.seq
-            );
+            tombstone_after.push(added.seq);
         }
     }
     done.store(true, Ordering::Release);
     reporter.join().unwrap();
+    let recorded = recorded.lock().unwrap().clone();
+
+    // No absence is recorded past an Add it did not observe: the newest Add before each tombstone is at or
+    // below the seq its report observed (otherwise the report was stale and had to be SUPERSEDED).
+    for &(seq, observed) in &recorded {
+        let newest_add = adds[..adds.partition_point(|&add| add < seq)]
+            .last()
+            .copied()
+            .unwrap_or_default();
+        assert!(
+            observed >= newest_add,
+            "a stale absence was recorded: tombstone {seq} from an observation at {observed}, \
+             before the Add at {newest_add}"
+        );
+    }
+    // Each tombstone seen right after an Add came from a record made after that Add (the Add cleared the
+    // older ones) and before the next one (the lookup preceded it), whose observation saw the Add.
+    for &add in &tombstone_after {
+        let next_add = adds[adds.partition_point(|&a| a <= add)..]
+            .first()
+            .copied()
+            .unwrap_or(u64::MAX);
+        let sources: Vec<&(u64, u64)> = recorded
+            .iter()
+            .filter(|&&(seq, _)| add < seq && seq < next_add)
+            .collect();
+        assert!(
+            !sources.is_empty(),
+            "a tombstone recorded before the Add at {add} answered after it"
+        );
+        assert!(
+            sources.iter().all(|&&(_, observed)| observed >= add),
+            "a tombstone answered after the Add at {add} from an observation before it: {sources:?}"
+        );
+    }
+    let superseded = superseded.load(Ordering::Relaxed);
     assert!(
-        recorded.load(Ordering::Relaxed) > 0,
-        "the race was never exercised"
+        !recorded.is_empty() && superseded > 0,
+        "the race was never exercised: {} recorded, {superseded} superseded",
+        recorded.len()
+    );
+    println!(
+        "{rounds} rounds: {} absences recorded, {superseded} superseded, {} tombstones seen right after an Add",
+        recorded.len(),
+        tombstone_after.len()
     );
 }
 

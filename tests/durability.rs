@@ -19,6 +19,9 @@ use existence_gate::proto::{
 };
 use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 fn options(dir: &Path, config: &str) -> ServeOptions {
     ServeOptions {
@@ -157,16 +160,24 @@ async fn the_log_alone_restores_state_and_snapshots_remove_covered_log() {
 /// A crashed process leaves the LOCK file behind but releases the lock; reopening must work. An in-process
 /// "crash" keeps the lock until its tasks end, so wait for that.
 async fn start_durable_after_crash(dir: &Path) -> RunningServer {
-    for _ in 0..50 {
-        match start_durable(dir, "").await {
-            Ok(server) => return server,
-            Err(reason) if reason.contains("in use") => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(reason) => panic!("{reason}"),
-        }
-    }
-    panic!("the data directory stayed locked");
+    released(dir).await;
+    start_durable(dir, "").await.unwrap()
+}
+
+/// Waits until nothing holds `dir`'s lock: every task of a server "crashed" in this process has ended, so
+/// none can write to the directory any more.
+async fn released(dir: &Path) {
+    let lock = dir.join("LOCK");
+    common::wait_until(
+        common::PATIENCE,
+        "the data directory's lock to be released",
+        async || {
+            let file = std::fs::File::open(&lock).unwrap();
+            // Taken and, as `file` drops, released again at once.
+            file.try_lock().ok()
+        },
+    )
+    .await;
 }
 
 fn files(dir: &Path) -> Vec<String> {
@@ -193,8 +204,9 @@ async fn log_only_dir() -> (tempfile::TempDir, u64) {
     let seq = populate(&server, 300).await;
     server.shutdown_handle().trigger();
     drop(server);
-    // The final snapshot is what a graceful stop writes; a crash would not: remove any.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The final snapshot is what a graceful stop writes; a crash would not: remove any, once no task of the
+    // server is left to write one.
+    released(dir.path()).await;
     for name in files(dir.path()) {
         if name.starts_with("snapshot-") {
             std::fs::remove_file(dir.path().join(name)).unwrap();
@@ -350,6 +362,7 @@ async fn sigkill_mid_load_loses_no_acknowledged_add() {
                 ExistenceGateClient::new(channel.clone()),
                 acknowledged.clone(),
             );
+            // Adds until one fails (the kill), and returns how it failed.
             tokio::spawn(async move {
                 for batch in 0u32.. {
                     let keys: Vec<Bytes> = (0..50)
@@ -361,24 +374,35 @@ async fn sigkill_mid_load_loses_no_acknowledged_add() {
                     };
                     match client.add(request).await {
                         Ok(_) => acknowledged.lock().unwrap().extend(keys),
-                        Err(_) => break,
+                        Err(status) => return status,
                     }
                 }
+                unreachable!("2^32 batches")
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Kill mid-load once 500 keys were acknowledged, however fast the disk syncs: the writers keep adding.
+    let loading = common::wait_until(common::PATIENCE, "500 acknowledged keys", async || {
+        if acknowledged.lock().unwrap().len() >= 500 {
+            Some(true)
+        } else {
+            writers.iter().all(|w| w.is_finished()).then_some(false)
+        }
+    })
+    .await;
+    if !loading {
+        let mut failures = Vec::new();
+        for writer in writers {
+            failures.push(writer.await.unwrap());
+        }
+        panic!("every writer failed before the kill: {failures:?}");
+    }
     child.start_kill().unwrap();
     child.wait().await.unwrap();
     for writer in writers {
         writer.await.unwrap();
     }
     let acknowledged = acknowledged.lock().unwrap().clone();
-    assert!(
-        acknowledged.len() >= 500,
-        "only {} keys acknowledged before the kill",
-        acknowledged.len()
-    );
 
     let (mut child, addr) = spawn_binary(dir.path()).await;
     let mut client = ExistenceGateClient::connect(format!("http://{addr}"))
@@ -430,22 +454,35 @@ async fn spawn_binary(dir: &Path) -> (tokio::process::Child, String) {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        let (mut addr, mut loaded) = (None, false);
+    let addr = tokio::time::timeout(common::PATIENCE, async {
         while let Some(line) = lines.next_line().await.unwrap() {
             if let Some(rest) = line.split("grpc_addr=").nth(1) {
-                addr = Some(rest.split_whitespace().next().unwrap().to_string());
-            }
-            loaded |= line.contains("state loaded");
-            if loaded && addr.is_some() {
-                break;
+                return rest.split_whitespace().next().unwrap().to_string();
             }
         }
-        addr.expect("the binary logged its address")
+        panic!("the binary exited before logging its address");
     })
     .await
-    .expect("loads within 30 s");
+    .expect("binds within the deadline");
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // Loaded once health says SERVING: the gate opens just before (its "state loaded" log line comes earlier,
+    // while writes are still refused).
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let mut health = HealthClient::new(channel);
+    common::wait_until(
+        common::PATIENCE,
+        "the binary to load and serve",
+        async || {
+            let request = HealthCheckRequest {
+                service: String::new(),
+            };
+            let reply = health.check(request).await.ok()?.into_inner();
+            (reply.status() == ServingStatus::Serving).then_some(())
+        },
+    )
+    .await;
     (child, addr)
 }

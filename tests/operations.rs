@@ -4,6 +4,7 @@
 mod common;
 
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -142,16 +143,48 @@ async fn http_port_serves_health_readiness_and_metrics() {
         );
     }
 
+    // Readiness turns 503 as soon as shutdown begins. Through the port that moment cannot be caught reliably
+    // (the HTTP server stops accepting when shutdown begins, and a connection it had accepted but not yet
+    // read is closed), so the routes the port serves are asked directly, bound to this server's gate and
+    // shutdown handle; the port itself must never answer 200 again, and must close.
     let stopping = server.shutdown_handle();
+    let routes = existence_gate::http::router(
+        Arc::clone(&server.gate),
+        existence_gate::metrics::install_recorder(),
+        stopping.clone(),
+    );
+    assert_eq!(readiness(&routes).await, 200, "ready before shutdown");
     stopping.trigger();
-    // Readiness turns 503 as soon as shutdown begins (the port may already be closing, which is fine too).
-    if let Ok(Ok((status, _))) = tokio::time::timeout(Duration::from_secs(2), async {
-        tokio::spawn(async move { http_get(&server, "/readyz").await }).await
-    })
-    .await
-    {
-        assert_eq!(status, 503);
-    }
+    assert_eq!(
+        readiness(&routes).await,
+        503,
+        "readiness once shutdown began"
+    );
+    let http_addr = server.http_addr;
+    let drained = tokio::spawn(server.run_until_shutdown());
+    wait_until(
+        PATIENCE,
+        "the HTTP port to close",
+        async || match try_http_get(http_addr, "/readyz").await {
+            Ok((status, body)) => {
+                assert_eq!(status, 503, "readiness during shutdown: {body}");
+                None
+            }
+            Err(_) => Some(()),
+        },
+    )
+    .await;
+    drained.await.unwrap().unwrap();
+}
+
+/// The status `/readyz` answers on `routes`.
+async fn readiness(routes: &axum::Router) -> u16 {
+    use tower::ServiceExt;
+    let request = http::Request::get("/readyz")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = routes.clone().oneshot(request).await.unwrap();
+    response.status().as_u16()
 }
 
 /// The real binary: serves with defaults on the given ports, and on SIGTERM ends streams with UNAVAILABLE,

@@ -352,32 +352,44 @@ async fn excess_calls_are_shed_at_once_and_subscribers_are_bounded() {
     let server = start("[limits]\nmax_in_flight = 1\nmax_subscribers_per_namespace = 2").await;
     let mut gate = client(&server).await;
 
-    // A rebuild stream holds the only in-flight slot while it is open.
-    let (sender, receiver) = tokio::sync::mpsc::channel(1);
-    let mut admin = AdminClient::new(channel(&server).await);
-    let rebuild = tokio::spawn(async move {
-        admin
-            .rebuild(tokio_stream::wrappers::ReceiverStream::new(receiver))
+    // A rebuild stream holds the only in-flight slot while it is open. It takes the slot once the server
+    // dispatches it, and until then lookups are served; should a lookup hold the slot at that moment, the
+    // rebuild is the call shed, and it is opened again.
+    let open_rebuild = async || {
+        let (sender, receiver) = tokio::sync::mpsc::channel(1);
+        sender
+            .send(RebuildRequest {
+                namespace: String::new(),
+                keys: vec![Bytes::from_static(b"k")],
+            })
             .await
-    });
-    sender
-        .send(RebuildRequest {
-            namespace: String::new(),
-            keys: vec![Bytes::from_static(b"k")],
-        })
-        .await
-        .unwrap();
-    let mut shed = None;
-    for _ in 0..50 {
-        match gate.may_exist(may_exist("")).await {
-            Err(status) => {
-                shed = Some(status);
-                break;
+            .unwrap();
+        let mut admin = AdminClient::new(channel(&server).await);
+        let call = tokio::spawn(async move {
+            admin
+                .rebuild(tokio_stream::wrappers::ReceiverStream::new(receiver))
+                .await
+        });
+        (sender, call)
+    };
+    let (mut sender, mut rebuild) = open_rebuild().await;
+    let shed = wait_until(
+        PATIENCE,
+        "a call beyond max_in_flight to be shed",
+        async || {
+            if rebuild.is_finished() {
+                let status = (&mut rebuild)
+                    .await
+                    .unwrap()
+                    .expect_err("an open rebuild ends only if refused");
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                (sender, rebuild) = open_rebuild().await;
+                return None;
             }
-            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-        }
-    }
-    let shed = shed.expect("a call beyond max_in_flight was shed");
+            gate.may_exist(may_exist("")).await.err()
+        },
+    )
+    .await;
     assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
     assert!(shed.message().contains("max_in_flight"), "{shed:?}");
     drop(sender);
@@ -411,14 +423,26 @@ async fn excess_calls_are_shed_at_once_and_subscribers_are_bounded() {
         "{status:?}"
     );
     drop(first);
-    let mut freed = false;
-    for _ in 0..50 {
-        if let Ok(mut stream) = gate.subscribe_invalidations(subscribe()).await {
-            gate.add(add("")).await.unwrap();
-            freed = stream.get_mut().message().await.is_ok();
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(freed, "a closed subscription's slot was not freed");
+    // The server frees the slot once it sees the stream closed; until then subscribing is refused (when
+    // subscribing, or on the first read). A subscription that is served gets the next Add's invalidation.
+    let invalidation = wait_until(
+        PATIENCE,
+        "a closed subscription's slot to be freed",
+        async || {
+            let refused = match gate.subscribe_invalidations(subscribe()).await {
+                Ok(mut stream) => {
+                    gate.add(add("")).await.unwrap();
+                    match stream.get_mut().message().await {
+                        Ok(invalidation) => return invalidation,
+                        Err(status) => status,
+                    }
+                }
+                Err(status) => status,
+            };
+            assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+            None
+        },
+    )
+    .await;
+    assert_eq!(invalidation.keys, vec![Bytes::from_static(b"k")]);
 }

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use existence_gate::clock::{Clock, ManualClock, SystemClock};
 use existence_gate::config::GateConfig;
@@ -14,6 +14,35 @@ use tonic::transport::Channel;
 
 /// A unix time far from window boundaries, for manual clocks.
 pub const START_MS: u64 = 1_800_000_000_000;
+
+/// How long a test waits for something that must happen before it fails: far beyond what a loaded 2-core
+/// machine needs, so that only a real failure (never a slow machine) reaches it. Waits end as soon as the
+/// condition holds, so a passing run never spends it.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The pause between two looks at a condition.
+const POLL_PAUSE: Duration = Duration::from_millis(10);
+
+/// Waits until `condition` yields `Some` and returns it, looking again after a short pause; fails the test,
+/// naming `what` it waited for, once `deadline` has passed. Tests wait on the condition they need rather than
+/// sleeping for a time that a loaded machine may exceed.
+pub async fn wait_until<T>(
+    deadline: Duration,
+    what: &str,
+    mut condition: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let give_up = Instant::now() + deadline;
+    loop {
+        if let Some(value) = condition().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "gave up after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(POLL_PAUSE).await;
+    }
+}
 
 /// Options for a server on ephemeral loopback ports with `config` (TOML), in memory, plaintext.
 pub fn options(config: &str, max_message_bytes: usize) -> ServeOptions {
@@ -73,23 +102,37 @@ pub async fn client(server: &RunningServer) -> ExistenceGateClient<Channel> {
 
 /// `GET path` on the HTTP port: (status code, body).
 pub async fn http_get(server: &RunningServer, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(server.http_addr)
+    try_http_get(server.http_addr, path)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// `GET path` on the HTTP port at `addr`: (status code, body), or why no response came (the port is closed,
+/// or the connection closed before a status line).
+pub async fn try_http_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.write_all(request.as_bytes()).await?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
+    stream.read_to_string(&mut response).await?;
     let status = response
         .split_whitespace()
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .expect("status line");
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("no status line in {response:?}"),
+            )
+        })?;
     let body = response
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 /// Keys as `packed_keys` wants them: each preceded by its length as a varint.
