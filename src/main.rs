@@ -173,7 +173,6 @@ enum Sync {
 impl ServeArgs {
     fn durability(&self) -> Option<DurabilityOptions> {
         (!self.in_memory).then(|| DurabilityOptions {
-            data_dir: self.data_dir.clone(),
             sync: match self.sync {
                 Sync::Always => SyncMode::Always,
                 Sync::Interval => SyncMode::Interval(self.sync_interval),
@@ -181,6 +180,7 @@ impl ServeArgs {
             },
             snapshot_interval: self.snapshot_interval,
             snapshot_log_bytes: self.snapshot_log_bytes,
+            ..DurabilityOptions::new(self.data_dir.clone())
         })
     }
 

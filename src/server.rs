@@ -32,6 +32,7 @@ use crate::gate::Gate;
 use crate::grpc::GateService;
 use crate::hashing::KeyHasher;
 use crate::log::VolatileLog;
+use crate::persistence::segment_file::{RealFiles, SegmentFiles};
 use crate::persistence::{self, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
 use crate::proto::admin_server::AdminServer;
 use crate::proto::existence_gate_server::ExistenceGateServer;
@@ -53,6 +54,22 @@ pub struct DurabilityOptions {
     pub snapshot_interval: Duration,
     /// ...and whenever this many log bytes were written since the last one.
     pub snapshot_log_bytes: u64,
+    /// How log segments are created: the file system, or a test's faulty files.
+    pub segment_files: Arc<dyn SegmentFiles>,
+}
+
+impl DurabilityOptions {
+    /// State in `data_dir` with the defaults of `existence-gate serve`: fsync before acknowledging, a
+    /// snapshot every 5 minutes or 256 MiB of log, real files.
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self {
+            data_dir,
+            sync: SyncMode::Always,
+            snapshot_interval: Duration::from_secs(300),
+            snapshot_log_bytes: 256 << 20,
+            segment_files: Arc::new(RealFiles),
+        }
+    }
 }
 
 /// How to run the server.
@@ -303,10 +320,6 @@ pub async fn start(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(|e| ServerError::Reflection(e.to_string()))?;
-    let blocking_writes = options
-        .durability
-        .as_ref()
-        .is_some_and(|d| d.sync == SyncMode::Always);
     let authorizer = Authorizer::new(&options.config.tokens).map_err(ServerError::Config)?;
     if !authorizer.is_enabled() && !options.listen.ip().is_loopback() {
         tracing::warn!(
@@ -316,13 +329,10 @@ pub async fn start(
         );
     }
     let access = Access::new(authorizer, shutdown.clone());
-    let gate_service = ExistenceGateServer::new(GateService::new(
-        Arc::clone(&gate),
-        Arc::clone(&access),
-        blocking_writes,
-    ))
-    .max_decoding_message_size(options.max_message_bytes)
-    .max_encoding_message_size(options.max_message_bytes);
+    let gate_service =
+        ExistenceGateServer::new(GateService::new(Arc::clone(&gate), Arc::clone(&access)))
+            .max_decoding_message_size(options.max_message_bytes)
+            .max_encoding_message_size(options.max_message_bytes);
 
     let admin_service = AdminServer::new(AdminService::new(
         Arc::clone(&gate),
@@ -418,9 +428,10 @@ impl Load {
 
     async fn recover(self, dir: DataDir, durability: DurabilityOptions) {
         let gate = Arc::clone(&self.gate);
-        let sync = durability.sync;
+        let (sync, files) = (durability.sync, Arc::clone(&durability.segment_files));
         let recovered = tokio::task::spawn_blocking(move || {
-            persistence::recover(&dir, &gate, sync).map(|(wal, recovered)| (dir, wal, recovered))
+            persistence::recover_with_files(&dir, &gate, sync, files)
+                .map(|(wal, recovered)| (dir, wal, recovered))
         })
         .await;
         let (dir, wal, recovered) = match recovered {

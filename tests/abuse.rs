@@ -146,10 +146,10 @@ async fn overload_is_shed_fast_and_health_stays_answerable() {
     let dir = tempfile::tempdir().unwrap();
     let mut options = options("[limits]\nmax_in_flight = 2", 16 << 20);
     options.durability = Some(existence_gate::server::DurabilityOptions {
-        data_dir: dir.path().to_path_buf(),
         sync: existence_gate::persistence::SyncMode::Always,
         snapshot_interval: Duration::from_secs(3_600),
         snapshot_log_bytes: u64::MAX,
+        ..existence_gate::server::DurabilityOptions::new(dir.path().to_path_buf())
     });
     let server = start_options(options, Arc::new(existence_gate::clock::SystemClock)).await;
     let ok = Arc::new(AtomicU64::new(0));

@@ -113,10 +113,10 @@ async fn snapshot_on_demand_is_published_and_reported() {
         max_message_bytes: 16 << 20,
         drain_timeout: Duration::from_secs(5),
         durability: Some(DurabilityOptions {
-            data_dir: dir.path().to_path_buf(),
             sync: SyncMode::Never,
             snapshot_interval: Duration::from_secs(3_600),
             snapshot_log_bytes: u64::MAX,
+            ..DurabilityOptions::new(dir.path().to_path_buf())
         }),
         tls: None,
     };

@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use existence_gate::clock::SystemClock;
 use existence_gate::config::GateConfig;
+use existence_gate::persistence::segment_file::FaultyFiles;
 use existence_gate::persistence::SyncMode;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
@@ -31,10 +32,9 @@ fn options(dir: &Path, config: &str) -> ServeOptions {
         max_message_bytes: 16 << 20,
         drain_timeout: Duration::from_secs(5),
         durability: Some(DurabilityOptions {
-            data_dir: dir.to_path_buf(),
-            sync: SyncMode::Always,
             snapshot_interval: Duration::from_secs(3_600),
             snapshot_log_bytes: u64::MAX,
+            ..DurabilityOptions::new(dir.to_path_buf())
         }),
         tls: None,
     }
@@ -485,4 +485,116 @@ async fn spawn_binary(dir: &Path) -> (tokio::process::Child, String) {
     )
     .await;
     (child, addr)
+}
+
+/// A disk whose fsync hangs (here: the interval syncer's, with writes queued behind its group commit) must
+/// not stall the server: writes wait, while health checks and lookups keep answering. The server runs on a
+/// runtime of its own with two request threads (this machine's core count), so the test's own clock and
+/// client keep working even if the server's threads were all blocked.
+#[test]
+fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = FaultyFiles::new();
+    let options = ServeOptions {
+        durability: Some(DurabilityOptions {
+            sync: SyncMode::Interval(Duration::from_millis(10)),
+            snapshot_interval: Duration::from_secs(3_600),
+            snapshot_log_bytes: u64::MAX,
+            segment_files: files.clone(),
+            ..DurabilityOptions::new(dir.path().to_path_buf())
+        }),
+        ..options(dir.path(), "")
+    };
+    let server_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = server_runtime.block_on(async {
+        let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
+        server.loaded().await.unwrap();
+        server
+    });
+    let client_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    client_runtime.block_on(async {
+        let channel = common::channel(&server).await;
+        let mut client = ExistenceGateClient::new(channel.clone());
+        let mut health = HealthClient::new(channel);
+        files.stall_syncs();
+        // Released however this block ends: a failed assertion must not leave the server's threads blocked
+        // (dropping its runtime would then wait for them forever).
+        let _release = ReleaseSyncs(files.clone());
+        client
+            .add(AddRequest {
+                namespace: String::new(),
+                keys: vec![Bytes::from_static(b"before the stall")],
+            })
+            .await
+            .unwrap();
+        common::wait_until(
+            common::PATIENCE,
+            "the syncer's fsync to stall",
+            async || (files.stalled_syncs() == 1).then_some(()),
+        )
+        .await;
+        let writes: Vec<_> = (0..8)
+            .map(|i| {
+                let mut client = client.clone();
+                tokio::spawn(async move {
+                    client
+                        .add(AddRequest {
+                            namespace: String::new(),
+                            keys: vec![Bytes::from(format!("stalled-{i}"))],
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for round in 0..20 {
+            let served = tokio::time::timeout(common::PATIENCE, async {
+                let status = health
+                    .check(HealthCheckRequest::default())
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .status();
+                let lookup = client
+                    .may_exist(MayExistRequest {
+                        namespace: String::new(),
+                        key: Bytes::from_static(b"before the stall"),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                (status, lookup.answer())
+            })
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: no answer while the fsync stalled"));
+            assert_eq!(served, (ServingStatus::Serving, Answer::MayExist));
+        }
+        assert!(
+            writes.iter().all(|w| !w.is_finished()),
+            "writes waited for the stalled group commit"
+        );
+        files.release_syncs();
+        for write in writes {
+            write
+                .await
+                .unwrap()
+                .expect("the write completes once the disk answers");
+        }
+    });
+    server_runtime.block_on(server.stop()).unwrap();
+}
+
+/// Lets stalled fsyncs proceed when dropped.
+struct ReleaseSyncs(Arc<FaultyFiles>);
+
+impl Drop for ReleaseSyncs {
+    fn drop(&mut self) {
+        self.0.release_syncs();
+    }
 }

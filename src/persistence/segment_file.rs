@@ -19,7 +19,7 @@ pub trait SegmentFile: Send {
 }
 
 /// Creates segment files.
-pub trait SegmentFiles: Send + Sync + 'static {
+pub trait SegmentFiles: std::fmt::Debug + Send + Sync + 'static {
     /// Creates `path`, which must not exist, for appending.
     fn create(&self, path: &Path) -> io::Result<Box<dyn SegmentFile>>;
 }
