@@ -527,32 +527,26 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
         // Released however this block ends: a failed assertion must not leave the server's threads blocked
         // (dropping its runtime would then wait for them forever).
         let _release = ReleaseSyncs(files.clone());
-        client
-            .add(AddRequest {
-                namespace: String::new(),
-                keys: vec![Bytes::from_static(b"before the stall")],
+        let write = |key: String| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .add(AddRequest {
+                        namespace: String::new(),
+                        keys: vec![Bytes::from(key)],
+                    })
+                    .await
             })
-            .await
-            .unwrap();
+        };
+        // Its record is what the syncer then fsyncs (and stalls on).
+        let first = write("before the stall".to_string());
         common::wait_until(
             common::PATIENCE,
             "the syncer's fsync to stall",
             async || (files.stalled_syncs() == 1).then_some(()),
         )
         .await;
-        let writes: Vec<_> = (0..8)
-            .map(|i| {
-                let mut client = client.clone();
-                tokio::spawn(async move {
-                    client
-                        .add(AddRequest {
-                            namespace: String::new(),
-                            keys: vec![Bytes::from(format!("stalled-{i}"))],
-                        })
-                        .await
-                })
-            })
-            .collect();
+        let writes: Vec<_> = (0..8).map(|i| write(format!("stalled-{i}"))).collect();
         for round in 0..20 {
             let served = tokio::time::timeout(common::PATIENCE, async {
                 let status = health
@@ -580,7 +574,7 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
             "writes waited for the stalled group commit"
         );
         files.release_syncs();
-        for write in writes {
+        for write in writes.into_iter().chain([first]) {
             write
                 .await
                 .unwrap()
