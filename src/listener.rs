@@ -5,7 +5,8 @@
 //!   keepalive pings start only once it has arrived, so a connection that sent nothing held a descriptor and
 //!   a task for ever. [`Incoming`] hands a gRPC connection to tonic only once it has completed its TLS
 //!   handshake (if any) and sent the 24-byte preface within the handshake timeout of being accepted, and
-//!   closes it otherwise. From then on keepalive pings close peers that stop answering.
+//!   closes it otherwise. From then on keepalive pings close peers that stop answering. (The HTTP port uses
+//!   hyper's header read timeout instead, see [`crate::http::serve`].)
 //! - **The descriptor limit.** There `accept` fails with `EMFILE` but the connection stays queued, so the
 //!   listener stays readable and a loop that retries at once spins a core (tonic's did: ~95% of one, with
 //!   nothing to serve). [`Acceptor`] counts such errors in `existence_accept_errors_total`, warns at most once

@@ -30,7 +30,7 @@ use crate::config::GateConfig;
 use crate::gate::Gate;
 use crate::grpc::GateService;
 use crate::hashing::KeyHasher;
-use crate::listener::{Incoming, Plaintext};
+use crate::listener::{Acceptor, Incoming, Plaintext};
 use crate::log::VolatileLog;
 use crate::persistence::{self, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
 use crate::proto::admin_server::AdminServer;
@@ -227,7 +227,7 @@ pub struct RunningServer {
     persistence: Arc<std::sync::OnceLock<Persistence>>,
     drain_timeout: Duration,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
-    http: JoinHandle<std::io::Result<()>>,
+    http: JoinHandle<()>,
     health: HealthReporter,
 }
 
@@ -366,13 +366,12 @@ pub async fn start(
             stopped,
         )),
     };
-    let http_shutdown = shutdown.clone();
-    let router = crate::http::router(Arc::clone(&gate), prometheus.clone(), shutdown.clone());
-    let http = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(async move { http_shutdown.wait().await })
-            .await
-    });
+    let http = tokio::spawn(crate::http::serve(
+        Acceptor::new(http_listener, "http"),
+        crate::http::router(Arc::clone(&gate), prometheus.clone(), shutdown.clone()),
+        limits.handshake_timeout,
+        shutdown.clone(),
+    ));
     spawn_maintenance(Arc::clone(&gate), prometheus, shutdown.clone());
 
     let (loading_tx, loading) = watch::channel(Loading::InProgress);
