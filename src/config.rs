@@ -259,6 +259,12 @@ pub struct Limits {
     /// How long an unanswered ping may take before the connection is closed.
     #[serde(deserialize_with = "duration")]
     pub keepalive_timeout: Duration,
+    /// How long a new gRPC connection may take to complete its TLS handshake (if any) and send the HTTP/2
+    /// preface, and an HTTP-port connection to send a request head (also between requests): keepalive pings
+    /// start only once HTTP/2 is up, so without this bound a connection that sends nothing holds a descriptor
+    /// forever. `--handshake-timeout` overrides it.
+    #[serde(deserialize_with = "duration")]
+    pub handshake_timeout: Duration,
     /// Most keys in one `BatchMayExist` or `Add`.
     pub max_batch_keys: usize,
     /// Longest key in bytes.
@@ -277,6 +283,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(30),
             max_batch_keys: 10_000,
             max_key_bytes: 1_024,
             replay_buffer_bytes: 16 << 20,
@@ -319,6 +326,7 @@ impl Limits {
             ("request_timeout", self.request_timeout),
             ("keepalive_interval", self.keepalive_interval),
             ("keepalive_timeout", self.keepalive_timeout),
+            ("handshake_timeout", self.handshake_timeout),
         ] {
             if value < Duration::from_millis(100) {
                 return Err(field(
@@ -393,17 +401,23 @@ impl GateConfig {
             .namespaces
             .entry(DEFAULT_NAMESPACE.to_string())
             .or_default();
-        config.limits.validate()?;
-        Authorizer::new(&config.tokens).map_err(|problem| ConfigError::Invalid {
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value; a caller that changes one after parsing (a command-line override) calls it again.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.limits.validate()?;
+        Authorizer::new(&self.tokens).map_err(|problem| ConfigError::Invalid {
             field: "tokens".to_string(),
             problem,
         })?;
-        for (name, settings) in &config.namespaces {
+        for (name, settings) in &self.namespaces {
             validate_namespace_name(name)?;
             settings.validate(name)?;
         }
-        refuse_look_alike_names(config.namespaces.keys())?;
-        Ok(config)
+        refuse_look_alike_names(self.namespaces.keys())?;
+        Ok(())
     }
 
     /// Bytes all namespaces hold at their configured sizes (see
@@ -554,6 +568,7 @@ mod tests {
         assert_eq!(default.expected_keys, 10_000_000);
         assert_eq!(config.limits.max_batch_keys, 10_000);
         assert_eq!(config.limits.max_key_bytes, 1_024);
+        assert_eq!(config.limits.handshake_timeout, Duration::from_secs(30));
     }
 
     #[test]
@@ -617,6 +632,14 @@ mod tests {
         assert!(
             bad_limit.to_string().contains("limits.max_batch_keys"),
             "{bad_limit}"
+        );
+        let bad_handshake =
+            GateConfig::from_toml("[limits]\nhandshake_timeout = \"10ms\"").unwrap_err();
+        assert!(
+            bad_handshake
+                .to_string()
+                .contains("limits.handshake_timeout"),
+            "{bad_handshake}"
         );
     }
 

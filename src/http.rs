@@ -2,6 +2,7 @@
 //! from loaded state and is not shutting down) for HTTP-only load balancers and orchestrators.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -10,6 +11,7 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::gate::Gate;
+use crate::listener::Acceptor;
 use crate::shutdown::Shutdown;
 
 /// What the handlers read.
@@ -31,6 +33,42 @@ pub fn router(gate: Arc<Gate>, prometheus: PrometheusHandle, shutdown: Shutdown)
             prometheus,
             shutdown,
         })
+}
+
+/// Serves `router` over HTTP/1.1 on connections from `acceptor` until `shutdown`, then stops accepting and lets
+/// requests in flight finish.
+///
+/// hyper itself rather than `axum::serve`, because only with a timer does hyper enforce its header read
+/// timeout: a connection must send a request head within `header_timeout` of being accepted or of its
+/// previous response, so neither a connection that sends nothing nor an idle keep-alive one holds a
+/// descriptor for ever.
+pub async fn serve(
+    mut acceptor: Acceptor,
+    router: Router,
+    header_timeout: Duration,
+    shutdown: Shutdown,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let tcp = tokio::select! {
+            () = shutdown.wait() => break,
+            tcp = acceptor.accept() => tcp,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(tcp), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "HTTP connection ended with an error");
+            }
+        });
+    }
+    drop(acceptor);
+    graceful.shutdown().await;
 }
 
 /// Renders the metrics on the blocking pool: folding the latency samples recorded since the last upkeep

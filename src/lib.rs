@@ -18,6 +18,7 @@
 //! - [`grpc`]: the thin gRPC layer that maps the contract onto the gate; [`admin`]: stats, snapshots, rebuild;
 //!   [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`listener`]: accepting connections — backoff at the descriptor limit, a deadline for the handshake.
 //! - [`server`]: wiring, startup and graceful shutdown; [`shutdown`]: the signal every part watches.
 //!
 //! The core (everything above `grpc`) knows nothing of tonic.
@@ -33,6 +34,7 @@ pub mod grpc;
 pub mod hashing;
 pub mod http;
 pub mod invalidations;
+pub mod listener;
 pub mod log;
 pub mod metrics;
 pub mod namespace;

@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the gRPC contract and the HTTP metrics/health port (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check a server's gRPC health: exits 0 only when the service is SERVING (for container HEALTHCHECKs).
     Probe(ProbeArgs),
     /// Print the SHA-256 of a token for the `sha256` field of a `[[tokens]]` entry (reads the token from
@@ -128,6 +128,11 @@ struct ServeArgs {
     /// How long in-flight calls may take to finish after SIGTERM (e.g. 10s).
     #[arg(long, env = "EXISTENCE_GATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     drain_timeout: std::time::Duration,
+    /// How long a new connection may take to send the HTTP/2 preface (TLS handshake included) on the gRPC
+    /// port, or a request head on the HTTP port, before it is closed (e.g. 30s). Overrides
+    /// `handshake_timeout` in the [limits] of --config; default 30s.
+    #[arg(long, env = "EXISTENCE_GATE_HANDSHAKE_TIMEOUT", value_parser = parse_duration)]
+    handshake_timeout: Option<std::time::Duration>,
     /// Directory for the write-ahead log, snapshots and the deployment's hash seed.
     #[arg(
         long,
@@ -195,10 +200,17 @@ impl ServeArgs {
     }
 
     fn options(self) -> Result<ServeOptions, String> {
-        let config = match &self.config {
+        let mut config = match &self.config {
             Some(path) => GateConfig::from_file(path).map_err(|e| e.to_string())?,
             None => GateConfig::default(),
         };
+        if let Some(timeout) = self.handshake_timeout {
+            config.limits.handshake_timeout = timeout;
+            config.validate().map_err(|e| {
+                e.to_string()
+                    .replace("limits.handshake_timeout", "--handshake-timeout")
+            })?;
+        }
         Ok(ServeOptions {
             listen: self.listen,
             http_listen: self.http_listen,
@@ -236,6 +248,7 @@ fn log_settings(options: &ServeOptions) {
         max_in_flight = options.config.limits.max_in_flight,
         max_concurrent_streams = options.config.limits.max_concurrent_streams,
         max_subscribers_per_namespace = options.config.limits.max_subscribers_per_namespace,
+        handshake_timeout = ?options.config.limits.handshake_timeout,
         "access"
     );
     match &options.durability {
@@ -320,6 +333,10 @@ fn main() -> ExitCode {
     // Logs go to stdout; `probe` prints only its verdict on stderr.
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        // A closed stdout (a log collector that died) must not turn every log line into a panic: by
+        // default the subscriber reports its own write failures with eprintln!, which panics when stderr
+        // is gone too, killing the task that logged (the signal handler, the accept loop).
+        .log_internal_errors(false)
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
@@ -327,7 +344,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         Some(command) => command,
-        None => Command::Serve(ServeArgs::from_env().unwrap_or_else(|error| error.exit())),
+        None => Command::Serve(Box::new(
+            ServeArgs::from_env().unwrap_or_else(|error| error.exit()),
+        )),
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -337,7 +356,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Probe(args) => runtime.block_on(probe(args)),
         Command::HashToken { token } => hash_token(token),
     };

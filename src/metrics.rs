@@ -67,6 +67,14 @@ fn describe() {
         "existence_requests_shed_total",
         "gRPC calls refused with RESOURCE_EXHAUSTED by the in-flight limit before decoding."
     );
+    describe_counter!(
+        "existence_accept_errors_total",
+        "Failed accepts by port and reason (emfile, enfile, enobufs, enomem, other), each followed by a backoff."
+    );
+    describe_counter!(
+        "existence_handshakes_failed_total",
+        "gRPC connections closed before their HTTP/2 preface, by reason (timeout, closed, tls, error)."
+    );
     describe_histogram!(
         "existence_request_duration_seconds",
         Unit::Seconds,
@@ -203,6 +211,17 @@ pub fn warming_answers(namespace: &str) -> Counter {
 /// does not see them).
 pub fn shed_calls() -> Counter {
     counter!("existence_requests_shed_total")
+}
+
+/// Counter of failed accepts on `port` (`grpc` or `http`) for `reason`. Resolved per failure: failures are
+/// rare, and the registry lookup is nothing beside the backoff that follows.
+pub fn accept_errors(port: &'static str, reason: &'static str) -> Counter {
+    counter!("existence_accept_errors_total", "port" => port, "reason" => reason)
+}
+
+/// Counter of gRPC connections closed before their HTTP/2 preface, for `reason`.
+pub fn failed_handshakes(reason: &'static str) -> Counter {
+    counter!("existence_handshakes_failed_total", "reason" => reason)
 }
 
 /// The RPCs, for labelling.

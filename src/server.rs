@@ -19,7 +19,6 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
@@ -31,6 +30,7 @@ use crate::config::GateConfig;
 use crate::gate::Gate;
 use crate::grpc::GateService;
 use crate::hashing::KeyHasher;
+use crate::listener::{Acceptor, Incoming, Plaintext};
 use crate::log::VolatileLog;
 use crate::persistence::segment_file::{RealFiles, SegmentFiles};
 use crate::persistence::{self, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
@@ -103,7 +103,14 @@ pub struct TlsOptions {
 }
 
 impl TlsOptions {
-    fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, ServerError> {
+    /// The acceptor for the gRPC port: rustls with the `ring` provider, HTTP/2 offered by ALPN, and client
+    /// certificates required and checked against `client_ca` when it is set — as tonic's own TLS does, but
+    /// terminated by [`crate::listener`], so the handshake timeout covers the TLS handshake too.
+    fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls::server::WebPkiClientVerifier;
+        use tokio_rustls::rustls::{RootCertStore, ServerConfig};
         let read = |path: &PathBuf, what: &str| {
             std::fs::read(path).map_err(|e| {
                 ServerError::Config(format!(
@@ -112,18 +119,45 @@ impl TlsOptions {
                 ))
             })
         };
-        let identity = tonic::transport::Identity::from_pem(
-            read(&self.cert, "certificate")?,
-            read(&self.key, "key")?,
-        );
-        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
-        if let Some(ca) = &self.client_ca {
-            config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(
-                ca,
-                "client CA",
-            )?));
-        }
-        Ok(config)
+        let invalid = |what: &str, path: &PathBuf, e: &dyn std::fmt::Display| {
+            ServerError::Config(format!("invalid TLS {what} {}: {e}", path.display()))
+        };
+        let certificates = |path: &PathBuf, what: &str| {
+            let pem = read(path, what)?;
+            let certificates = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(what, path, &e))?;
+            if certificates.is_empty() {
+                return Err(invalid(what, path, &"no PEM certificate in it"));
+            }
+            Ok(certificates)
+        };
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ServerError::Config(format!("invalid TLS configuration: {e}")))?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                for certificate in certificates(ca, "client CA")? {
+                    roots
+                        .add(certificate)
+                        .map_err(|e| invalid("client CA", ca, &e))?;
+                }
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(|e| invalid("client CA", ca, &e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let key = PrivateKeyDer::from_pem_slice(&read(&self.key, "key")?)
+            .map_err(|e| invalid("key", &self.key, &e))?;
+        let mut config = builder
+            .with_single_cert(certificates(&self.cert, "certificate")?, key)
+            .map_err(|e| invalid("certificate", &self.cert, &e))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     }
 }
 
@@ -210,7 +244,7 @@ pub struct RunningServer {
     persistence: Arc<std::sync::OnceLock<Persistence>>,
     drain_timeout: Duration,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
-    http: JoinHandle<std::io::Result<()>>,
+    http: JoinHandle<()>,
     health: HealthReporter,
 }
 
@@ -219,13 +253,6 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerEr
     let listener = TcpListener::bind(address).await.map_err(bind_error)?;
     let local = listener.local_addr().map_err(bind_error)?;
     Ok((listener, local))
-}
-
-/// Accepted gRPC connections, with Nagle's algorithm off: a response's last frames (its trailers) are small
-/// writes that Nagle holds back until the client acknowledges the previous segment, which a client delaying
-/// its acknowledgements does only after ~40 ms — the latency of every large call otherwise.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Health service names this server reports: overall ("") and the contract's.
@@ -343,42 +370,43 @@ pub async fn start(
     .max_decoding_message_size(options.max_message_bytes);
 
     let limits = &options.config.limits;
-    let mut builder = tonic::transport::Server::builder()
+    let tls = options.tls.as_ref().map(TlsOptions::acceptor).transpose()?;
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .timeout(limits.request_timeout)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout));
-    if let Some(tls) = &options.tls {
-        builder = builder
-            .tls_config(tls.server_config()?)
-            .map_err(|e| ServerError::Config(format!("invalid TLS configuration: {e}")))?;
-    }
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(tower::util::MapResponseLayer::new(
+                    client_errors_as_client_errors as fn(GrpcResponse) -> GrpcResponse,
+                ))
+                .layer(InFlightLimitLayer::new(limits.max_in_flight)),
+        )
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(gate_service)
+        .add_service(admin_service);
     let grpc_shutdown = shutdown.clone();
-    let grpc = tokio::spawn(
-        builder
-            .layer(
-                tower::ServiceBuilder::new()
-                    .layer(tower::util::MapResponseLayer::new(
-                        client_errors_as_client_errors as fn(GrpcResponse) -> GrpcResponse,
-                    ))
-                    .layer(InFlightLimitLayer::new(limits.max_in_flight)),
-            )
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .add_service(gate_service)
-            .add_service(admin_service)
-            .serve_with_incoming_shutdown(incoming(grpc_listener), async move {
-                grpc_shutdown.wait().await
-            }),
-    );
-    let http_shutdown = shutdown.clone();
-    let router = crate::http::router(Arc::clone(&gate), prometheus.clone(), shutdown.clone());
-    let http = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(async move { http_shutdown.wait().await })
-            .await
-    });
+    let stopped = async move { grpc_shutdown.wait().await };
+    // Two types of connection, so two instances of the serving future.
+    let grpc = match tls {
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
+            Incoming::new(grpc_listener, Plaintext, limits.handshake_timeout),
+            stopped,
+        )),
+        Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+            Incoming::new(grpc_listener, tls, limits.handshake_timeout),
+            stopped,
+        )),
+    };
+    let http = tokio::spawn(crate::http::serve(
+        Acceptor::new(http_listener, "http"),
+        crate::http::router(Arc::clone(&gate), prometheus.clone(), shutdown.clone()),
+        limits.handshake_timeout,
+        shutdown.clone(),
+    ));
     spawn_maintenance(Arc::clone(&gate), prometheus, shutdown.clone());
 
     let (loading_tx, loading) = watch::channel(Loading::InProgress);
