@@ -17,6 +17,7 @@ use crate::invalidations::Subscription;
 use crate::log::{Log, LogError, Mutation};
 use crate::namespace::{
     AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Rebuild, Recorded, WriteError,
+    WritesStopped,
 };
 
 /// Why a request was refused. Nothing was changed and no seq was used.
@@ -121,6 +122,18 @@ impl Gate {
     /// Ends warming: lookups answer from state, writes go to `log`. Only the first call counts.
     pub fn open(&self, log: Arc<dyn Log>) {
         let _ = self.log.set(log);
+    }
+
+    /// Why writes are refused now, if they are, while reads are still answered: the log cannot write,
+    /// or a namespace stopped taking writes after a panic. `None` while loading (that is not a failure).
+    pub fn write_failure(&self) -> Option<String> {
+        let log = self.log.get()?;
+        log.write_failure().or_else(|| {
+            let mut stopped = self.namespaces.values().map(|e| &e.namespace);
+            stopped
+                .find(|n| n.writes_stopped())
+                .map(|n| WritesStopped(Arc::clone(n.name())).to_string())
+        })
     }
 
     /// Whether loading is done.
@@ -252,6 +265,8 @@ impl Gate {
     ) -> Result<Recorded, GateError> {
         let namespace = self.namespace(namespace)?;
         self.check_key(&report.key, None)?;
+        // While loading, the seq is not yet the one a client observed before a restart: refuse as loading.
+        let log = self.writable_log()?;
         let latest = namespace.latest_seq();
         if report.observed_seq > latest {
             return Err(GateError::InvalidArgument(format!(
@@ -261,7 +276,6 @@ impl Gate {
                 namespace.name()
             )));
         }
-        let log = self.writable_log()?;
         Ok(namespace.record_absent(report, self.clock.now_ms(), log)?)
     }
 

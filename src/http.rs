@@ -93,12 +93,20 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(http): State<Http>) -> (StatusCode, &'static str) {
+async fn readyz(State(http): State<Http>) -> (StatusCode, String) {
     if http.shutdown.is_triggered() {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down\n".to_string(),
+        )
     } else if !http.gate.is_ready() {
-        (StatusCode::SERVICE_UNAVAILABLE, "warming\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "warming\n".to_string())
+    } else if let Some(reason) = http.gate.write_failure() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("degraded: lookups are answered, writes are refused: {reason}\n"),
+        )
     } else {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".to_string())
     }
 }

@@ -100,6 +100,10 @@ pub trait Log: Send + Sync + 'static {
     fn append(&self, mutation: &Mutation) -> Result<Ticket, LogError>;
     /// Waits until the mutation behind `ticket` is durable.
     fn commit(&self, ticket: Ticket) -> Result<(), LogError>;
+    /// Why appends are refused now, if they are (a failed disk, a full one): readiness reports it.
+    fn write_failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The log of a gate that keeps its state in memory only: nothing survives a restart, so it records nothing.

@@ -99,6 +99,10 @@ fn describe() {
     describe_gauge!("existence_subscribers", "Open invalidation subscriptions.");
     describe_gauge!("existence_seq", "Latest applied seq.");
     describe_gauge!(
+        "existence_writes_refused",
+        "1 while writes are refused (the log failed or the disk is full; /readyz says why), else 0."
+    );
+    describe_gauge!(
         "existence_replay_buffer_bytes",
         "Bytes of recent invalidations kept for resuming subscribers."
     );
@@ -205,6 +209,11 @@ impl NamespaceMetrics {
 /// Counter of fail-open answers given while warming, per namespace.
 pub fn warming_answers(namespace: &str) -> Counter {
     counter!("existence_answers_total", "namespace" => namespace.to_string(), "answer" => "may_exist", "basis" => "warming")
+}
+
+/// Sets whether writes are refused now.
+pub fn writes_refused(refused: bool) {
+    gauge!("existence_writes_refused").set(f64::from(u8::from(refused)));
 }
 
 /// Counter of calls shed by the in-flight limit (they never reach a handler, so `existence_requests_total`

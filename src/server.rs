@@ -42,6 +42,8 @@ use crate::shutdown::Shutdown;
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(5);
 /// How often the log size is checked against the snapshot threshold.
 const SNAPSHOT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the log's files and write health are checked.
+const LOG_WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Where and how state is kept across restarts.
 #[derive(Debug, Clone)]
@@ -485,6 +487,11 @@ impl Load {
         if let SyncMode::Interval(every) = sync {
             spawn_interval_sync(Arc::clone(&wal), every, self.shutdown.clone());
         }
+        spawn_log_watch(
+            Arc::clone(&wal),
+            Arc::clone(&self.gate),
+            self.shutdown.clone(),
+        );
         let _ = self.persistence.set(Persistence {
             wal: Arc::clone(&wal),
             snapshots,
@@ -548,6 +555,29 @@ fn spawn_snapshots(
                         Err(panic) => tracing::error!(%panic, "snapshot panicked"),
                     }
                     last = tokio::time::Instant::now();
+                }
+            }
+        }
+    });
+}
+
+/// Every `LOG_WATCH_INTERVAL`: checks that the log's segment is still the file its name leads to (a data
+/// directory deleted under the server poisons the log rather than acknowledging writes no restart reads),
+/// retries records a full disk held back, and publishes whether writes are refused.
+fn spawn_log_watch(wal: Arc<Wal>, gate: Arc<Gate>, shutdown: Shutdown) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(LOG_WATCH_INTERVAL);
+        loop {
+            tokio::select! {
+                () = shutdown.wait() => break,
+                _ = ticks.tick() => {
+                    let (wal, gate) = (Arc::clone(&wal), Arc::clone(&gate));
+                    let _ = tokio::task::spawn_blocking(move || {
+                        wal.check_segment_linked();
+                        wal.retry_writes();
+                        crate::metrics::writes_refused(gate.write_failure().is_some());
+                    })
+                    .await;
                 }
             }
         }
@@ -637,9 +667,19 @@ impl RunningServer {
             .await;
             match closed {
                 Ok(Ok(_)) => tracing::info!("final snapshot taken"),
-                Ok(Err(error)) => {
-                    tracing::error!(%error, "final snapshot failed; the log still holds everything")
-                }
+                Ok(Err(error)) => match self.gate.write_failure() {
+                    None => tracing::error!(
+                        %error,
+                        "final snapshot failed; the log holds every acknowledged write, and the next start \
+                         replays it"
+                    ),
+                    Some(reason) => tracing::error!(
+                        %error,
+                        %reason,
+                        "final snapshot failed, and writes were refused before it for the reason given: \
+                         check the data directory before restarting"
+                    ),
+                },
                 Err(panic) => tracing::error!(%panic, "final snapshot panicked"),
             }
         }

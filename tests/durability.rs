@@ -350,23 +350,78 @@ async fn a_second_server_cannot_share_a_data_directory() {
 async fn sigkill_mid_load_loses_no_acknowledged_add() {
     let dir = tempfile::tempdir().unwrap();
     let (mut child, addr) = spawn_binary(dir.path()).await;
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writers = spawn_writers(&addr, "", &acknowledged).await;
+    // Kill mid-load once 500 keys were acknowledged, however fast the disk syncs: the writers keep adding.
+    wait_for_acknowledged(&acknowledged, 500, &writers).await;
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert_every_key_may_exist(dir.path(), &acknowledged).await;
+}
+
+/// The binary killed right after `Admin.Snapshot` returns, while Adds run concurrently, three times over:
+/// the roll a snapshot starts with must not acknowledge records it has not written (it once marked
+/// everything appended as synced while a record appended mid-roll sat in memory).
+#[tokio::test]
+async fn a_kill_right_after_a_snapshot_loses_no_acknowledged_add() {
+    let dir = tempfile::tempdir().unwrap();
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for round in 0..3 {
+        let (mut child, addr) = spawn_binary(dir.path()).await;
+        let writers = spawn_writers(&addr, &format!("r{round}-"), &acknowledged).await;
+        let mut admin =
+            existence_gate::proto::admin_client::AdminClient::connect(format!("http://{addr}"))
+                .await
+                .unwrap();
+        let before = acknowledged.lock().unwrap().len();
+        for snapshot in 0.. {
+            admin
+                .snapshot(existence_gate::proto::SnapshotRequest::default())
+                .await
+                .unwrap();
+            if snapshot >= 3 && acknowledged.lock().unwrap().len() > before + 200 {
+                break;
+            }
+        }
+        child.start_kill().unwrap();
+        child.wait().await.unwrap();
+        for writer in writers {
+            writer.await.unwrap();
+        }
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert_every_key_may_exist(dir.path(), &acknowledged).await;
+}
+
+type Acknowledged = Arc<std::sync::Mutex<Vec<Bytes>>>;
+
+/// Four clients adding batches of 50 keys (named with `prefix`) to the server at `addr` until one fails;
+/// the keys of every acknowledged batch go to `acknowledged`. Each returns the status that stopped it.
+async fn spawn_writers(
+    addr: &str,
+    prefix: &str,
+    acknowledged: &Acknowledged,
+) -> Vec<tokio::task::JoinHandle<tonic::Status>> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
-    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let writers: Vec<_> = (0..4u32)
+    (0..4u32)
         .map(|w| {
             let (mut client, acknowledged) = (
                 ExistenceGateClient::new(channel.clone()),
                 acknowledged.clone(),
             );
-            // Adds until one fails (the kill), and returns how it failed.
+            let prefix = prefix.to_string();
             tokio::spawn(async move {
                 for batch in 0u32.. {
                     let keys: Vec<Bytes> = (0..50)
-                        .map(|i| Bytes::from(format!("w{w}-b{batch}-{i}")))
+                        .map(|i| Bytes::from(format!("{prefix}w{w}-b{batch}-{i}")))
                         .collect();
                     let request = AddRequest {
                         namespace: String::new(),
@@ -380,31 +435,32 @@ async fn sigkill_mid_load_loses_no_acknowledged_add() {
                 unreachable!("2^32 batches")
             })
         })
-        .collect();
-    // Kill mid-load once 500 keys were acknowledged, however fast the disk syncs: the writers keep adding.
-    let loading = common::wait_until(common::PATIENCE, "500 acknowledged keys", async || {
-        if acknowledged.lock().unwrap().len() >= 500 {
+        .collect()
+}
+
+/// Waits until `count` keys were acknowledged; fails with the writers' statuses if they all stopped first.
+async fn wait_for_acknowledged(
+    acknowledged: &Acknowledged,
+    count: usize,
+    writers: &[tokio::task::JoinHandle<tonic::Status>],
+) {
+    let loading = common::wait_until(common::PATIENCE, "acknowledged keys", async || {
+        if acknowledged.lock().unwrap().len() >= count {
             Some(true)
         } else {
             writers.iter().all(|w| w.is_finished()).then_some(false)
         }
     })
     .await;
-    if !loading {
-        let mut failures = Vec::new();
-        for writer in writers {
-            failures.push(writer.await.unwrap());
-        }
-        panic!("every writer failed before the kill: {failures:?}");
-    }
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
-    for writer in writers {
-        writer.await.unwrap();
-    }
-    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert!(
+        loading,
+        "every writer failed before {count} keys were acknowledged"
+    );
+}
 
-    let (mut child, addr) = spawn_binary(dir.path()).await;
+/// Restarts the binary on `dir` and checks that every key of `acknowledged` answers MAY_EXIST.
+async fn assert_every_key_may_exist(dir: &Path, acknowledged: &[Bytes]) {
+    let (mut child, addr) = spawn_binary(dir).await;
     let mut client = ExistenceGateClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -591,4 +647,126 @@ impl Drop for ReleaseSyncs {
     fn drop(&mut self) {
         self.0.release_syncs();
     }
+}
+
+/// A server whose log cannot write says so: `/readyz` turns 503 with the reason (a full disk, or a data
+/// directory deleted under it) while lookups go on; a full disk heals on its own once space returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_reports_writes_refused_and_a_full_disk_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = FaultyFiles::new();
+    let options = ServeOptions {
+        durability: Some(DurabilityOptions {
+            snapshot_interval: Duration::from_secs(3_600),
+            snapshot_log_bytes: u64::MAX,
+            segment_files: files.clone(),
+            ..DurabilityOptions::new(dir.path().to_path_buf())
+        }),
+        ..options(dir.path(), "")
+    };
+    let server = common::start_options(options, Arc::new(SystemClock)).await;
+    let mut client = common::client(&server).await;
+    let add = |key: &'static str| AddRequest {
+        namespace: String::new(),
+        keys: vec![Bytes::from_static(key.as_bytes())],
+    };
+    client.add(add("before")).await.unwrap();
+    assert_eq!(common::http_get(&server, "/readyz").await.0, 200);
+
+    files.fail_writes(28);
+    let refused = client.add(add("held back")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("out of disk space"),
+        "{refused:?}"
+    );
+    let (status, body) = common::http_get(&server, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("degraded") && body.contains("out of disk space"),
+        "{body}"
+    );
+    let lookup = client
+        .may_exist(MayExistRequest {
+            namespace: String::new(),
+            key: Bytes::from_static(b"before"),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(lookup.answer(), Answer::MayExist);
+    common::wait_until(
+        common::PATIENCE,
+        "the gauge to say writes are refused",
+        async || {
+            let (_, metrics) = common::http_get(&server, "/metrics").await;
+            metrics.contains("existence_writes_refused 1").then_some(())
+        },
+    )
+    .await;
+
+    files.fail_writes(0);
+    common::wait_until(
+        common::PATIENCE,
+        "readiness once space returns",
+        async || (common::http_get(&server, "/readyz").await.0 == 200).then_some(()),
+    )
+    .await;
+    client.add(add("after")).await.unwrap();
+
+    // The data directory deleted under the server: the log refuses, readiness says why.
+    for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("wal-") {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    let body = common::wait_until(common::PATIENCE, "readiness to notice", async || {
+        let (status, body) = common::http_get(&server, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(body.contains("removed or replaced"), "{body}");
+    let refused = client.add(add("into the void")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    server.stop().await.unwrap();
+}
+
+/// A snapshot of format version 1 (seqs counted from 0) still loads, each namespace's seq read one higher,
+/// so that it lines up with the format-1 log records replayed after it; a newer version is refused by name.
+#[test]
+fn snapshots_of_version_1_load_with_seqs_counted_from_1() {
+    use existence_gate::persistence::{frame, snapshot};
+    let temp = tempfile::tempdir().unwrap();
+    let config = GateConfig::from_toml("[namespaces.default]\nexpected_keys = 1000").unwrap();
+    let gate = existence_gate::gate::Gate::new(
+        &config,
+        existence_gate::hashing::KeyHasher::from_seed([3; 32]),
+        Arc::new(SystemClock),
+    );
+    gate.open(Arc::new(existence_gate::log::VolatileLog));
+    gate.add("", vec![Bytes::from_static(b"k")]).unwrap();
+    let written = snapshot::write(temp.path(), 1, &gate, [3; 32]).unwrap();
+    let seq = snapshot::read(&written.path).unwrap().namespaces[0].seq;
+
+    // Rewrite the header frame's version field (after the 8-byte magic) and its checksum.
+    let with_version = |version: u32| {
+        let mut bytes = std::fs::read(&written.path).unwrap();
+        let length = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+        bytes[16..20].copy_from_slice(&version.to_le_bytes());
+        let mut header = Vec::new();
+        frame::encode(&bytes[8..8 + length], &mut header);
+        bytes[..8 + length].copy_from_slice(&header);
+        let path = temp.path().join(format!("v{version}.snap"));
+        std::fs::write(&path, bytes).unwrap();
+        snapshot::read(&path)
+    };
+    assert_eq!(with_version(1).unwrap().namespaces[0].seq, seq + 1);
+    let newer = match with_version(3) {
+        Ok(_) => panic!("a snapshot of a newer format was read"),
+        Err(error) => error.to_string(),
+    };
+    assert!(
+        newer.contains("written by a newer existence-gate (snapshot format 3"),
+        "{newer}"
+    );
 }

@@ -53,6 +53,15 @@ pub enum PersistenceError {
     Mismatch(String),
     /// Another process holds the directory.
     Locked(PathBuf),
+    /// Too little free space for a snapshot beside the log's reserve; nothing was written.
+    NoRoom {
+        /// The data directory.
+        dir: PathBuf,
+        /// Bytes the snapshot would take, about.
+        snapshot: u64,
+        /// Bytes free.
+        free: u64,
+    },
 }
 
 impl PersistenceError {
@@ -79,6 +88,13 @@ impl std::fmt::Display for PersistenceError {
                 file.display()
             ),
             Self::Mismatch(problem) => write!(f, "{problem}"),
+            Self::NoRoom { dir, snapshot, free } => write!(
+                f,
+                "no snapshot taken: {} has {free} bytes free, and a snapshot needs about {snapshot} plus \
+                 the {LOG_RESERVE_BYTES} bytes kept for the log. Nothing was written and the log keeps \
+                 everything; free some space (or give the data directory a larger volume)",
+                dir.display()
+            ),
             Self::Locked(path) => write!(
                 f,
                 "{} is in use by another existence-gate process (its LOCK is held)",
@@ -161,6 +177,7 @@ impl DataDir {
             .map_err(|e| PersistenceError::io(&lock_path, "open", e))?;
         lock.try_lock()
             .map_err(|_| PersistenceError::Locked(path.to_path_buf()))?;
+        remove_temporary_files(path)?;
         Ok(Self {
             seed: identity(path)?,
             path: path.to_path_buf(),
@@ -182,6 +199,46 @@ impl DataDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Removes what a write that never finished left behind (`*.tmp`: a snapshot or identity cut short by a
+/// crash or a full disk). Nothing reads them, and each holds space the log may need.
+fn remove_temporary_files(dir: &Path) -> Result<(), PersistenceError> {
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| PersistenceError::io(dir, "list", e))?
+        .flatten()
+    {
+        if entry.file_name().to_string_lossy().ends_with(".tmp") {
+            let path = entry.path();
+            tracing::warn!(file = %path.display(), "removing a file an unfinished write left behind");
+            std::fs::remove_file(&path).map_err(|e| PersistenceError::io(&path, "remove", e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Free space a snapshot must leave for the log: two full segments, so that writes go on while the
+/// snapshot is written and until its covered segments are removed.
+pub const LOG_RESERVE_BYTES: u64 = 2 * wal::SEGMENT_BYTES;
+
+/// Refuses a snapshot of about `snapshot` bytes when only `free` bytes are free: written anyway, it could
+/// take the space the log needs for the next `Add`.
+fn check_room(dir: &Path, snapshot: u64, free: u64) -> Result<(), PersistenceError> {
+    if free >= snapshot.saturating_add(LOG_RESERVE_BYTES) {
+        return Ok(());
+    }
+    Err(PersistenceError::NoRoom {
+        dir: dir.to_path_buf(),
+        snapshot,
+        free,
+    })
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64, PersistenceError> {
+    let stat = rustix::fs::statvfs(dir)
+        .map_err(|e| PersistenceError::io(dir, "measure the free space of", e.into()))?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 /// What recovery did, for the startup log.
@@ -312,6 +369,8 @@ impl Snapshotter {
     pub fn take(&self, gate: &Gate) -> Result<SnapshotTaken, PersistenceError> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let started = Instant::now();
+        let dir = self.dir.path();
+        check_room(dir, snapshot::estimated_bytes(gate), free_bytes(dir)?)?;
         let covered = self.wal.roll()?;
         let written = snapshot::write(self.dir.path(), covered, gate, self.dir.seed())?;
         let segments_removed = self.wal.remove_through(covered)?;
@@ -346,4 +405,35 @@ fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), PersistenceErr
         }
     }
     sync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_must_leave_the_log_its_reserve() {
+        let dir = Path::new("/data");
+        check_room(dir, 1_000, 1_000 + LOG_RESERVE_BYTES).unwrap();
+        let refused = check_room(dir, 1_000, 999 + LOG_RESERVE_BYTES)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("no snapshot taken") && refused.contains("log keeps everything"),
+            "{refused}"
+        );
+        assert!(free_bytes(&std::env::temp_dir()).unwrap() > 0);
+    }
+
+    #[test]
+    fn opening_a_data_directory_removes_what_unfinished_writes_left() {
+        let temp = tempfile::tempdir().unwrap();
+        let leftover = temp.path().join("snapshot-00000000000000000003.snap.tmp");
+        std::fs::write(&leftover, b"half a snapshot").unwrap();
+        std::fs::write(temp.path().join("identity.tmp"), b"half an identity").unwrap();
+        let dir = DataDir::open(temp.path()).unwrap();
+        assert!(!leftover.exists());
+        assert!(!temp.path().join("identity.tmp").exists());
+        assert!(dir.path().join("identity").exists());
+    }
 }

@@ -16,6 +16,10 @@ pub trait SegmentFile: Send {
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()>;
     /// Makes everything written so far durable (`fdatasync`).
     fn sync_data(&mut self) -> io::Result<()>;
+    /// Cuts the file to `len` bytes (what a write that failed part-way left behind).
+    fn truncate(&mut self, len: u64) -> io::Result<()>;
+    /// The open file's metadata (to tell whether its name still leads to it).
+    fn metadata(&self) -> io::Result<std::fs::Metadata>;
 }
 
 /// Creates segment files.
@@ -31,6 +35,14 @@ impl SegmentFile for File {
 
     fn sync_data(&mut self) -> io::Result<()> {
         File::sync_data(self)
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.set_len(len)
+    }
+
+    fn metadata(&self) -> io::Result<std::fs::Metadata> {
+        File::metadata(self)
     }
 }
 
@@ -158,7 +170,11 @@ fn injected(errno: &AtomicU64) -> io::Result<()> {
 
 impl SegmentFile for FaultyFile {
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        injected(&self.faults.write_errno)?;
+        if self.faults.write_errno.load(Ordering::SeqCst) != 0 {
+            // Like a disk that fills mid-write: part of the bytes land before the error.
+            Write::write_all(&mut self.file, &bytes[..bytes.len() / 2])?;
+            return injected(&self.faults.write_errno);
+        }
         Write::write_all(&mut self.file, bytes)
     }
 
@@ -184,5 +200,13 @@ impl SegmentFile for FaultyFile {
         self.file.sync_data()?;
         self.faults.syncs.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+
+    fn metadata(&self) -> io::Result<std::fs::Metadata> {
+        self.file.metadata()
     }
 }

@@ -100,12 +100,46 @@ pub fn write(
 ) -> Result<Written, PersistenceError> {
     let path = snapshot_path(dir, covered);
     let temp = path.with_extension("snap.tmp");
+    let written = write_temp(&temp, covered, gate, seed).and_then(|bytes| {
+        std::fs::rename(&temp, &path).map_err(|e| PersistenceError::io(&path, "publish", e))?;
+        Ok(bytes)
+    });
+    match written {
+        Ok(bytes) => {
+            sync_dir(dir)?;
+            Ok(Written { path, bytes })
+        }
+        Err(error) => {
+            // A half-written snapshot holds disk space the log may need (a full disk is the likely cause).
+            let _ = std::fs::remove_file(&temp);
+            Err(error)
+        }
+    }
+}
+
+/// The bytes a snapshot of `gate` will take, about: every filter layer and live tombstone, and framing.
+/// (A tombstone takes 37 bytes in a snapshot; 4 KiB covers each namespace's headers and chunk frames.)
+pub fn estimated_bytes(gate: &Gate) -> u64 {
+    gate.stats()
+        .iter()
+        .map(|n| n.filter.bytes + n.tombstones * 40 + 4_096)
+        .sum::<u64>()
+        + 4_096
+}
+
+/// Writes the whole snapshot to `temp` and fsyncs it; returns its size.
+fn write_temp(
+    temp: &Path,
+    covered: u64,
+    gate: &Gate,
+    seed: [u8; 32],
+) -> Result<u64, PersistenceError> {
     let file = OpenOptions::new()
         .create(true)
         .write(true)
         .truncate(true)
-        .open(&temp)
-        .map_err(|e| PersistenceError::io(&temp, "create", e))?;
+        .open(temp)
+        .map_err(|e| PersistenceError::io(temp, "create", e))?;
     let mut writer = FrameWriter {
         out: BufWriter::with_capacity(1 << 20, file),
         payload: Vec::new(),
@@ -113,19 +147,14 @@ pub fn write(
         bytes: 0,
     };
     write_frames(&mut writer, covered, gate, seed)
-        .map_err(|e| PersistenceError::io(&temp, "write", e))?;
+        .map_err(|e| PersistenceError::io(temp, "write", e))?;
     let file = writer
         .out
         .into_inner()
-        .map_err(|e| PersistenceError::io(&temp, "write", e.into_error()))?;
+        .map_err(|e| PersistenceError::io(temp, "write", e.into_error()))?;
     file.sync_all()
-        .map_err(|e| PersistenceError::io(&temp, "fsync", e))?;
-    std::fs::rename(&temp, &path).map_err(|e| PersistenceError::io(&path, "publish", e))?;
-    sync_dir(dir)?;
-    Ok(Written {
-        path,
-        bytes: writer.bytes,
-    })
+        .map_err(|e| PersistenceError::io(temp, "fsync", e))?;
+    Ok(writer.bytes)
 }
 
 fn write_frames(

@@ -16,9 +16,19 @@
 //!   loses at most that interval of acknowledged mutations (a process crash loses nothing: the OS has them).
 //! - `never`: records are written before the answer; the OS decides when they reach the disk.
 //!
-//! An fsync that fails leaves the file's state unknown (the kernel may have dropped the dirty pages), so the
-//! log then refuses every further write: the gate answers `UNAVAILABLE` instead of acknowledging mutations it
-//! may not keep.
+//! # Failures
+//!
+//! An fsync that fails leaves the file's state unknown: Linux may have dropped the dirty pages and marked
+//! them clean, so a retried fsync can report success for data that never reached the disk. A failed fsync,
+//! an I/O error on write, a failed segment creation, or a segment whose name no longer leads to the open
+//! file (the data directory deleted under the server) therefore *poison* the log: it refuses every further
+//! write, the gate answers `UNAVAILABLE` instead of acknowledging mutations it may not keep, and only a
+//! restart (which replays what is on disk) recovers.
+//!
+//! A full disk is the one failure that is retried: a `write` that fails with `ENOSPC` is cut back out of
+//! the file (so no partial record stays), its records go back to the front of the buffer, and until a retry
+//! ([`Wal::retry_writes`], which the server calls every second) gets them into the file, every commit and
+//! new append is refused with a message that says so. Nothing was fsynced, so nothing is in doubt.
 
 use std::fs::{File, OpenOptions};
 use std::io::BufReader;
@@ -33,7 +43,7 @@ use super::{codec, sync_dir, PersistenceError};
 use crate::log::{Log, LogError, Mutation, Ticket};
 
 /// A segment is closed and a new one begun past this size, so no single file grows without bound.
-const SEGMENT_BYTES: u64 = 64 << 20;
+pub const SEGMENT_BYTES: u64 = 64 << 20;
 
 /// The log format this build writes. Format 1 segments had no header and counted each namespace's seqs from
 /// 0; format 2 segments begin with a [header](SegmentHeader) and count from 1 (see
@@ -72,7 +82,8 @@ impl SegmentHeader {
             .ok_or("a segment header is cut short")?;
         if format > LOG_FORMAT {
             return Err(format!(
-                "written by a newer existence-gate (log format {format}; this build reads formats 1 to                  {LOG_FORMAT}): run that version or a newer one"
+                "written by a newer existence-gate (log format {format}; this build reads formats 1 to \
+                 {LOG_FORMAT}): run that version or a newer one"
             ));
         }
         match rest[4..].try_into() {
@@ -298,6 +309,17 @@ struct Segment {
     bytes: u64,
 }
 
+/// `ENOSPC` on Linux.
+const ENOSPC: i32 = 28;
+
+/// Why a leader's write failed.
+enum Failure {
+    /// The disk is full: nothing of the write stayed in the file; its records wait in the buffer.
+    NoSpace(std::io::Error),
+    /// Anything else: the log refuses every further write.
+    Poison(std::io::Error),
+}
+
 /// What one leader's write reached.
 struct Written {
     /// Every ticket up to this is in the file.
@@ -329,6 +351,8 @@ pub struct Wal {
     progressed: Condvar,
     /// Set once a write or fsync failed; every later write is refused with it.
     failed: OnceLock<String>,
+    /// Set while records wait for disk space (see the module doc); cleared by a successful retry.
+    no_space: Mutex<Option<String>>,
     /// Bytes written since the last snapshot began, to trigger the next one.
     bytes_since_snapshot: AtomicU64,
 }
@@ -405,6 +429,7 @@ impl Wal {
             progress: Mutex::new(Progress::default()),
             progressed: Condvar::new(),
             failed: OnceLock::new(),
+            no_space: Mutex::new(None),
             bytes_since_snapshot: AtomicU64::new(0),
         })
     }
@@ -434,7 +459,7 @@ impl Wal {
     /// The buffer and the ticket it reaches are taken under one lock, while the segment lock is held: a
     /// record appended a moment later is either in this buffer or left for the next leader, never counted as
     /// written without being written.
-    fn write_pending(&self, fsync: bool, roll: bool) -> std::io::Result<Written> {
+    fn write_pending(&self, fsync: bool, roll: bool) -> Result<Written, Failure> {
         let mut segment = lock(&self.segment);
         let (buffer, through) = {
             let mut pending = lock(&self.pending);
@@ -442,7 +467,9 @@ impl Wal {
             (buffer, pending.appended)
         };
         if !buffer.is_empty() {
-            segment.file.write_all(&buffer)?;
+            if let Err(error) = segment.file.write_all(&buffer) {
+                return Err(self.unwrite(&mut segment, buffer, error));
+            }
             segment.bytes += buffer.len() as u64;
             self.bytes_since_snapshot
                 .fetch_add(buffer.len() as u64, Ordering::Relaxed);
@@ -453,15 +480,33 @@ impl Wal {
             segment: segment.number,
         };
         if written.synced {
-            segment.file.sync_data()?;
+            segment.file.sync_data().map_err(Failure::Poison)?;
         }
         if roll || segment.bytes >= SEGMENT_BYTES {
             *segment = self
                 .maker
                 .create(segment.number + 1)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                .map_err(|e| Failure::Poison(std::io::Error::other(e.to_string())))?;
         }
         Ok(written)
+    }
+
+    /// Undoes a write that failed: on a full disk, cuts what part of it landed back out of the file and
+    /// puts its records back at the front of the buffer, to be retried; any other failure poisons.
+    fn unwrite(&self, segment: &mut Segment, buffer: Vec<u8>, error: std::io::Error) -> Failure {
+        let disk_full = error.raw_os_error() == Some(ENOSPC);
+        if !disk_full {
+            return Failure::Poison(error);
+        }
+        if let Err(truncate) = segment.file.truncate(segment.bytes) {
+            return Failure::Poison(std::io::Error::other(format!(
+                "{error}, and cutting the partial write back out failed: {truncate}"
+            )));
+        }
+        let mut pending = lock(&self.pending);
+        let newer = std::mem::replace(&mut pending.buffer, buffer);
+        pending.buffer.extend_from_slice(&newer);
+        Failure::NoSpace(error)
     }
 
     /// Leads one write of everything pending (see [`write_pending`](Self::write_pending)); the caller has
@@ -479,20 +524,82 @@ impl Wal {
         let result = self.write_pending(fsync, roll);
         let mut progress = lock(&self.progress);
         progress.leading = false;
-        match &result {
+        let result = match result {
             Ok(written) => {
                 progress.written = progress.written.max(written.through);
                 if written.synced {
                     progress.synced = progress.synced.max(written.through);
                 }
+                *lock(&self.no_space) = None;
+                Ok(written)
             }
-            Err(error) => {
+            Err(Failure::NoSpace(error)) => {
+                tracing::error!(%error, "write-ahead log is out of disk space; writes are refused until space returns");
+                *lock(&self.no_space) = Some(error.to_string());
+                Err(error)
+            }
+            Err(Failure::Poison(error)) => {
                 tracing::error!(%error, "write-ahead log write failed; refusing further writes");
                 let _ = self.failed.set(error.to_string());
+                Err(error)
             }
-        }
+        };
         self.progressed.notify_all();
         (progress, result)
+    }
+
+    /// Refuses while records wait for disk space.
+    fn check_space(&self) -> Result<(), LogError> {
+        match &*lock(&self.no_space) {
+            Some(reason) => Err(LogError(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "the write-ahead log is out of disk space ({reason}); writes resume once space is \
+                     freed in {}",
+                    self.maker.dir.display()
+                ),
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Tries again to write records that a full disk held back; returns whether writes are accepted now.
+    /// The server calls it every second.
+    pub fn retry_writes(&self) -> bool {
+        if lock(&self.no_space).is_none() {
+            return self.check_failed().is_ok();
+        }
+        let Ok(progress) = self.await_leadership() else {
+            return false;
+        };
+        let (_progress, result) = self.lead(progress, true, false);
+        if result.is_ok() {
+            tracing::info!("disk space is back: the write-ahead log accepts writes again");
+        }
+        result.is_ok()
+    }
+
+    /// Poisons the log if its open segment's name no longer leads to it (the file or the whole data
+    /// directory was deleted or replaced under the server): writes would go to a file no restart reads.
+    pub fn check_segment_linked(&self) {
+        let segment = lock(&self.segment);
+        let path = segment_path(&self.maker.dir, segment.number);
+        let same = match (segment.file.metadata(), std::fs::metadata(&path)) {
+            (Ok(open), Ok(named)) => {
+                use std::os::unix::fs::MetadataExt;
+                (open.dev(), open.ino()) == (named.dev(), named.ino())
+            }
+            _ => false,
+        };
+        if !same {
+            let reason = format!(
+                "{} was removed or replaced under the running server (was the data directory deleted?); \
+                 writes would reach no file a restart reads",
+                path.display()
+            );
+            tracing::error!("{reason}: refusing further writes; restart the server");
+            let _ = self.failed.set(reason);
+        }
     }
 
     /// Waits until no leader is writing (or the log failed).
@@ -522,6 +629,7 @@ impl Wal {
             if reached >= ticket {
                 return Ok(());
             }
+            self.check_space()?;
             drop(self.lead(progress, fsync, false));
         }
     }
@@ -561,6 +669,7 @@ impl Wal {
 impl Log for Wal {
     fn append(&self, mutation: &Mutation) -> Result<Ticket, LogError> {
         self.check_failed()?;
+        self.check_space()?;
         let mut payload = Vec::with_capacity(64);
         codec::encode(mutation, &mut payload);
         let mut pending = lock(&self.pending);
@@ -571,6 +680,14 @@ impl Log for Wal {
 
     fn commit(&self, ticket: Ticket) -> Result<(), LogError> {
         self.flush(ticket.0, self.mode == SyncMode::Always)
+    }
+
+    /// The log failed for good, or waits for disk space.
+    fn write_failure(&self) -> Option<String> {
+        self.check_failed()
+            .and_then(|()| self.check_space())
+            .err()
+            .map(|e| e.0.to_string())
     }
 }
 
@@ -736,6 +853,51 @@ mod tests {
             }
             assert!(wal.append(&add(2, "two")).is_err(), "{fault}");
         }
+    }
+
+    #[test]
+    fn a_full_disk_refuses_writes_until_space_returns_and_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = FaultyFiles::new();
+        let wal = wal(dir.path(), SyncMode::Always, files.clone());
+        wal.commit(wal.append(&add(1, "before")).unwrap()).unwrap();
+        files.fail_writes(28);
+        let held = wal.append(&add(2, "held back")).unwrap();
+        let error = wal.commit(held).unwrap_err().to_string();
+        assert!(error.contains("out of disk space"), "{error}");
+        assert!(wal
+            .write_failure()
+            .is_some_and(|r| r.contains("writes resume")));
+        assert!(
+            wal.append(&add(3, "refused")).is_err(),
+            "nothing new is taken"
+        );
+        assert!(!wal.retry_writes(), "still full");
+        // The partial write was cut back out: the file replays cleanly, without the held record.
+        assert_eq!(replayed(dir.path()).unwrap(), [add(1, "before")]);
+
+        files.fail_writes(0);
+        assert!(wal.retry_writes());
+        assert_eq!(wal.write_failure(), None);
+        wal.commit(wal.append(&add(3, "after")).unwrap()).unwrap();
+        assert_eq!(
+            replayed(dir.path()).unwrap(),
+            [add(1, "before"), add(2, "held back"), add(3, "after")]
+        );
+    }
+
+    #[test]
+    fn a_segment_deleted_under_the_log_poisons_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = wal(dir.path(), SyncMode::Never, Arc::new(RealFiles));
+        wal.commit(wal.append(&add(1, "one")).unwrap()).unwrap();
+        wal.check_segment_linked();
+        assert_eq!(wal.write_failure(), None);
+        std::fs::remove_file(segment_path(dir.path(), 1)).unwrap();
+        wal.check_segment_linked();
+        let reason = wal.write_failure().unwrap();
+        assert!(reason.contains("removed or replaced"), "{reason}");
+        assert!(wal.append(&add(2, "two")).is_err());
     }
 
     /// Waits (without a fixed sleep) until `condition` holds; fails after a generous deadline.
