@@ -1,7 +1,7 @@
 //! The `Admin` gRPC service: per-namespace figures, snapshots on demand, and rebuilding a namespace's filter
 //! from keys streamed by the source of truth.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
@@ -10,48 +10,36 @@ use crate::access::{self, Access};
 use crate::auth::{Role, Scope};
 use crate::gate::{Gate, GateError};
 use crate::grpc::status;
+use crate::lifecycle::{Lifecycle, NotDurable};
 use crate::namespace::WriteError;
+use crate::persistence::Persistence;
 use crate::proto;
 use crate::proto::admin_server::Admin;
-use crate::server::Persistence;
 
 /// The `Admin` service.
 #[derive(Debug, Clone)]
 pub struct AdminService {
     gate: Arc<Gate>,
     access: Arc<Access>,
-    /// Set once the data directory is loaded; stays empty for a server without one.
-    persistence: Arc<OnceLock<Persistence>>,
-    /// Whether the server has a data directory at all.
-    durable: bool,
+    /// Where the durable side is found, once loaded.
+    lifecycle: Arc<Lifecycle>,
 }
 
 impl AdminService {
-    /// Administers `gate` behind `access`, snapshotting through `persistence` once it is set.
-    pub fn new(
-        gate: Arc<Gate>,
-        access: Arc<Access>,
-        persistence: Arc<OnceLock<Persistence>>,
-        durable: bool,
-    ) -> Self {
+    /// Administers `gate` behind `access`, snapshotting once `lifecycle` has the data directory loaded.
+    pub fn new(gate: Arc<Gate>, access: Arc<Access>, lifecycle: Arc<Lifecycle>) -> Self {
         Self {
             gate,
             access,
-            persistence,
-            durable,
+            lifecycle,
         }
     }
 
     fn persistence(&self) -> Result<&Persistence, Status> {
-        match self.persistence.get() {
-            Some(persistence) => Ok(persistence),
-            None if self.durable => Err(Status::unavailable(
-                "the state is still loading; retry shortly",
-            )),
-            None => Err(Status::failed_precondition(
-                "the server runs --in-memory: there is no data directory to snapshot",
-            )),
-        }
+        self.lifecycle.persistence().map_err(|not| match not {
+            NotDurable::NotLoaded => Status::unavailable(not.to_string()),
+            NotDurable::InMemory => Status::failed_precondition(format!("{not} to snapshot")),
+        })
     }
 
     /// Takes a snapshot on the blocking pool.
@@ -84,8 +72,9 @@ impl Admin for AdminService {
             self.gate.namespace(wanted).map_err(status)?;
         }
         let last_snapshot_unix_ms = self
-            .persistence
-            .get()
+            .lifecycle
+            .persistence()
+            .ok()
             .and_then(|p| p.snapshots.last())
             .map_or(0, |taken| taken.at_ms);
         // The fill ratio scans every filter word (milliseconds per 16 MB): off the request threads.
@@ -169,7 +158,7 @@ impl Admin for AdminService {
             .finish()
             .map_err(|stopped| status(GateError::from(WriteError::from(stopped))))?;
         tracing::info!(namespace = %first.namespace, keys = rebuilt.keys, bytes = rebuilt.filter_bytes, "filter rebuilt");
-        if self.durable {
+        if !matches!(self.lifecycle.persistence(), Err(NotDurable::InMemory)) {
             // The rebuilt filter exists only in memory until a snapshot holds it; a crash before that restores
             // the old filter, which is still safe (it holds every key ever added through the gate).
             AdminService::snapshot(self).await?;

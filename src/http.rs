@@ -11,6 +11,7 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::gate::Gate;
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::listener::Acceptor;
 use crate::shutdown::Shutdown;
 
@@ -19,11 +20,11 @@ use crate::shutdown::Shutdown;
 struct Http {
     gate: Arc<Gate>,
     prometheus: PrometheusHandle,
-    shutdown: Shutdown,
+    lifecycle: Arc<Lifecycle>,
 }
 
 /// The routes of the HTTP port.
-pub fn router(gate: Arc<Gate>, prometheus: PrometheusHandle, shutdown: Shutdown) -> Router {
+pub fn router(gate: Arc<Gate>, prometheus: PrometheusHandle, lifecycle: Arc<Lifecycle>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -31,7 +32,7 @@ pub fn router(gate: Arc<Gate>, prometheus: PrometheusHandle, shutdown: Shutdown)
         .with_state(Http {
             gate,
             prometheus,
-            shutdown,
+            lifecycle,
         })
 }
 
@@ -94,19 +95,16 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(http): State<Http>) -> (StatusCode, String) {
-    if http.shutdown.is_triggered() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting down\n".to_string(),
-        )
-    } else if !http.gate.is_ready() {
-        (StatusCode::SERVICE_UNAVAILABLE, "warming\n".to_string())
-    } else if let Some(reason) = http.gate.write_failure() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("degraded: lookups are answered, writes are refused: {reason}\n"),
-        )
-    } else {
-        (StatusCode::OK, "ready\n".to_string())
+    let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why);
+    match http.lifecycle.phase() {
+        Phase::Loading => unavailable("warming\n".to_string()),
+        Phase::Draining => unavailable("shutting down\n".to_string()),
+        Phase::Failed(reason) => unavailable(format!("loading failed: {reason}\n")),
+        Phase::Ready => match http.gate.write_failure() {
+            Some(reason) => unavailable(format!(
+                "degraded: lookups are answered, writes are refused: {reason}\n"
+            )),
+            None => (StatusCode::OK, "ready\n".to_string()),
+        },
     }
 }

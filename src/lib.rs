@@ -19,7 +19,8 @@
 //!   [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`listener`]: accepting connections — backoff at the descriptor limit, a deadline for the handshake.
-//! - [`server`]: wiring, startup and graceful shutdown; [`shutdown`]: the signal every part watches.
+//! - [`server`]: wiring, startup and graceful shutdown; [`shutdown`]: the signal every part watches;
+//!   [`lifecycle`]: the one state (loading, ready, failed, draining) health, `/readyz` and admin read.
 //!
 //! The core (everything above `grpc`) knows nothing of tonic.
 
@@ -34,6 +35,7 @@ pub mod grpc;
 pub mod hashing;
 pub mod http;
 pub mod invalidations;
+pub mod lifecycle;
 pub mod listener;
 pub mod log;
 pub mod metrics;

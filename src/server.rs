@@ -17,10 +17,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic_health::server::HealthReporter;
-use tonic_health::ServingStatus;
 
 use crate::access::{Access, GrpcResponse, InFlightLimitLayer};
 use crate::admin::AdminService;
@@ -30,10 +27,13 @@ use crate::config::GateConfig;
 use crate::gate::Gate;
 use crate::grpc::GateService;
 use crate::hashing::KeyHasher;
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::listener::{Acceptor, Incoming, Plaintext};
 use crate::log::VolatileLog;
 use crate::persistence::segment_file::{RealFiles, SegmentFiles};
-use crate::persistence::{self, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
+use crate::persistence::{
+    self, DataDir, Persistence, PersistenceError, Snapshotter, SyncMode, Wal,
+};
 use crate::proto::admin_server::AdminServer;
 use crate::proto::existence_gate_server::ExistenceGateServer;
 use crate::shutdown::Shutdown;
@@ -212,26 +212,6 @@ impl std::fmt::Display for ServerError {
 
 impl std::error::Error for ServerError {}
 
-/// Where loading stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Loading {
-    /// Snapshot and log are being read.
-    InProgress,
-    /// Serving from loaded state.
-    Done,
-    /// Loading failed; the server is stopping.
-    Failed(String),
-}
-
-/// The durable side of a running server, set once its state is loaded.
-#[derive(Debug)]
-pub struct Persistence {
-    /// The write-ahead log.
-    pub wal: Arc<Wal>,
-    /// Takes snapshots.
-    pub snapshots: Arc<Snapshotter>,
-}
-
 /// A started server.
 #[derive(Debug)]
 pub struct RunningServer {
@@ -241,13 +221,35 @@ pub struct RunningServer {
     pub http_addr: SocketAddr,
     /// The gate it serves.
     pub gate: Arc<Gate>,
-    shutdown: Shutdown,
-    loading: watch::Receiver<Loading>,
-    persistence: Arc<std::sync::OnceLock<Persistence>>,
+    lifecycle: Arc<Lifecycle>,
     drain_timeout: Duration,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     http: JoinHandle<()>,
-    health: HealthReporter,
+    /// Maintenance, snapshots, log sync and watch, health reporting: each ends at shutdown.
+    background: Background,
+}
+
+/// The server's background loops, which shutdown waits for (and aborts past a bound) before the final
+/// snapshot, so that none of them still writes when it is taken.
+#[derive(Debug, Clone, Default)]
+struct Background(Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>);
+
+impl Background {
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).spawn(task);
+    }
+
+    /// Waits for every loop to end (they end at shutdown), aborting those still running after `bound`.
+    async fn stop(&self, bound: Duration) {
+        let mut tasks = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        if tokio::time::timeout(bound, async { while tasks.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!("background tasks still running after {bound:?}; aborting them");
+            tasks.shutdown().await;
+        }
+    }
 }
 
 async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
@@ -255,17 +257,6 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerEr
     let listener = TcpListener::bind(address).await.map_err(bind_error)?;
     let local = listener.local_addr().map_err(bind_error)?;
     Ok((listener, local))
-}
-
-/// Health service names this server reports: overall ("") and the contract's.
-fn health_names() -> [&'static str; 2] {
-    ["", crate::proto::existence_gate_server::SERVICE_NAME]
-}
-
-async fn set_health(health: &HealthReporter, status: ServingStatus) {
-    for name in health_names() {
-        health.set_service_status(name, status).await;
-    }
 }
 
 /// Rewrites the two statuses tonic gives to bad requests before a handler sees them into the ones callers
@@ -333,9 +324,9 @@ pub async fn start(
         .map_or_else(KeyHasher::random, |dir| KeyHasher::from_seed(dir.seed()));
     let gate = Arc::new(Gate::new(&options.config, hasher, clock));
     let shutdown = Shutdown::default();
-    let persistence = Arc::new(std::sync::OnceLock::new());
     let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::NotServing).await;
+    let lifecycle = Lifecycle::new(shutdown.clone(), options.durability.is_some(), health).await;
+    let background = Background::default();
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -366,8 +357,7 @@ pub async fn start(
     let admin_service = AdminServer::new(AdminService::new(
         Arc::clone(&gate),
         access,
-        Arc::clone(&persistence),
-        options.durability.is_some(),
+        Arc::clone(&lifecycle),
     ))
     .max_decoding_message_size(options.max_message_bytes);
 
@@ -405,57 +395,46 @@ pub async fn start(
     };
     let http = tokio::spawn(crate::http::serve(
         Acceptor::new(http_listener, "http"),
-        crate::http::router(Arc::clone(&gate), prometheus.clone(), shutdown.clone()),
+        crate::http::router(
+            Arc::clone(&gate),
+            prometheus.clone(),
+            Arc::clone(&lifecycle),
+        ),
         limits.handshake_timeout,
         shutdown.clone(),
     ));
-    spawn_maintenance(Arc::clone(&gate), prometheus, shutdown.clone());
+    background.spawn(maintenance(Arc::clone(&gate), prometheus, shutdown.clone()));
 
-    let (loading_tx, loading) = watch::channel(Loading::InProgress);
     let load = Load {
         gate: Arc::clone(&gate),
-        health: health.clone(),
-        shutdown: shutdown.clone(),
-        persistence: Arc::clone(&persistence),
-        loading: loading_tx,
+        lifecycle: Arc::clone(&lifecycle),
+        background: background.clone(),
     };
     match (data_dir, options.durability) {
-        (Some(dir), Some(durability)) => {
-            tokio::spawn(load.recover(dir, durability));
-        }
-        _ => load.finish(Arc::new(VolatileLog)).await,
+        (Some(dir), Some(durability)) => background.spawn(load.recover(dir, durability)),
+        _ => lifecycle.ready(&gate, Arc::new(VolatileLog), None).await,
     }
     tracing::info!(%grpc_addr, %http_addr, "serving");
     Ok(RunningServer {
         grpc_addr,
         http_addr,
         gate,
-        shutdown,
-        loading,
-        persistence,
+        lifecycle,
         drain_timeout: options.drain_timeout,
         grpc,
         http,
-        health,
+        background,
     })
 }
 
 /// The background work of loading state and then opening the gate.
 struct Load {
     gate: Arc<Gate>,
-    health: HealthReporter,
-    shutdown: Shutdown,
-    persistence: Arc<std::sync::OnceLock<Persistence>>,
-    loading: watch::Sender<Loading>,
+    lifecycle: Arc<Lifecycle>,
+    background: Background,
 }
 
 impl Load {
-    async fn finish(self, log: Arc<dyn crate::log::Log>) {
-        self.gate.open(log);
-        set_health(&self.health, ServingStatus::Serving).await;
-        self.loading.send_replace(Loading::Done);
-    }
-
     async fn recover(self, dir: DataDir, durability: DurabilityOptions) {
         let gate = Arc::clone(&self.gate);
         let (sync, files) = (durability.sync, Arc::clone(&durability.segment_files));
@@ -466,8 +445,8 @@ impl Load {
         .await;
         let (dir, wal, recovered) = match recovered {
             Ok(Ok(done)) => done,
-            Ok(Err(error)) => return self.fail(error.to_string()),
-            Err(panic) => return self.fail(format!("loading panicked: {panic}")),
+            Ok(Err(error)) => return self.lifecycle.fail(error.to_string()),
+            Err(panic) => return self.lifecycle.fail(format!("loading panicked: {panic}")),
         };
         tracing::info!(
             snapshot = ?recovered.snapshot,
@@ -478,168 +457,153 @@ impl Load {
         );
         let wal = Arc::new(wal);
         let snapshots = Arc::new(Snapshotter::new(Arc::new(dir), Arc::clone(&wal)));
-        spawn_snapshots(
+        let shutdown = self.lifecycle.shutdown();
+        self.background.spawn(take_snapshots(
             Arc::clone(&self.gate),
             Arc::clone(&snapshots),
             durability,
-            self.shutdown.clone(),
-        );
+            shutdown.clone(),
+        ));
         if let SyncMode::Interval(every) = sync {
-            spawn_interval_sync(Arc::clone(&wal), every, self.shutdown.clone());
+            self.background
+                .spawn(sync_periodically(Arc::clone(&wal), every, shutdown.clone()));
         }
-        spawn_log_watch(
+        self.background.spawn(watch_log(
             Arc::clone(&wal),
             Arc::clone(&self.gate),
-            self.shutdown.clone(),
-        );
-        let _ = self.persistence.set(Persistence {
+            shutdown.clone(),
+        ));
+        let persistence = Persistence {
             wal: Arc::clone(&wal),
             snapshots,
-        });
-        self.finish(wal).await;
+        };
+        self.lifecycle
+            .ready(&self.gate, wal, Some(persistence))
+            .await;
     }
+}
 
-    fn fail(self, reason: String) {
-        tracing::error!("cannot load state: {reason}");
-        self.loading.send_replace(Loading::Failed(reason));
-        self.shutdown.trigger();
+/// Runs `tick` every `every` until shutdown, each time on the blocking pool (the work scans tables or
+/// touches the disk), one at a time.
+async fn every_tick(every: Duration, shutdown: Shutdown, tick: impl Fn() + Clone + Send + 'static) {
+    let mut ticks = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => break,
+            _ = ticks.tick() => {
+                let _ = tokio::task::spawn_blocking(tick.clone()).await;
+            }
+        }
     }
 }
 
 /// Every `MAINTENANCE_INTERVAL`: frees dead windows and expired tombstones, and folds the latency samples
 /// recorded since into the Prometheus histograms (which otherwise keep every sample until a scrape, so a
 /// server nobody scrapes would grow by ~17 bytes per call).
-fn spawn_maintenance(gate: Arc<Gate>, prometheus: PrometheusHandle, shutdown: Shutdown) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(MAINTENANCE_INTERVAL);
-        loop {
-            tokio::select! {
-                () = shutdown.wait() => break,
-                _ = ticks.tick() => {
-                    let gate = Arc::clone(&gate);
-                    let prometheus = prometheus.clone();
-                    // Purging scans tables: keep it off the request threads.
-                    let _ = tokio::task::spawn_blocking(move || {
-                        gate.maintain();
-                        prometheus.run_upkeep();
-                    })
-                    .await;
-                }
-            }
-        }
-    });
+async fn maintenance(gate: Arc<Gate>, prometheus: PrometheusHandle, shutdown: Shutdown) {
+    every_tick(MAINTENANCE_INTERVAL, shutdown, move || {
+        gate.maintain();
+        prometheus.run_upkeep();
+    })
+    .await;
 }
 
-fn spawn_snapshots(
+/// Takes a snapshot every `snapshot_interval`, or sooner once `snapshot_log_bytes` were logged.
+async fn take_snapshots(
     gate: Arc<Gate>,
     snapshots: Arc<Snapshotter>,
     durability: DurabilityOptions,
     shutdown: Shutdown,
 ) {
-    tokio::spawn(async move {
-        let mut checks = tokio::time::interval(SNAPSHOT_CHECK_INTERVAL);
-        let mut last = tokio::time::Instant::now();
-        loop {
-            tokio::select! {
-                () = shutdown.wait() => break,
-                _ = checks.tick() => {
-                    let due = last.elapsed() >= durability.snapshot_interval
-                        || snapshots.log_bytes_since() >= durability.snapshot_log_bytes;
-                    if !due {
-                        continue;
-                    }
-                    let (gate, snapshots) = (Arc::clone(&gate), Arc::clone(&snapshots));
-                    match tokio::task::spawn_blocking(move || snapshots.take(&gate)).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(error)) => tracing::error!(%error, "snapshot failed; the log keeps everything"),
-                        Err(panic) => tracing::error!(%panic, "snapshot panicked"),
-                    }
-                    last = tokio::time::Instant::now();
-                }
-            }
+    let last = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+    every_tick(SNAPSHOT_CHECK_INTERVAL, shutdown, move || {
+        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+        let due = last.elapsed() >= durability.snapshot_interval
+            || snapshots.log_bytes_since() >= durability.snapshot_log_bytes;
+        if !due {
+            return;
         }
-    });
+        if let Err(error) = snapshots.take(&gate) {
+            tracing::error!(%error, "snapshot failed; the log keeps everything");
+        }
+        *last = std::time::Instant::now();
+    })
+    .await;
 }
 
 /// Every `LOG_WATCH_INTERVAL`: checks that the log's segment is still the file its name leads to (a data
 /// directory deleted under the server poisons the log rather than acknowledging writes no restart reads),
 /// retries records a full disk held back, and publishes whether writes are refused.
-fn spawn_log_watch(wal: Arc<Wal>, gate: Arc<Gate>, shutdown: Shutdown) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(LOG_WATCH_INTERVAL);
-        loop {
-            tokio::select! {
-                () = shutdown.wait() => break,
-                _ = ticks.tick() => {
-                    let (wal, gate) = (Arc::clone(&wal), Arc::clone(&gate));
-                    let _ = tokio::task::spawn_blocking(move || {
-                        wal.check_segment_linked();
-                        wal.retry_writes();
-                        crate::metrics::writes_refused(gate.write_failure().is_some());
-                    })
-                    .await;
-                }
-            }
-        }
-    });
+async fn watch_log(wal: Arc<Wal>, gate: Arc<Gate>, shutdown: Shutdown) {
+    every_tick(LOG_WATCH_INTERVAL, shutdown, move || {
+        wal.check_segment_linked();
+        wal.retry_writes();
+        crate::metrics::writes_refused(gate.write_failure().is_some());
+    })
+    .await;
 }
 
-fn spawn_interval_sync(wal: Arc<Wal>, every: Duration, shutdown: Shutdown) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(every);
-        loop {
-            tokio::select! {
-                () = shutdown.wait() => break,
-                _ = ticks.tick() => {
-                    let wal = Arc::clone(&wal);
-                    if let Ok(Err(error)) = tokio::task::spawn_blocking(move || wal.sync_now()).await {
-                        tracing::error!(%error, "periodic log sync failed");
-                    }
-                }
-            }
+/// Fsyncs the log every `every` (`--sync interval`).
+async fn sync_periodically(wal: Arc<Wal>, every: Duration, shutdown: Shutdown) {
+    every_tick(every, shutdown, move || {
+        if let Err(error) = wal.sync_now() {
+            tracing::error!(%error, "periodic log sync failed");
         }
-    });
+    })
+    .await;
 }
 
 impl RunningServer {
     /// The shutdown handle (trigger it to stop the server).
     pub fn shutdown_handle(&self) -> Shutdown {
-        self.shutdown.clone()
+        self.lifecycle.shutdown().clone()
+    }
+
+    /// The server's lifecycle.
+    pub fn lifecycle(&self) -> Arc<Lifecycle> {
+        Arc::clone(&self.lifecycle)
     }
 
     /// Waits until the state is loaded (or loading failed).
     pub async fn loaded(&self) -> Result<(), String> {
-        let mut loading = self.loading.clone();
-        let state = loading
-            .wait_for(|state| *state != Loading::InProgress)
-            .await
-            .map(|state| state.clone())
-            .unwrap_or(Loading::Failed("the loader vanished".to_string()));
-        match state {
-            Loading::Failed(reason) => Err(reason),
-            _ => Ok(()),
-        }
+        self.lifecycle.loaded().await
     }
 
-    /// Takes a snapshot now (`None` for a server without a data directory).
-    pub async fn snapshot(&self) -> Option<Result<persistence::SnapshotTaken, PersistenceError>> {
-        let snapshots = Arc::clone(&self.persistence.get()?.snapshots);
+    /// Takes a snapshot now.
+    pub async fn snapshot(&self) -> Result<persistence::SnapshotTaken, ServerError> {
+        let snapshots = self
+            .lifecycle
+            .persistence()
+            .map_err(|not| ServerError::Config(format!("no snapshot: {not}")))?
+            .snapshots
+            .clone();
         let gate = Arc::clone(&self.gate);
         tokio::task::spawn_blocking(move || snapshots.take(&gate))
             .await
-            .ok()
+            .map_err(|panic| ServerError::Loading(format!("the snapshot task failed: {panic}")))?
+            .map_err(ServerError::Persistence)
     }
 
-    /// Waits for shutdown to be triggered, then drains and takes a last snapshot. Returns an error if
-    /// loading failed.
+    /// Waits for shutdown to be triggered, then drains: in-flight calls get the drain deadline (past it the
+    /// serving tasks are aborted, not left running), background loops end, and a last snapshot is taken.
+    /// Returns an error if loading failed.
     pub async fn run_until_shutdown(self) -> Result<(), ServerError> {
-        self.shutdown.wait().await;
-        tracing::info!(drain_timeout = ?self.drain_timeout, "shutting down");
-        set_health(&self.health, ServingStatus::NotServing).await;
-        let drained = tokio::time::timeout(self.drain_timeout, async {
-            let grpc = self.grpc.await;
-            let _ = self.http.await;
-            grpc
+        let Self {
+            gate,
+            lifecycle,
+            drain_timeout,
+            mut grpc,
+            mut http,
+            background,
+            ..
+        } = self;
+        lifecycle.shutdown().wait().await;
+        lifecycle.drain().await;
+        tracing::info!(?drain_timeout, "shutting down");
+        let drained = tokio::time::timeout(drain_timeout, async {
+            let served = (&mut grpc).await;
+            let _ = (&mut http).await;
+            served
         })
         .await;
         match drained {
@@ -647,41 +611,19 @@ impl RunningServer {
             Ok(Ok(Err(error))) => return Err(ServerError::Transport(error)),
             Ok(Err(join_error)) => tracing::error!(%join_error, "gRPC server task failed"),
             Err(_) => {
-                tracing::warn!("drain deadline passed with calls still in flight; stopping anyway")
+                tracing::warn!("drain deadline passed with calls still in flight; aborting them");
+                grpc.abort();
+                http.abort();
+                let _ = grpc.await;
+                let _ = http.await;
             }
         }
-        if let Loading::Failed(reason) = self.loading.borrow().clone() {
+        background.stop(drain_timeout).await;
+        if let Phase::Failed(reason) = lifecycle.phase() {
             return Err(ServerError::Loading(reason));
         }
-        if let Some(persistence) = self.persistence.get() {
-            let (wal, snapshots, gate) = (
-                Arc::clone(&persistence.wal),
-                Arc::clone(&persistence.snapshots),
-                Arc::clone(&self.gate),
-            );
-            let closed = tokio::task::spawn_blocking(move || {
-                wal.sync_now()
-                    .map_err(|e| PersistenceError::io(std::path::Path::new("log"), "sync", e.0))?;
-                snapshots.take(&gate)
-            })
-            .await;
-            match closed {
-                Ok(Ok(_)) => tracing::info!("final snapshot taken"),
-                Ok(Err(error)) => match self.gate.write_failure() {
-                    None => tracing::error!(
-                        %error,
-                        "final snapshot failed; the log holds every acknowledged write, and the next start \
-                         replays it"
-                    ),
-                    Some(reason) => tracing::error!(
-                        %error,
-                        %reason,
-                        "final snapshot failed, and writes were refused before it for the reason given: \
-                         check the data directory before restarting"
-                    ),
-                },
-                Err(panic) => tracing::error!(%panic, "final snapshot panicked"),
-            }
+        if let Ok(persistence) = lifecycle.persistence() {
+            final_snapshot(&gate, persistence).await;
         }
         tracing::info!("bye");
         Ok(())
@@ -689,8 +631,41 @@ impl RunningServer {
 
     /// Triggers shutdown and drains.
     pub async fn stop(self) -> Result<(), ServerError> {
-        set_health(&self.health, ServingStatus::NotServing).await;
-        self.shutdown.trigger();
+        self.lifecycle.drain().await;
+        self.lifecycle.shutdown().trigger();
         self.run_until_shutdown().await
+    }
+}
+
+/// Syncs the log and takes the snapshot that lets the next start replay nothing; a failure is logged with
+/// what it means for the next start.
+async fn final_snapshot(gate: &Arc<Gate>, persistence: &Persistence) {
+    let (wal, snapshots, snapshot_gate) = (
+        Arc::clone(&persistence.wal),
+        Arc::clone(&persistence.snapshots),
+        Arc::clone(gate),
+    );
+    let closed = tokio::task::spawn_blocking(move || {
+        wal.sync_now()
+            .map_err(|e| PersistenceError::io(std::path::Path::new("log"), "sync", e.0))?;
+        snapshots.take(&snapshot_gate)
+    })
+    .await;
+    match closed {
+        Ok(Ok(_)) => tracing::info!("final snapshot taken"),
+        Ok(Err(error)) => match gate.write_failure() {
+            None => tracing::error!(
+                %error,
+                "final snapshot failed; the log holds every acknowledged write, and the next start \
+                 replays it"
+            ),
+            Some(reason) => tracing::error!(
+                %error,
+                %reason,
+                "final snapshot failed, and writes were refused before it for the reason given: check \
+                 the data directory before restarting"
+            ),
+        },
+        Err(panic) => tracing::error!(%panic, "final snapshot panicked"),
     }
 }

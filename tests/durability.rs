@@ -145,7 +145,7 @@ async fn the_log_alone_restores_state_and_snapshots_remove_covered_log() {
     let dir = tempfile::tempdir().unwrap();
     let server = start_durable(dir.path(), "").await.unwrap();
     let seq = populate(&server, 500).await;
-    let taken = server.snapshot().await.unwrap().unwrap();
+    let taken = server.snapshot().await.unwrap();
     assert!(taken.segments_removed >= 1);
     let more = populate(&server, 700).await;
     assert!(more > seq);

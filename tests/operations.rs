@@ -151,7 +151,7 @@ async fn http_port_serves_health_readiness_and_metrics() {
     let routes = existence_gate::http::router(
         Arc::clone(&server.gate),
         existence_gate::metrics::install_recorder(),
-        stopping.clone(),
+        server.lifecycle(),
     );
     assert_eq!(readiness(&routes).await, 200, "ready before shutdown");
     stopping.trigger();

@@ -320,6 +320,15 @@ pub fn recover_with_files(
     ))
 }
 
+/// The durable side of a running server: its write-ahead log and what takes its snapshots.
+#[derive(Debug)]
+pub struct Persistence {
+    /// The write-ahead log.
+    pub wal: Arc<Wal>,
+    /// Takes snapshots.
+    pub snapshots: Arc<Snapshotter>,
+}
+
 /// Figures of a snapshot taken.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotTaken {
