@@ -12,7 +12,7 @@ use existence_gate::config::GateConfig;
 use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::VolatileLog;
-use existence_gate::namespace::{AbsenceReport, Answer, Basis, RecordOutcome};
+use existence_gate::namespace::{AbsenceReport, Answer, Basis, RecordOutcome, Recorded};
 use existence_gate::tombstones::AbsenceKind;
 
 const START_MS: u64 = 1_800_000_000_000;
@@ -159,14 +159,7 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
         );
         thread::spawn(move || {
             while !done.load(Ordering::Acquire) {
-                let (_, observed_seq) = gate.may_exist("", &hot).unwrap();
-                let report = AbsenceReport {
-                    key: hot.clone(),
-                    kind: AbsenceKind::Missing,
-                    observed_seq,
-                    ttl_seconds: 60,
-                };
-                let reply = gate.record_absent("", report).unwrap();
+                let (observed_seq, reply) = look_up_then_record_absent(&gate, &hot);
                 match reply.outcome {
                     RecordOutcome::Recorded => {
                         recorded.lock().unwrap().push((reply.seq, observed_seq))
@@ -274,14 +267,7 @@ fn absences_racing_the_first_add_of_a_fresh_namespace_are_refused() {
             })
         };
         barrier.wait();
-        let (_, observed_seq) = gate.may_exist("", &hot).unwrap();
-        let report = AbsenceReport {
-            key: hot.clone(),
-            kind: AbsenceKind::Missing,
-            observed_seq,
-            ttl_seconds: 60,
-        };
-        let recorded = gate.record_absent("", report).unwrap();
+        let (observed_seq, recorded) = look_up_then_record_absent(&gate, &hot);
         let added_seq = writer.join().unwrap();
         if observed_seq < added_seq {
             raced += 1;
@@ -294,4 +280,17 @@ fn absences_racing_the_first_add_of_a_fresh_namespace_are_refused() {
         }
     }
     assert!(raced > 0, "no lookup ever preceded the Add");
+}
+
+/// The recommended read path after the source said "not found": look `key` up, then record its absence
+/// with the seq that lookup observed. Returns that seq and the reply.
+fn look_up_then_record_absent(gate: &Gate, key: &Bytes) -> (u64, Recorded) {
+    let (_, observed_seq) = gate.may_exist("", key).unwrap();
+    let report = AbsenceReport {
+        key: key.clone(),
+        kind: AbsenceKind::Missing,
+        observed_seq,
+        ttl_seconds: 60,
+    };
+    (observed_seq, gate.record_absent("", report).unwrap())
 }

@@ -349,16 +349,12 @@ async fn a_second_server_cannot_share_a_data_directory() {
 #[tokio::test]
 async fn sigkill_mid_load_loses_no_acknowledged_add() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, addr) = spawn_binary(dir.path()).await;
+    let (child, addr) = spawn_binary(dir.path()).await;
     let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
     let writers = spawn_writers(&addr, "", &acknowledged).await;
     // Kill mid-load once 500 keys were acknowledged, however fast the disk syncs: the writers keep adding.
     wait_for_acknowledged(&acknowledged, 500, &writers).await;
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
-    for writer in writers {
-        writer.await.unwrap();
-    }
+    kill_mid_load(child, writers).await;
     let acknowledged = acknowledged.lock().unwrap().clone();
     assert_every_key_may_exist(dir.path(), &acknowledged).await;
 }
@@ -371,7 +367,7 @@ async fn a_kill_right_after_a_snapshot_loses_no_acknowledged_add() {
     let dir = tempfile::tempdir().unwrap();
     let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
     for round in 0..3 {
-        let (mut child, addr) = spawn_binary(dir.path()).await;
+        let (child, addr) = spawn_binary(dir.path()).await;
         let writers = spawn_writers(&addr, &format!("r{round}-"), &acknowledged).await;
         let mut admin =
             existence_gate::proto::admin_client::AdminClient::connect(format!("http://{addr}"))
@@ -387,17 +383,25 @@ async fn a_kill_right_after_a_snapshot_loses_no_acknowledged_add() {
                 break;
             }
         }
-        child.start_kill().unwrap();
-        child.wait().await.unwrap();
-        for writer in writers {
-            writer.await.unwrap();
-        }
+        kill_mid_load(child, writers).await;
     }
     let acknowledged = acknowledged.lock().unwrap().clone();
     assert_every_key_may_exist(dir.path(), &acknowledged).await;
 }
 
 type Acknowledged = Arc<std::sync::Mutex<Vec<Bytes>>>;
+
+/// SIGKILLs `child` while `writers` add, then waits for each writer to see its call fail.
+async fn kill_mid_load(
+    mut child: tokio::process::Child,
+    writers: Vec<tokio::task::JoinHandle<tonic::Status>>,
+) {
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+}
 
 /// Four clients adding batches of 50 keys (named with `prefix`) to the server at `addr` until one fails;
 /// the keys of every acknowledged batch go to `acknowledged`. Each returns the status that stopped it.
