@@ -583,6 +583,14 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
         let channel = common::channel(&server).await;
         let mut client = ExistenceGateClient::new(channel.clone());
         let mut health = HealthClient::new(channel);
+        // Acknowledged before the stall: the key every lookup below must find.
+        client
+            .add(AddRequest {
+                namespace: String::new(),
+                keys: vec![Bytes::from_static(b"before the stall")],
+            })
+            .await
+            .unwrap();
         files.stall_syncs();
         // Released however this block ends: a failed assertion must not leave the server's threads blocked
         // (dropping its runtime would then wait for them forever).
@@ -599,7 +607,7 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
             })
         };
         // Its record is what the syncer then fsyncs (and stalls on).
-        let first = write("before the stall".to_string());
+        let first = write("stalls the syncer".to_string());
         common::wait_until(
             common::PATIENCE,
             "the syncer's fsync to stall",
