@@ -20,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 const wait = 10 * time.Second // how long to wait for a streamed message
@@ -345,6 +346,15 @@ func run(addr, ns string) error {
 	expectError("batch of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys", err, codes.InvalidArgument, "max_batch_keys = 10000")
 	_, err = gate.RecordAbsent(ctx, &existencev1.RecordAbsentRequest{Namespace: ns, Key: []byte("k"), Kind: existencev1.AbsenceKind(9)})
 	expectError("unknown AbsenceKind 9: INVALID_ARGUMENT", err, codes.InvalidArgument, "kind 9")
+	_, err = gate.RecordAbsent(ctx, &existencev1.RecordAbsentRequest{Namespace: ns, Key: []byte("a"),
+		Kind: existencev1.AbsenceKind_ABSENCE_KIND_MISSING, ObservedSeq: genesis + 11})
+	expectError("RecordAbsent with an observed_seq ahead of the latest seq: INVALID_ARGUMENT naming both", err, codes.InvalidArgument,
+		fmt.Sprintf("observed_seq %d is ahead of namespace %q's latest seq %d", genesis+11, ns, genesis+10))
+	// A body that does not decode: field 1 (namespace) holding the byte 0xff, which is not UTF-8. A BytesValue of
+	// that byte encodes as exactly that (0a 01 ff); it goes out on MayExist's method.
+	err = conn.Invoke(ctx, "/existence.v1.ExistenceGate/MayExist", wrapperspb.Bytes([]byte{0xff}), &existencev1.MayExistResponse{})
+	expectError("request body that does not decode (namespace not UTF-8): INVALID_ARGUMENT", err, codes.InvalidArgument,
+		"failed to decode Protobuf message")
 	_, err = gate.MayExist(ctx, &existencev1.MayExistRequest{Namespace: "no_such_namespace", Key: []byte("k")})
 	expectError("unknown namespace: NOT_FOUND naming it", err, codes.NotFound, `"no_such_namespace"`)
 	func() {

@@ -359,6 +359,27 @@ async function run(addr, ns) {
       'kind 9',
     );
     await expectError(
+      'RecordAbsent with an observed_seq ahead of the latest seq: INVALID_ARGUMENT naming both',
+      recordAbsent({ key: Buffer.from('a'), kind: 'ABSENCE_KIND_MISSING', observed_seq: GENESIS + 11 }),
+      INVALID,
+      `observed_seq ${GENESIS + 11} is ahead of namespace "${ns}"'s latest seq ${GENESIS + 10}`,
+    );
+    // A body that does not decode: field 1 (namespace) holding the byte 0xff, which is not UTF-8, sent as raw
+    // bytes (identity serializers) on MayExist's method.
+    const undecodable = new Promise((resolve, reject) => {
+      const raw = (body) => body;
+      const body = Buffer.from([0x0a, 0x01, 0xff]);
+      gate.makeUnaryRequest('/existence.v1.ExistenceGate/MayExist', raw, raw, body, (error, reply) =>
+        error ? reject(error) : resolve(reply),
+      );
+    });
+    await expectError(
+      'request body that does not decode (namespace not UTF-8): INVALID_ARGUMENT',
+      undecodable,
+      INVALID,
+      'failed to decode Protobuf message',
+    );
+    await expectError(
       'unknown namespace: NOT_FOUND naming it',
       unary(gate, 'MayExist', { namespace: 'no_such_namespace', key: Buffer.from('k') }),
       grpc.status.NOT_FOUND,

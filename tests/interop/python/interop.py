@@ -368,6 +368,23 @@ def main():
         "kind 9",
     )
     expect_error(
+        "RecordAbsent with an observed_seq ahead of the latest seq: INVALID_ARGUMENT naming both",
+        lambda: gate.RecordAbsent(
+            pb.RecordAbsentRequest(namespace=ns, key=b"a", kind=pb.ABSENCE_KIND_MISSING, observed_seq=GENESIS + 11)
+        ),
+        INVALID,
+        f'observed_seq {GENESIS + 11} is ahead of namespace "{ns}"\'s latest seq {GENESIS + 10}',
+    )
+    # A body that does not decode: field 1 (namespace) holding the byte 0xff, which is not UTF-8, sent as raw
+    # bytes (no serializer) on MayExist's method.
+    undecodable = channel.unary_unary("/existence.v1.ExistenceGate/MayExist")
+    expect_error(
+        "request body that does not decode (namespace not UTF-8): INVALID_ARGUMENT",
+        lambda: undecodable(b"\x0a\x01\xff", timeout=5),
+        INVALID,
+        "failed to decode Protobuf message",
+    )
+    expect_error(
         "unknown namespace: NOT_FOUND naming it",
         lambda: gate.MayExist(pb.MayExistRequest(namespace="no_such_namespace", key=b"k")),
         NOT_FOUND,

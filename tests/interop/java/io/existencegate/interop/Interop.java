@@ -1,6 +1,7 @@
 package io.existencegate.interop;
 
 import com.google.protobuf.ByteString;
+import com.google.protobuf.BytesValue;
 import com.google.protobuf.CodedOutputStream;
 import io.existencegate.v1.AbsenceKind;
 import io.existencegate.v1.AddRequest;
@@ -23,11 +24,14 @@ import io.grpc.ClientCall;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
 import io.grpc.Metadata;
+import io.grpc.MethodDescriptor;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.health.v1.HealthCheckRequest;
 import io.grpc.health.v1.HealthCheckResponse;
 import io.grpc.health.v1.HealthGrpc;
+import io.grpc.protobuf.ProtoUtils;
+import io.grpc.stub.ClientCalls;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Iterator;
@@ -424,6 +428,29 @@ public final class Interop {
                     .build()),
         invalid,
         "kind 9");
+    expectError(
+        "RecordAbsent with an observed_seq ahead of the latest seq: INVALID_ARGUMENT naming both",
+        () -> gate.recordAbsent(absence(ns, "a", AbsenceKind.ABSENCE_KIND_MISSING, GENESIS + 11).build()),
+        invalid,
+        "observed_seq " + (GENESIS + 11) + " is ahead of namespace \"" + ns + "\"'s latest seq " + (GENESIS + 10));
+    // A body that does not decode: field 1 (namespace) holding the byte 0xff, which is not UTF-8. A BytesValue
+    // of that byte encodes as exactly that (0a 01 ff); it goes out on MayExist's method.
+    MethodDescriptor<BytesValue, MayExistResponse> undecodable =
+        ExistenceGateGrpc.getMayExistMethod()
+            .toBuilder(
+                ProtoUtils.marshaller(BytesValue.getDefaultInstance()),
+                ProtoUtils.marshaller(MayExistResponse.getDefaultInstance()))
+            .build();
+    expectError(
+        "request body that does not decode (namespace not UTF-8): INVALID_ARGUMENT",
+        () ->
+            ClientCalls.blockingUnaryCall(
+                channel,
+                undecodable,
+                CallOptions.DEFAULT,
+                BytesValue.of(ByteString.copyFrom(new byte[] {(byte) 0xff}))),
+        invalid,
+        "failed to decode Protobuf message");
     expectError(
         "unknown namespace: NOT_FOUND naming it",
         () -> mayExist(gate, "no_such_namespace", "k"),
