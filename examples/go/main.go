@@ -148,6 +148,12 @@ func selfCheck(conn *grpc.ClientConn, namespace string) {
 		must(err)
 		return reply.Answer, reply.Basis
 	}
+	// latestSeq is the namespace's latest seq, which every answer carries (never 0: seqs start at 1).
+	latestSeq := func() uint64 {
+		reply, err := gate.MayExist(ctx, &existencev1.MayExistRequest{Namespace: namespace, Key: []byte("user:0")})
+		must(err)
+		return reply.ObservedSeq
+	}
 	get := func(key string) (string, bool) {
 		value, found, err := reader.Get(ctx, key)
 		must(err)
@@ -223,7 +229,9 @@ func selfCheck(conn *grpc.ClientConn, namespace string) {
 	db.insert("user:legacy", "Edsger")
 	answer, _ = gateAnswer("user:legacy")
 	check("a row the gate does not know is ABSENT there", answer == existencev1.Answer_ANSWER_ABSENT, answer)
-	warming := &existencev1.MayExistResponse{Answer: existencev1.Answer_ANSWER_MAY_EXIST, Basis: existencev1.Basis_BASIS_WARMING}
+	// Such an answer carries the seq loaded so far; here, the latest.
+	warming := &existencev1.MayExistResponse{Answer: existencev1.Answer_ANSWER_MAY_EXIST, Basis: existencev1.Basis_BASIS_WARMING,
+		ObservedSeq: latestSeq()}
 	value, found, err := reader.loadAndReport(ctx, "user:legacy", warming, 0, false)
 	check("read while the gate warms: found", err == nil && found && value == "Edsger", value, err)
 	answer, _ = gateAnswer("user:legacy")
@@ -234,7 +242,9 @@ func selfCheck(conn *grpc.ClientConn, namespace string) {
 
 	// RESYNC (events were missed, e.g. a long disconnection) clears every cached absence.
 	check("some absences are cached", reader.IsCachedAbsent("user:2"))
-	reader.ApplyInvalidation(&existencev1.Invalidation{Namespace: namespace, Cause: existencev1.InvalidationCause_INVALIDATION_CAUSE_RESYNC})
+	// A RESYNC carries the namespace's latest seq.
+	reader.ApplyInvalidation(&existencev1.Invalidation{Namespace: namespace, Seq: latestSeq(),
+		Cause: existencev1.InvalidationCause_INVALIDATION_CAUSE_RESYNC})
 	check("RESYNC drops them all", !reader.IsCachedAbsent("user:2") && !reader.IsCachedAbsent("user:1"))
 
 	s := &reader.Stats

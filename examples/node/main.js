@@ -102,6 +102,9 @@ async function selfCheck(client, namespace) {
     const reply = await unary(client, 'MayExist', { namespace, key: Buffer.from(key) });
     return `${reply.answer} ${reply.basis}`;
   };
+  // The namespace's latest seq, which every answer carries (never 0: seqs start at 1).
+  const latestSeq = async () =>
+    (await unary(client, 'MayExist', { namespace, key: Buffer.from('user:0') })).observed_seq;
 
   try {
     check('the invalidation subscription goes live', await reader.start(10_000));
@@ -163,7 +166,8 @@ async function selfCheck(client, namespace) {
     // the reader such an answer.)
     db.insert('user:legacy', 'Edsger');
     check('a row the gate does not know is ABSENT there', (await gateAnswer('user:legacy')).startsWith('ANSWER_ABSENT'));
-    const warming = { answer: 'ANSWER_MAY_EXIST', basis: 'BASIS_WARMING', observed_seq: 0 };
+    // Such an answer carries the seq loaded so far; here, the latest.
+    const warming = { answer: 'ANSWER_MAY_EXIST', basis: 'BASIS_WARMING', observed_seq: await latestSeq() };
     check('read while the gate warms: found', (await reader.loadAndReport('user:legacy', warming, null)) === 'Edsger');
     check(
       '... and not added yet',
@@ -177,7 +181,8 @@ async function selfCheck(client, namespace) {
 
     // RESYNC (events were missed, e.g. a long disconnection) clears every cached absence.
     check('some absences are cached', reader.isCachedAbsent('user:2'));
-    reader.applyInvalidation({ namespace, keys: [], seq: 0, cause: 'INVALIDATION_CAUSE_RESYNC' });
+    // A RESYNC carries the namespace's latest seq.
+    reader.applyInvalidation({ namespace, keys: [], seq: await latestSeq(), cause: 'INVALIDATION_CAUSE_RESYNC' });
     check('RESYNC drops them all', !reader.isCachedAbsent('user:2') && !reader.isCachedAbsent('user:1'));
     console.log('reader stats:', JSON.stringify(reader.stats));
   } finally {

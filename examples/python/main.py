@@ -98,6 +98,10 @@ def self_check(channel, namespace):
         reply = gate.MayExist(pb.MayExistRequest(namespace=namespace, key=key.encode()), timeout=5)
         return pb.Answer.Name(reply.answer), pb.Basis.Name(reply.basis)
 
+    def latest_seq():
+        """The namespace's latest seq, which every answer carries (never 0: seqs start at 1)."""
+        return gate.MayExist(pb.MayExistRequest(namespace=namespace, key=b"user:0"), timeout=5).observed_seq
+
     check("the invalidation subscription goes live", reader.start(timeout=10))
 
     writer.create("user:1", "Ada")
@@ -156,7 +160,8 @@ def self_check(channel, namespace):
     # the reader such an answer.)
     db.insert("user:legacy", "Edsger")
     check("a row the gate does not know is ABSENT there", gate_answer("user:legacy")[0] == "ANSWER_ABSENT")
-    warming = pb.MayExistResponse(answer=pb.ANSWER_MAY_EXIST, basis=pb.BASIS_WARMING, observed_seq=0)
+    # Such an answer carries the seq loaded so far; here, the latest.
+    warming = pb.MayExistResponse(answer=pb.ANSWER_MAY_EXIST, basis=pb.BASIS_WARMING, observed_seq=latest_seq())
     check("read while the gate warms: found", reader._load("user:legacy", warming, None) == "Edsger")
     check("... and not added yet", gate_answer("user:legacy")[0] == "ANSWER_ABSENT" and reader.stats["adds"] == 0)
     reader.get("user:406")  # the gate is ready: this answer is not WARMING
@@ -164,7 +169,9 @@ def self_check(channel, namespace):
 
     # RESYNC (events were missed, e.g. a long disconnection) clears every cached absence.
     check("some absences are cached", reader.is_cached_absent("user:2"))
-    reader.apply_invalidation(pb.Invalidation(namespace=namespace, seq=0, cause=pb.INVALIDATION_CAUSE_RESYNC))
+    # A RESYNC carries the namespace's latest seq.
+    resync = pb.Invalidation(namespace=namespace, seq=latest_seq(), cause=pb.INVALIDATION_CAUSE_RESYNC)
+    reader.apply_invalidation(resync)
     check("RESYNC drops them all", not reader.is_cached_absent("user:2") and not reader.is_cached_absent("user:1"))
 
     reader.close()

@@ -20,9 +20,14 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 const wait = 10 * time.Second // how long to wait for a streamed message
+
+// genesis is every namespace's seq before its first mutation (GENESIS_SEQ in src/log.rs): a fresh namespace
+// answers at genesis, its first Add gets genesis+1. Never 0, which in RecordAbsent means "not observed".
+const genesis uint64 = 1
 
 // longLengths are the lengths of the packed batch's long keys: most take a 2-byte varint (the server's
 // max_key_bytes is 1,024).
@@ -208,10 +213,10 @@ func run(addr, ns string) error {
 	_, err = health.Check(ctx, &healthpb.HealthCheckRequest{Service: "no.such.Service"})
 	expectError("health of an unknown service is NOT_FOUND", err, codes.NotFound, "")
 
-	// A fresh namespace starts empty at seq 0.
+	// A fresh namespace starts empty at the genesis seq, 1.
 	reply := mayExist("a")
-	check("fresh key is ABSENT by FILTER at seq 0",
-		reply.Answer == A && reply.Basis == existencev1.Basis_BASIS_FILTER && reply.ObservedSeq == 0, reply.String())
+	check("fresh key is ABSENT by FILTER at seq 1 (genesis)",
+		reply.Answer == A && reply.Basis == existencev1.Basis_BASIS_FILTER && reply.ObservedSeq == genesis, reply.String())
 
 	// A live subscription from now on.
 	live, err := subscribe(gate, ns, 0)
@@ -220,46 +225,47 @@ func run(addr, ns string) error {
 	}
 	defer live.cancel()
 	added := add("a", "b")
-	check("Add gets seq 1", added.Seq == 1 && added.TombstonesCleared == 0, added.String())
+	check("Add gets seq 2", added.Seq == genesis+1 && added.TombstonesCleared == 0, added.String())
 	added = add("c")
-	check("next Add gets seq 2", added.Seq == 2, added.String())
+	check("next Add gets seq 3", added.Seq == genesis+2, added.String())
 	it := live.next(wait)
-	check("live stream: ADDED seq 1 [a, b]",
-		invalidationIs(it, ns, 1, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"a", "b"}), describe(it))
+	check("live stream: ADDED seq 2 [a, b]",
+		invalidationIs(it, ns, genesis+1, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"a", "b"}), describe(it))
 	it = live.next(wait)
-	check("live stream: ADDED seq 2 [c]",
-		invalidationIs(it, ns, 2, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"c"}), describe(it))
+	check("live stream: ADDED seq 3 [c]",
+		invalidationIs(it, ns, genesis+2, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"c"}), describe(it))
 	reply = mayExist("a")
-	check("added key MAY_EXIST by FILTER at seq 2",
-		reply.Answer == M && reply.Basis == existencev1.Basis_BASIS_FILTER && reply.ObservedSeq == 2, reply.String())
+	check("added key MAY_EXIST by FILTER at seq 3",
+		reply.Answer == M && reply.Basis == existencev1.Basis_BASIS_FILTER && reply.ObservedSeq == genesis+2, reply.String())
 
-	// Resuming by after_seq is exact; a seq the server never issued gets RESYNC.
-	resumed, err := subscribe(gate, ns, 1)
+	// Resuming by after_seq is exact: after the first Add's seq comes the second Add. A seq the server never
+	// issued gets RESYNC.
+	resumed, err := subscribe(gate, ns, genesis+1)
 	if err != nil {
-		return fmt.Errorf("subscribe after 1: %w", err)
+		return fmt.Errorf("subscribe after %d: %w", genesis+1, err)
 	}
 	it = resumed.next(wait)
-	check("resumed after_seq=1: ADDED seq 2 [c]",
-		invalidationIs(it, ns, 2, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"c"}), describe(it))
+	check("resumed after_seq=2 (the first Add): ADDED seq 3 [c]",
+		invalidationIs(it, ns, genesis+2, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"c"}), describe(it))
 	resumed.cancel()
 	future, err := subscribe(gate, ns, 1000)
 	if err != nil {
 		return fmt.Errorf("subscribe after 1000: %w", err)
 	}
 	it = future.next(wait)
-	check("after_seq=1000: RESYNC at seq 2, no keys",
-		invalidationIs(it, ns, 2, existencev1.InvalidationCause_INVALIDATION_CAUSE_RESYNC, []string{}), describe(it))
+	check("after_seq=1000: RESYNC at the latest seq 3, no keys",
+		invalidationIs(it, ns, genesis+2, existencev1.InvalidationCause_INVALIDATION_CAUSE_RESYNC, []string{}), describe(it))
 	added = add("d")
-	check("Add gets seq 3", added.Seq == 3, added.String())
+	check("Add gets seq 4", added.Seq == genesis+3, added.String())
 	it = future.next(wait)
-	check("after RESYNC the stream continues: ADDED seq 3 [d]",
-		invalidationIs(it, ns, 3, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"d"}), describe(it))
+	check("after RESYNC the stream continues: ADDED seq 4 [d]",
+		invalidationIs(it, ns, genesis+3, existencev1.InvalidationCause_INVALIDATION_CAUSE_ADDED, []string{"d"}), describe(it))
 	future.cancel()
 
 	// Batches answer in request order, duplicates allowed, up to 10,000 keys.
 	batch, err := gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, Keys: keysOf("a", "zzz", "c", "a", "d")})
 	check("batch answers in order with duplicates",
-		err == nil && reflect.DeepEqual(batch.Answers, []existencev1.Answer{M, A, M, M, M}) && batch.ObservedSeq == 3,
+		err == nil && reflect.DeepEqual(batch.Answers, []existencev1.Answer{M, A, M, M, M}) && batch.ObservedSeq == genesis+3,
 		fmt.Sprint(batch, err))
 	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns})
 	check("empty batch gets no answers", err == nil && len(batch.Answers) == 0, fmt.Sprint(batch, err))
@@ -268,12 +274,12 @@ func run(addr, ns string) error {
 		full[i] = []byte(fmt.Sprintf("batch-%05d", i))
 	}
 	added, err = gate.Add(ctx, &existencev1.AddRequest{Namespace: ns, Keys: full[:5000]})
-	check("Add of 5,000 keys gets seq 4", err == nil && added.Seq == 4, fmt.Sprint(added, err))
+	check("Add of 5,000 keys gets seq 5", err == nil && added.Seq == genesis+4, fmt.Sprint(added, err))
 	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, Keys: full})
 	if err != nil {
 		return fmt.Errorf("batch of 10,000: %w", err)
 	}
-	check("batch of 10,000: 10,000 answers at seq 4", len(batch.Answers) == 10000 && batch.ObservedSeq == 4,
+	check("batch of 10,000: 10,000 answers at seq 5", len(batch.Answers) == 10000 && batch.ObservedSeq == genesis+4,
 		fmt.Sprintf("%d answers, seq %d", len(batch.Answers), batch.ObservedSeq))
 	allMay, falsePositives, valid := true, 0, true
 	for i, a := range batch.Answers {
@@ -291,39 +297,39 @@ func run(addr, ns string) error {
 	check("batch of 10,000: under 200 false positives in 5,000", falsePositives < 200 && valid, fmt.Sprint(falsePositives))
 
 	// RecordAbsent outcomes.
-	rec := recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("ghost"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_MISSING, ObservedSeq: 4})
-	check("RecordAbsent of a key the filter rules out: REDUNDANT",
-		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_REDUNDANT && rec.Seq == 4 && rec.ExpiresInMs == 0, rec.String())
-	add("gone") // seq 5
+	rec := recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("ghost"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_MISSING, ObservedSeq: genesis + 4})
+	check("RecordAbsent of a key the filter rules out: REDUNDANT, latest seq 5",
+		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_REDUNDANT && rec.Seq == genesis+4 && rec.ExpiresInMs == 0, rec.String())
+	add("gone") // seq 6
 	looked := mayExist("gone")
-	check("gone MAY_EXIST at seq 5", looked.Answer == M && looked.ObservedSeq == 5, looked.String())
+	check("gone MAY_EXIST at seq 6", looked.Answer == M && looked.ObservedSeq == genesis+5, looked.String())
 	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("gone"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_MISSING, ObservedSeq: looked.ObservedSeq})
 	recordedAt := time.Now()
-	check("RecordAbsent MISSING: RECORDED, seq 6, the namespace's 1 s TTL",
-		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == 6 && rec.ExpiresInMs == 1000, rec.String())
+	check("RecordAbsent MISSING: RECORDED, seq 7, the namespace's 1 s TTL",
+		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == genesis+6 && rec.ExpiresInMs == 1000, rec.String())
 	reply = mayExist("gone")
-	check("tombstoned key ABSENT by TOMBSTONE at seq 6",
-		reply.Answer == A && reply.Basis == existencev1.Basis_BASIS_TOMBSTONE && reply.ObservedSeq == 6, reply.String())
-	add("del") // seq 7
-	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("del"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_DELETED, ObservedSeq: 7})
-	check("RecordAbsent DELETED: RECORDED, seq 8, the 10 min deleted_ttl",
-		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == 8 && rec.ExpiresInMs == 600000, rec.String())
+	check("tombstoned key ABSENT by TOMBSTONE at seq 7",
+		reply.Answer == A && reply.Basis == existencev1.Basis_BASIS_TOMBSTONE && reply.ObservedSeq == genesis+6, reply.String())
+	add("del") // seq 8
+	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("del"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_DELETED, ObservedSeq: genesis + 7})
+	check("RecordAbsent DELETED: RECORDED, seq 9, the 10 min deleted_ttl",
+		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == genesis+8 && rec.ExpiresInMs == 600000, rec.String())
 	added = add("del")
-	check("re-Add clears the tombstone: seq 9, tombstones_cleared 1", added.Seq == 9 && added.TombstonesCleared == 1, added.String())
-	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("del"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_MISSING, ObservedSeq: 7})
-	check("RecordAbsent observed before that Add: SUPERSEDED, latest seq 9",
-		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_SUPERSEDED && rec.Seq == 9 && rec.ExpiresInMs == 0, rec.String())
+	check("re-Add clears the tombstone: seq 10, tombstones_cleared 1", added.Seq == genesis+9 && added.TombstonesCleared == 1, added.String())
+	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("del"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_MISSING, ObservedSeq: genesis + 7})
+	check("RecordAbsent observed before that Add: SUPERSEDED, latest seq 10",
+		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_SUPERSEDED && rec.Seq == genesis+9 && rec.ExpiresInMs == 0, rec.String())
 	reply = mayExist("del")
 	check("superseded key still MAY_EXIST", reply.Answer == M, reply.String())
 	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("b"), Kind: existencev1.AbsenceKind_ABSENCE_KIND_UNSPECIFIED, TtlSeconds: 1000000})
-	check("RecordAbsent with a huge TTL: RECORDED, clamped to max_ttl 1 h",
-		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == 10 && rec.ExpiresInMs == 3600000, rec.String())
+	check("RecordAbsent with a huge TTL: RECORDED, seq 11, clamped to max_ttl 1 h",
+		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == genesis+10 && rec.ExpiresInMs == 3600000, rec.String())
 
 	// The 1 s tombstone expires.
 	time.Sleep(time.Until(recordedAt.Add(1300 * time.Millisecond)))
 	reply = mayExist("gone")
-	check("after its TTL the tombstone is gone: MAY_EXIST by FILTER",
-		reply.Answer == M && reply.Basis == existencev1.Basis_BASIS_FILTER && reply.ObservedSeq == 10, reply.String())
+	check("after its TTL the tombstone is gone: MAY_EXIST by FILTER at seq 11",
+		reply.Answer == M && reply.Basis == existencev1.Basis_BASIS_FILTER && reply.ObservedSeq == genesis+10, reply.String())
 
 	// Errors: precise statuses and messages, no state change.
 	_, err = gate.MayExist(ctx, &existencev1.MayExistRequest{Namespace: ns, Key: []byte{}})
@@ -340,6 +346,15 @@ func run(addr, ns string) error {
 	expectError("batch of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys", err, codes.InvalidArgument, "max_batch_keys = 10000")
 	_, err = gate.RecordAbsent(ctx, &existencev1.RecordAbsentRequest{Namespace: ns, Key: []byte("k"), Kind: existencev1.AbsenceKind(9)})
 	expectError("unknown AbsenceKind 9: INVALID_ARGUMENT", err, codes.InvalidArgument, "kind 9")
+	_, err = gate.RecordAbsent(ctx, &existencev1.RecordAbsentRequest{Namespace: ns, Key: []byte("a"),
+		Kind: existencev1.AbsenceKind_ABSENCE_KIND_MISSING, ObservedSeq: genesis + 11})
+	expectError("RecordAbsent with an observed_seq ahead of the latest seq: INVALID_ARGUMENT naming both", err, codes.InvalidArgument,
+		fmt.Sprintf("observed_seq %d is ahead of namespace %q's latest seq %d", genesis+11, ns, genesis+10))
+	// A body that does not decode: field 1 (namespace) holding the byte 0xff, which is not UTF-8. A BytesValue of
+	// that byte encodes as exactly that (0a 01 ff); it goes out on MayExist's method.
+	err = conn.Invoke(ctx, "/existence.v1.ExistenceGate/MayExist", wrapperspb.Bytes([]byte{0xff}), &existencev1.MayExistResponse{})
+	expectError("request body that does not decode (namespace not UTF-8): INVALID_ARGUMENT", err, codes.InvalidArgument,
+		"failed to decode Protobuf message")
 	_, err = gate.MayExist(ctx, &existencev1.MayExistRequest{Namespace: "no_such_namespace", Key: []byte("k")})
 	expectError("unknown namespace: NOT_FOUND naming it", err, codes.NotFound, `"no_such_namespace"`)
 	func() {
@@ -352,7 +367,7 @@ func run(addr, ns string) error {
 		expectError("subscription to an unknown namespace: NOT_FOUND naming it", err, codes.NotFound, `"no_such_namespace"`)
 	}()
 	reply = mayExist("a")
-	check("refused requests used no seq", reply.ObservedSeq == 10, reply.String())
+	check("refused requests used no seq", reply.ObservedSeq == genesis+10, reply.String())
 
 	// A client deadline ends a quiet stream with DEADLINE_EXCEEDED.
 	func() {
@@ -369,7 +384,7 @@ func run(addr, ns string) error {
 	}()
 
 	// The live stream saw exactly one ADDED per Add, in seq order (tombstones emit nothing).
-	seqs := []uint64{1, 2}
+	seqs := []uint64{genesis + 1, genesis + 2}
 	for {
 		it := live.next(time.Second)
 		if it.err != nil {
@@ -377,7 +392,11 @@ func run(addr, ns string) error {
 		}
 		seqs = append(seqs, it.msg.Seq)
 	}
-	check("live stream: one ADDED per Add seq", reflect.DeepEqual(seqs, []uint64{1, 2, 3, 4, 5, 7, 9}), fmt.Sprint(seqs))
+	var addSeqs []uint64
+	for _, n := range []uint64{1, 2, 3, 4, 5, 7, 9} {
+		addSeqs = append(addSeqs, genesis+n)
+	}
+	check("live stream: one ADDED per Add seq (2, 3, 4, 5, 6, 8, 10)", reflect.DeepEqual(seqs, addSeqs), fmt.Sprint(seqs))
 
 	// Packed batches: packed_keys in, may_exist_bitmap out.
 	head := packKeys([][]byte{[]byte("a"), bytes.Repeat([]byte("x"), 300)})[:4]
@@ -389,7 +408,7 @@ func run(addr, ns string) error {
 	}
 	added, err = gate.Add(ctx, &existencev1.AddRequest{Namespace: ns,
 		Keys: append(append([][]byte{}, longAdded...), []byte("packed-tomb"))})
-	check("Add of 100 long keys and packed-tomb gets seq 11", err == nil && added.Seq == 11, fmt.Sprint(added, err))
+	check("Add of 100 long keys and packed-tomb gets seq 12", err == nil && added.Seq == genesis+11, fmt.Sprint(added, err))
 	// 10,000 keys alternating added (even positions) and never added (odd positions).
 	addedKeys := append(append(append([][]byte{}, longAdded...), keysOf("a", "c", "d", "gone", "del")...), full[:4895]...)
 	neverKeys := append(append([][]byte{}, longNever...), full[5000:9900]...)
@@ -401,8 +420,8 @@ func run(addr, ns string) error {
 	if err != nil {
 		return fmt.Errorf("packed batch of 10,000: %w", err)
 	}
-	if !check("packed batch of 10,000: a 1,250-byte bitmap at seq 11, no answers",
-		len(batch.MayExistBitmap) == 1250 && batch.ObservedSeq == 11 && len(batch.Answers) == 0,
+	if !check("packed batch of 10,000: a 1,250-byte bitmap at seq 12, no answers",
+		len(batch.MayExistBitmap) == 1250 && batch.ObservedSeq == genesis+11 && len(batch.Answers) == 0,
 		fmt.Sprintf("%d bytes, seq %d, %d answers", len(batch.MayExistBitmap), batch.ObservedSeq, len(batch.Answers))) {
 		return fmt.Errorf("packed batch of 10,000: no bitmap to check")
 	}
@@ -432,23 +451,23 @@ func run(addr, ns string) error {
 		}
 	}
 	check("packed batch of 10,000: the bitmap agrees key for key with the same keys sent as keys",
-		len(batch.Answers) == 10000 && batch.ObservedSeq == 11 && len(disagree) == 0,
+		len(batch.Answers) == 10000 && batch.ObservedSeq == genesis+11 && len(disagree) == 0,
 		fmt.Sprintf("%d answers at seq %d; disagree at %v", len(batch.Answers), batch.ObservedSeq, firstTen(disagree)))
 
-	// Tombstones drive bits to 0: b was recorded absent (seq 10), packed-tomb is about to be.
+	// Tombstones drive bits to 0: b was recorded absent (seq 11), packed-tomb is about to be.
 	tombBatch := keysOf("a", "packed-tomb", "c", "b", "d", "packed-tomb", "gone", "del", "packed-tomb", "a")
 	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, PackedKeys: packKeys(tombBatch)})
 	check("packed batch of 10: 2 bytes, tombstoned b is 0, packed-tomb is 1",
-		err == nil && len(batch.MayExistBitmap) == 2 && batch.ObservedSeq == 11 &&
+		err == nil && len(batch.MayExistBitmap) == 2 && batch.ObservedSeq == genesis+11 &&
 			reflect.DeepEqual(bitsOf(batch.MayExistBitmap, 10), []int{1, 1, 1, 0, 1, 1, 1, 1, 1, 1}),
 		fmt.Sprint(batch, err))
 	rec = recordAbsent(&existencev1.RecordAbsentRequest{Key: []byte("packed-tomb"),
-		Kind: existencev1.AbsenceKind_ABSENCE_KIND_DELETED, ObservedSeq: 11})
-	check("RecordAbsent packed-tomb DELETED: RECORDED, seq 12",
-		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == 12, rec.String())
+		Kind: existencev1.AbsenceKind_ABSENCE_KIND_DELETED, ObservedSeq: genesis + 11})
+	check("RecordAbsent packed-tomb DELETED: RECORDED, seq 13",
+		rec.Outcome == existencev1.RecordOutcome_RECORD_OUTCOME_RECORDED && rec.Seq == genesis+12, rec.String())
 	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, PackedKeys: packKeys(tombBatch)})
-	check("packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 12",
-		err == nil && len(batch.MayExistBitmap) == 2 && batch.ObservedSeq == 12 &&
+	check("packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 13",
+		err == nil && len(batch.MayExistBitmap) == 2 && batch.ObservedSeq == genesis+12 &&
 			reflect.DeepEqual(bitsOf(batch.MayExistBitmap, 10), []int{1, 0, 1, 0, 1, 0, 1, 1, 0, 1}),
 		fmt.Sprint(batch, err))
 	batch, err = gate.BatchMayExist(ctx, &existencev1.BatchMayExistRequest{Namespace: ns, Keys: tombBatch})
@@ -478,7 +497,7 @@ func run(addr, ns string) error {
 	expectError("packing of 10,001 keys: INVALID_ARGUMENT naming max_batch_keys",
 		packedBatch(packKeys(over)), codes.InvalidArgument, "max_batch_keys = 10000")
 	reply = mayExist("a")
-	check("refused packed batches used no seq", reply.ObservedSeq == 12, reply.String())
+	check("refused packed batches used no seq", reply.ObservedSeq == genesis+12, reply.String())
 	return nil
 }
 

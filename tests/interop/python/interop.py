@@ -22,6 +22,9 @@ from existence.v1 import existence_pb2_grpc as pb_grpc
 LANG = "python"
 WAIT = 10.0  # seconds to wait for a streamed message
 LONG_LENGTHS = [127, 128, 129, 255, 256, 300, 1000, 1024]  # the server's max_key_bytes is 1,024
+# Every namespace's seq before its first mutation (GENESIS_SEQ in src/log.rs): a fresh namespace answers at
+# GENESIS, its first Add gets GENESIS + 1. Never 0, which in RecordAbsent means "not observed".
+GENESIS = 1
 
 passed = 0
 failed = 0
@@ -162,11 +165,11 @@ def main():
         and not methods["MayExist"].server_streaming,
     )
 
-    # A fresh namespace starts empty at seq 0.
+    # A fresh namespace starts empty at the genesis seq, 1.
     reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"a"))
     check(
-        "fresh key is ABSENT by FILTER at seq 0",
-        (reply.answer, reply.basis, reply.observed_seq) == (A, pb.BASIS_FILTER, 0),
+        "fresh key is ABSENT by FILTER at seq 1 (genesis)",
+        (reply.answer, reply.basis, reply.observed_seq) == (A, pb.BASIS_FILTER, GENESIS),
         str(reply),
     )
 
@@ -176,35 +179,38 @@ def main():
     live = StreamReader(live_call)
 
     added = gate.Add(pb.AddRequest(namespace=ns, keys=[b"a", b"b"]))
-    check("Add gets seq 1", (added.seq, added.tombstones_cleared) == (1, 0), str(added))
+    check("Add gets seq 2", (added.seq, added.tombstones_cleared) == (GENESIS + 1, 0), str(added))
     added = gate.Add(pb.AddRequest(namespace=ns, keys=[b"c"]))
-    check("next Add gets seq 2", added.seq == 2, str(added))
+    check("next Add gets seq 3", added.seq == GENESIS + 2, str(added))
     message = live.next()
     check(
-        "live stream: ADDED seq 1 [a, b]",
-        invalidation_is(message, ns, 1, pb.INVALIDATION_CAUSE_ADDED, [b"a", b"b"]),
+        "live stream: ADDED seq 2 [a, b]",
+        invalidation_is(message, ns, GENESIS + 1, pb.INVALIDATION_CAUSE_ADDED, [b"a", b"b"]),
         describe(message),
     )
     message = live.next()
     check(
-        "live stream: ADDED seq 2 [c]",
-        invalidation_is(message, ns, 2, pb.INVALIDATION_CAUSE_ADDED, [b"c"]),
+        "live stream: ADDED seq 3 [c]",
+        invalidation_is(message, ns, GENESIS + 2, pb.INVALIDATION_CAUSE_ADDED, [b"c"]),
         describe(message),
     )
     reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"a"))
     check(
-        "added key MAY_EXIST by FILTER at seq 2",
-        (reply.answer, reply.basis, reply.observed_seq) == (M, pb.BASIS_FILTER, 2),
+        "added key MAY_EXIST by FILTER at seq 3",
+        (reply.answer, reply.basis, reply.observed_seq) == (M, pb.BASIS_FILTER, GENESIS + 2),
         str(reply),
     )
 
-    # Resuming by after_seq is exact; a seq the server never issued gets RESYNC.
-    resumed_call = gate.SubscribeInvalidations(pb.SubscribeInvalidationsRequest(namespace=ns, after_seq=1))
+    # Resuming by after_seq is exact: after the first Add's seq comes the second Add. A seq the server never
+    # issued gets RESYNC.
+    resumed_call = gate.SubscribeInvalidations(
+        pb.SubscribeInvalidationsRequest(namespace=ns, after_seq=GENESIS + 1)
+    )
     resumed = StreamReader(resumed_call)
     message = resumed.next()
     check(
-        "resumed after_seq=1: ADDED seq 2 [c]",
-        invalidation_is(message, ns, 2, pb.INVALIDATION_CAUSE_ADDED, [b"c"]),
+        "resumed after_seq=2 (the first Add): ADDED seq 3 [c]",
+        invalidation_is(message, ns, GENESIS + 2, pb.INVALIDATION_CAUSE_ADDED, [b"c"]),
         describe(message),
     )
     resumed_call.cancel()
@@ -212,16 +218,16 @@ def main():
     future = StreamReader(future_call)
     message = future.next()
     check(
-        "after_seq=1000: RESYNC at seq 2, no keys",
-        invalidation_is(message, ns, 2, pb.INVALIDATION_CAUSE_RESYNC, []),
+        "after_seq=1000: RESYNC at the latest seq 3, no keys",
+        invalidation_is(message, ns, GENESIS + 2, pb.INVALIDATION_CAUSE_RESYNC, []),
         describe(message),
     )
     added = gate.Add(pb.AddRequest(namespace=ns, keys=[b"d"]))
-    check("Add gets seq 3", added.seq == 3, str(added))
+    check("Add gets seq 4", added.seq == GENESIS + 3, str(added))
     message = future.next()
     check(
-        "after RESYNC the stream continues: ADDED seq 3 [d]",
-        invalidation_is(message, ns, 3, pb.INVALIDATION_CAUSE_ADDED, [b"d"]),
+        "after RESYNC the stream continues: ADDED seq 4 [d]",
+        invalidation_is(message, ns, GENESIS + 3, pb.INVALIDATION_CAUSE_ADDED, [b"d"]),
         describe(message),
     )
     future_call.cancel()
@@ -230,20 +236,20 @@ def main():
     reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, keys=[b"a", b"zzz", b"c", b"a", b"d"]))
     check(
         "batch answers in order with duplicates",
-        (list(reply.answers), reply.observed_seq) == ([M, A, M, M, M], 3),
+        (list(reply.answers), reply.observed_seq) == ([M, A, M, M, M], GENESIS + 3),
         str(reply),
     )
     reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns))
     check("empty batch gets no answers", len(reply.answers) == 0, str(reply))
     full = [b"batch-%05d" % i for i in range(10_000)]
     added = gate.Add(pb.AddRequest(namespace=ns, keys=full[:5_000]))
-    check("Add of 5,000 keys gets seq 4", added.seq == 4, str(added))
+    check("Add of 5,000 keys gets seq 5", added.seq == GENESIS + 4, str(added))
     reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, keys=full))
     answers = list(reply.answers)
     false_positives = sum(1 for a in answers[5_000:] if a == M)
     check(
-        "batch of 10,000: 10,000 answers at seq 4",
-        len(answers) == 10_000 and reply.observed_seq == 4,
+        "batch of 10,000: 10,000 answers at seq 5",
+        len(answers) == 10_000 and reply.observed_seq == GENESIS + 4,
         f"{len(answers)} answers, seq {reply.observed_seq}",
     )
     check("batch of 10,000: every added key MAY_EXIST", all(a == M for a in answers[:5_000]))
@@ -255,16 +261,16 @@ def main():
 
     # RecordAbsent outcomes.
     reply = gate.RecordAbsent(
-        pb.RecordAbsentRequest(namespace=ns, key=b"ghost", kind=pb.ABSENCE_KIND_MISSING, observed_seq=4)
+        pb.RecordAbsentRequest(namespace=ns, key=b"ghost", kind=pb.ABSENCE_KIND_MISSING, observed_seq=GENESIS + 4)
     )
     check(
-        "RecordAbsent of a key the filter rules out: REDUNDANT",
-        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_REDUNDANT, 4, 0),
+        "RecordAbsent of a key the filter rules out: REDUNDANT, latest seq 5",
+        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_REDUNDANT, GENESIS + 4, 0),
         str(reply),
     )
-    gate.Add(pb.AddRequest(namespace=ns, keys=[b"gone"]))  # seq 5
+    gate.Add(pb.AddRequest(namespace=ns, keys=[b"gone"]))  # seq 6
     looked = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"gone"))
-    check("gone MAY_EXIST at seq 5", (looked.answer, looked.observed_seq) == (M, 5), str(looked))
+    check("gone MAY_EXIST at seq 6", (looked.answer, looked.observed_seq) == (M, GENESIS + 5), str(looked))
     reply = gate.RecordAbsent(
         pb.RecordAbsentRequest(
             namespace=ns, key=b"gone", kind=pb.ABSENCE_KIND_MISSING, observed_seq=looked.observed_seq
@@ -272,37 +278,37 @@ def main():
     )
     recorded_at = time.monotonic()
     check(
-        "RecordAbsent MISSING: RECORDED, seq 6, the namespace's 1 s TTL",
-        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_RECORDED, 6, 1000),
+        "RecordAbsent MISSING: RECORDED, seq 7, the namespace's 1 s TTL",
+        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_RECORDED, GENESIS + 6, 1000),
         str(reply),
     )
     reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"gone"))
     check(
-        "tombstoned key ABSENT by TOMBSTONE at seq 6",
-        (reply.answer, reply.basis, reply.observed_seq) == (A, pb.BASIS_TOMBSTONE, 6),
+        "tombstoned key ABSENT by TOMBSTONE at seq 7",
+        (reply.answer, reply.basis, reply.observed_seq) == (A, pb.BASIS_TOMBSTONE, GENESIS + 6),
         str(reply),
     )
-    gate.Add(pb.AddRequest(namespace=ns, keys=[b"del"]))  # seq 7
+    gate.Add(pb.AddRequest(namespace=ns, keys=[b"del"]))  # seq 8
     reply = gate.RecordAbsent(
-        pb.RecordAbsentRequest(namespace=ns, key=b"del", kind=pb.ABSENCE_KIND_DELETED, observed_seq=7)
+        pb.RecordAbsentRequest(namespace=ns, key=b"del", kind=pb.ABSENCE_KIND_DELETED, observed_seq=GENESIS + 7)
     )
     check(
-        "RecordAbsent DELETED: RECORDED, seq 8, the 10 min deleted_ttl",
-        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_RECORDED, 8, 600_000),
+        "RecordAbsent DELETED: RECORDED, seq 9, the 10 min deleted_ttl",
+        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_RECORDED, GENESIS + 8, 600_000),
         str(reply),
     )
     added = gate.Add(pb.AddRequest(namespace=ns, keys=[b"del"]))
     check(
-        "re-Add clears the tombstone: seq 9, tombstones_cleared 1",
-        (added.seq, added.tombstones_cleared) == (9, 1),
+        "re-Add clears the tombstone: seq 10, tombstones_cleared 1",
+        (added.seq, added.tombstones_cleared) == (GENESIS + 9, 1),
         str(added),
     )
     reply = gate.RecordAbsent(
-        pb.RecordAbsentRequest(namespace=ns, key=b"del", kind=pb.ABSENCE_KIND_MISSING, observed_seq=7)
+        pb.RecordAbsentRequest(namespace=ns, key=b"del", kind=pb.ABSENCE_KIND_MISSING, observed_seq=GENESIS + 7)
     )
     check(
-        "RecordAbsent observed before that Add: SUPERSEDED, latest seq 9",
-        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_SUPERSEDED, 9, 0),
+        "RecordAbsent observed before that Add: SUPERSEDED, latest seq 10",
+        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_SUPERSEDED, GENESIS + 9, 0),
         str(reply),
     )
     reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"del"))
@@ -313,8 +319,8 @@ def main():
         )
     )
     check(
-        "RecordAbsent with a huge TTL: RECORDED, clamped to max_ttl 1 h",
-        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_RECORDED, 10, 3_600_000),
+        "RecordAbsent with a huge TTL: RECORDED, seq 11, clamped to max_ttl 1 h",
+        (reply.outcome, reply.seq, reply.expires_in_ms) == (pb.RECORD_OUTCOME_RECORDED, GENESIS + 10, 3_600_000),
         str(reply),
     )
 
@@ -322,8 +328,8 @@ def main():
     time.sleep(max(0.0, recorded_at + 1.3 - time.monotonic()))
     reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"gone"))
     check(
-        "after its TTL the tombstone is gone: MAY_EXIST by FILTER",
-        (reply.answer, reply.basis, reply.observed_seq) == (M, pb.BASIS_FILTER, 10),
+        "after its TTL the tombstone is gone: MAY_EXIST by FILTER at seq 11",
+        (reply.answer, reply.basis, reply.observed_seq) == (M, pb.BASIS_FILTER, GENESIS + 10),
         str(reply),
     )
 
@@ -362,6 +368,23 @@ def main():
         "kind 9",
     )
     expect_error(
+        "RecordAbsent with an observed_seq ahead of the latest seq: INVALID_ARGUMENT naming both",
+        lambda: gate.RecordAbsent(
+            pb.RecordAbsentRequest(namespace=ns, key=b"a", kind=pb.ABSENCE_KIND_MISSING, observed_seq=GENESIS + 11)
+        ),
+        INVALID,
+        f'observed_seq {GENESIS + 11} is ahead of namespace "{ns}"\'s latest seq {GENESIS + 10}',
+    )
+    # A body that does not decode: field 1 (namespace) holding the byte 0xff, which is not UTF-8, sent as raw
+    # bytes (no serializer) on MayExist's method.
+    undecodable = channel.unary_unary("/existence.v1.ExistenceGate/MayExist")
+    expect_error(
+        "request body that does not decode (namespace not UTF-8): INVALID_ARGUMENT",
+        lambda: undecodable(b"\x0a\x01\xff", timeout=5),
+        INVALID,
+        "failed to decode Protobuf message",
+    )
+    expect_error(
         "unknown namespace: NOT_FOUND naming it",
         lambda: gate.MayExist(pb.MayExistRequest(namespace="no_such_namespace", key=b"k")),
         NOT_FOUND,
@@ -378,7 +401,7 @@ def main():
         '"no_such_namespace"',
     )
     reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"a"))
-    check("refused requests used no seq", reply.observed_seq == 10, str(reply))
+    check("refused requests used no seq", reply.observed_seq == GENESIS + 10, str(reply))
 
     # A client deadline ends a quiet stream with DEADLINE_EXCEEDED.
     started = time.monotonic()
@@ -392,13 +415,17 @@ def main():
     check("the deadline ended the stream in time", 0.25 <= elapsed < 5, f"{elapsed:.2f} s")
 
     # The live stream saw exactly one ADDED per Add, in seq order (tombstones emit nothing).
-    seqs = [1, 2]
+    seqs = [GENESIS + 1, GENESIS + 2]
     while True:
         message = live.next(timeout=1.0)
         if not isinstance(message, pb.Invalidation):
             break
         seqs.append(message.seq)
-    check("live stream: one ADDED per Add seq", seqs == [1, 2, 3, 4, 5, 7, 9], str(seqs))
+    check(
+        "live stream: one ADDED per Add seq (2, 3, 4, 5, 6, 8, 10)",
+        seqs == [GENESIS + n for n in (1, 2, 3, 4, 5, 7, 9)],
+        str(seqs),
+    )
     live_call.cancel()
 
     # Packed batches: packed_keys in, may_exist_bitmap out.
@@ -407,15 +434,15 @@ def main():
     long_added = [long_key(b"added", j) for j in range(100)]
     long_never = [long_key(b"never", j) for j in range(100)]
     added = gate.Add(pb.AddRequest(namespace=ns, keys=long_added + [b"packed-tomb"]))
-    check("Add of 100 long keys and packed-tomb gets seq 11", added.seq == 11, str(added))
+    check("Add of 100 long keys and packed-tomb gets seq 12", added.seq == GENESIS + 11, str(added))
     # 10,000 keys alternating added (even positions) and never added (odd positions).
     added_keys = long_added + [b"a", b"c", b"d", b"gone", b"del"] + full[:4_895]
     never_keys = long_never + full[5_000:9_900]
     mixed = [key for pair in zip(added_keys, never_keys) for key in pair]
     reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, packed_keys=pack_keys(mixed)))
     check(
-        "packed batch of 10,000: a 1,250-byte bitmap at seq 11, no answers",
-        len(reply.may_exist_bitmap) == 1_250 and reply.observed_seq == 11 and len(reply.answers) == 0,
+        "packed batch of 10,000: a 1,250-byte bitmap at seq 12, no answers",
+        len(reply.may_exist_bitmap) == 1_250 and reply.observed_seq == GENESIS + 11 and len(reply.answers) == 0,
         f"{len(reply.may_exist_bitmap)} bytes, seq {reply.observed_seq}, {len(reply.answers)} answers",
     )
     packed_bits = bits(reply.may_exist_bitmap, len(mixed)) if len(reply.may_exist_bitmap) == 1_250 else []
@@ -439,34 +466,36 @@ def main():
     ]
     check(
         "packed batch of 10,000: the bitmap agrees key for key with the same keys sent as keys",
-        len(answer_bits) == 10_000 and reply.observed_seq == 11 and not disagree,
+        len(answer_bits) == 10_000 and reply.observed_seq == GENESIS + 11 and not disagree,
         f"{len(answer_bits)} answers at seq {reply.observed_seq}; disagree at {disagree[:10]}",
     )
 
-    # Tombstones drive bits to 0: b was recorded absent (seq 10), packed-tomb is about to be.
+    # Tombstones drive bits to 0: b was recorded absent (seq 11), packed-tomb is about to be.
     tomb_batch = [b"a", b"packed-tomb", b"c", b"b", b"d", b"packed-tomb", b"gone", b"del", b"packed-tomb", b"a"]
     reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, packed_keys=pack_keys(tomb_batch)))
     check(
         "packed batch of 10: 2 bytes, tombstoned b is 0, packed-tomb is 1",
         len(reply.may_exist_bitmap) == 2
         and bits(reply.may_exist_bitmap, 10) == [1, 1, 1, 0, 1, 1, 1, 1, 1, 1]
-        and reply.observed_seq == 11,
+        and reply.observed_seq == GENESIS + 11,
         f"{reply.may_exist_bitmap.hex()} at seq {reply.observed_seq}",
     )
     rec = gate.RecordAbsent(
-        pb.RecordAbsentRequest(namespace=ns, key=b"packed-tomb", kind=pb.ABSENCE_KIND_DELETED, observed_seq=11)
+        pb.RecordAbsentRequest(
+            namespace=ns, key=b"packed-tomb", kind=pb.ABSENCE_KIND_DELETED, observed_seq=GENESIS + 11
+        )
     )
     check(
-        "RecordAbsent packed-tomb DELETED: RECORDED, seq 12",
-        (rec.outcome, rec.seq) == (pb.RECORD_OUTCOME_RECORDED, 12),
+        "RecordAbsent packed-tomb DELETED: RECORDED, seq 13",
+        (rec.outcome, rec.seq) == (pb.RECORD_OUTCOME_RECORDED, GENESIS + 12),
         str(rec),
     )
     reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, packed_keys=pack_keys(tomb_batch)))
     check(
-        "packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 12",
+        "packed batch of 10 after RecordAbsent: every packed-tomb bit is 0, at seq 13",
         len(reply.may_exist_bitmap) == 2
         and bits(reply.may_exist_bitmap, 10) == [1, 0, 1, 0, 1, 0, 1, 1, 0, 1]
-        and reply.observed_seq == 12,
+        and reply.observed_seq == GENESIS + 12,
         f"{reply.may_exist_bitmap.hex()} at seq {reply.observed_seq}",
     )
     reply = gate.BatchMayExist(pb.BatchMayExistRequest(namespace=ns, keys=tomb_batch))
@@ -519,7 +548,7 @@ def main():
         "max_batch_keys = 10000",
     )
     reply = gate.MayExist(pb.MayExistRequest(namespace=ns, key=b"a"))
-    check("refused packed batches used no seq", reply.observed_seq == 12, str(reply))
+    check("refused packed batches used no seq", reply.observed_seq == GENESIS + 12, str(reply))
     channel.close()
 
 

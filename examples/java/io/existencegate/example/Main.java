@@ -196,10 +196,12 @@ public final class Main {
       check(
           "a row the gate does not know is ABSENT there",
           gateAnswer(gate, namespace, "user:legacy").getAnswer() == Answer.ANSWER_ABSENT);
+      // Such an answer carries the seq loaded so far; here, the latest.
       MayExistResponse warming =
           MayExistResponse.newBuilder()
               .setAnswer(Answer.ANSWER_MAY_EXIST)
               .setBasis(Basis.BASIS_WARMING)
+              .setObservedSeq(latestSeq(gate, namespace))
               .build();
       check(
           "read while the gate warms: found",
@@ -219,6 +221,7 @@ public final class Main {
       reader.applyInvalidation(
           Invalidation.newBuilder()
               .setNamespace(namespace)
+              .setSeq(latestSeq(gate, namespace)) // a RESYNC carries the namespace's latest seq
               .setCause(InvalidationCause.INVALIDATION_CAUSE_RESYNC)
               .build());
       check(
@@ -230,6 +233,11 @@ public final class Main {
   static MayExistResponse gateAnswer(ExistenceGateGrpc.ExistenceGateBlockingStub gate, String ns, String key) {
     return gate.mayExist(
         MayExistRequest.newBuilder().setNamespace(ns).setKey(ByteString.copyFromUtf8(key)).build());
+  }
+
+  /** The namespace's latest seq, which every answer carries (never 0: seqs start at 1). */
+  static long latestSeq(ExistenceGateGrpc.ExistenceGateBlockingStub gate, String ns) {
+    return gateAnswer(gate, ns, "user:0").getObservedSeq();
   }
 
   public static void main(String[] args) throws InterruptedException {
