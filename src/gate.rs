@@ -124,6 +124,12 @@ impl Gate {
         let _ = self.log.set(log);
     }
 
+    /// Whether a write may wait inside the log (see [`Log::commit_may_wait`]); also while loading, when the
+    /// log is not yet known.
+    pub fn writes_may_wait(&self) -> bool {
+        self.log.get().is_none_or(|log| log.commit_may_wait())
+    }
+
     /// Why writes are refused now, if they are, while reads are still answered: the log cannot write,
     /// or a namespace stopped taking writes after a panic. `None` while loading (that is not a failure).
     pub fn write_failure(&self) -> Option<String> {

@@ -104,6 +104,11 @@ pub trait Log: Send + Sync + 'static {
     fn write_failure(&self) -> Option<String> {
         None
     }
+    /// Whether `commit` can wait (for a disk, another writer's fsync, a network): callers must then not run
+    /// it on a thread that serves other requests. Only a log that never waits says no.
+    fn commit_may_wait(&self) -> bool {
+        true
+    }
 }
 
 /// The log of a gate that keeps its state in memory only: nothing survives a restart, so it records nothing.
@@ -117,6 +122,10 @@ impl Log for VolatileLog {
 
     fn commit(&self, _ticket: Ticket) -> Result<(), LogError> {
         Ok(())
+    }
+
+    fn commit_may_wait(&self) -> bool {
+        false
     }
 }
 
