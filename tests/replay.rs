@@ -46,7 +46,7 @@ fn key(k: u8) -> Bytes {
 /// Every key's answer and the seq, as of now.
 fn state(gate: &Gate) -> Vec<(Lookup, u64)> {
     (0..KEYS)
-        .map(|k| gate.may_exist("", &key(k)).unwrap())
+        .map(|k| gate.may_exist("default", &key(k)).unwrap())
         .collect()
 }
 
@@ -73,7 +73,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         match op {
             Op::Add(keys) => {
-                gate.add("", keys.into_iter().map(key).collect()).unwrap();
+                gate.add("default", keys.into_iter().map(key).collect())
+                    .unwrap();
                 logged += 1;
             }
             Op::RecordAbsent(k, ttl_seconds) => {
@@ -83,7 +84,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     observed_seq: 0,
                     ttl_seconds,
                 };
-                let recorded = gate.record_absent("", report).unwrap();
+                let recorded = gate.record_absent("default", report).unwrap();
                 if recorded.expires_in_ms > 0 {
                     logged += 1;
                 }
