@@ -10,14 +10,14 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use metrics::Counter;
 
+use crate::answer::{Lookup, NamespaceStats};
 use crate::clock::Clock;
 use crate::config::{GateConfig, Limits};
 use crate::hashing::KeyHasher;
 use crate::invalidations::Subscription;
 use crate::log::{Log, LogError, Mutation};
 use crate::namespace::{
-    AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Rebuild, Recorded, WriteError,
-    WritesStopped,
+    AbsenceReport, Added, Namespace, Rebuild, Recorded, WriteError, WritesStopped,
 };
 
 /// Why a request was refused. Nothing was changed and no seq was used.

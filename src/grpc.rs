@@ -9,12 +9,13 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::access::Access;
+use crate::answer::{Answer, Basis};
 use crate::auth::{Role, Scope};
 use crate::config::DEFAULT_NAMESPACE;
 use crate::gate::{Gate, GateError};
 use crate::invalidations::Delivery;
 use crate::metrics::{Rpc, RpcMetrics};
-use crate::namespace::{self, AbsenceReport, Answer, Basis};
+use crate::namespace::{self, AbsenceReport};
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
 use crate::tombstones::AbsenceKind;

@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
+use existence_gate::answer::Basis;
 use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
 use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::{VolatileLog, GENESIS_SEQ};
-use existence_gate::namespace::{AbsenceReport, Basis, RecordOutcome};
+use existence_gate::namespace::{AbsenceReport, RecordOutcome};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
     AddRequest, BatchMayExistRequest, InvalidationCause, MayExistRequest,

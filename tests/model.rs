@@ -10,12 +10,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use existence_gate::answer::{Answer, Basis, Lookup};
 use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
 use existence_gate::gate::{Gate, GateError};
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::{MemoryLog, GENESIS_SEQ};
-use existence_gate::namespace::{AbsenceReport, Answer, Basis, Lookup, RecordOutcome};
+use existence_gate::namespace::{AbsenceReport, RecordOutcome};
 use existence_gate::tombstones::AbsenceKind;
 use proptest::prelude::*;
 

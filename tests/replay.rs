@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use existence_gate::answer::Lookup;
 use existence_gate::clock::{Clock, ManualClock};
 use existence_gate::config::GateConfig;
 use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
-use existence_gate::namespace::{AbsenceReport, Lookup};
+use existence_gate::namespace::AbsenceReport;
 use existence_gate::persistence::{self, wal, DataDir, SyncMode};
 use existence_gate::tombstones::AbsenceKind;
 use proptest::prelude::*;

@@ -18,13 +18,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use existence_gate::answer::{Answer, Basis};
 use existence_gate::clock::ManualClock;
 use existence_gate::config::{parse_duration, GateConfig};
 use existence_gate::filter::Retention;
 use existence_gate::gate::{Gate, GateError};
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::{Mutation, VolatileLog};
-use existence_gate::namespace::{AbsenceReport, Answer, Basis, Rebuild, RecordOutcome};
+use existence_gate::namespace::{AbsenceReport, Rebuild, RecordOutcome};
 use existence_gate::persistence::snapshot::{self, Image};
 use existence_gate::persistence::{codec, frame, wal, DataDir, Snapshotter, SyncMode};
 use existence_gate::proto;
