@@ -73,7 +73,7 @@ fn add_throughput(mode: SyncMode) -> f64 {
             std::thread::spawn(move || {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    gate.add("", batch(w, n)).unwrap();
+                    gate.add("default", batch(w, n)).unwrap();
                     added.fetch_add(BATCH as u64, Ordering::Relaxed);
                     n += 1;
                 }
@@ -94,7 +94,7 @@ fn prepare(dir: &Path, keys: u64) {
             let gate = gate.clone();
             std::thread::spawn(move || {
                 for n in 0..keys / BATCH as u64 / 2 {
-                    gate.add("", batch(w, n)).unwrap();
+                    gate.add("default", batch(w, n)).unwrap();
                 }
             })
         })
@@ -102,7 +102,7 @@ fn prepare(dir: &Path, keys: u64) {
     threads.into_iter().for_each(|t| t.join().unwrap());
     Snapshotter::new(data_dir, wal.clone()).take(&gate).unwrap();
     for n in 0..100 {
-        gate.add("", batch(9, n)).unwrap();
+        gate.add("default", batch(9, n)).unwrap();
     }
     wal.sync_now().unwrap();
 }
@@ -176,7 +176,7 @@ fn snapshot_effect(keys: u64) -> ([f64; 2], [f64; 2], f64) {
         while started.elapsed() < for_how_long {
             let key = (i * 7_919).to_le_bytes();
             let t = Instant::now();
-            let _ = gate.may_exist("", &key).unwrap();
+            let _ = gate.may_exist("default", &key).unwrap();
             latencies.push(t.elapsed().as_nanos() as u64);
             i += 1;
         }

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::access::{self, Access};
 use crate::auth::{Role, Scope};
 use crate::gate::{Gate, GateError};
-use crate::grpc::status;
+use crate::grpc::{self, status};
 use crate::lifecycle::{Lifecycle, NotDurable};
 use crate::namespace::WriteError;
 use crate::persistence::Persistence;
@@ -129,9 +129,10 @@ impl Admin for AdminService {
     ) -> Result<Response<proto::RebuildResponse>, Status> {
         let authorization = access::authorization(&request).map(str::to_owned);
         let mut stream = request.into_inner();
-        let first = stream.next().await.ok_or_else(|| {
+        let mut first = stream.next().await.ok_or_else(|| {
             Status::invalid_argument("Rebuild needs at least one message naming the namespace")
         })??;
+        grpc::resolve_namespace(&mut first.namespace);
         self.access.admit_with(
             authorization.as_deref(),
             Role::Admin,

@@ -10,36 +10,9 @@
 
 use std::collections::HashMap;
 
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::config::DEFAULT_NAMESPACE;
-
-/// A role a token can hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Lookups and subscriptions.
-    Read,
-    /// Add and RecordAbsent.
-    Write,
-    /// The Admin service.
-    Admin,
-}
-
-/// One configured token.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenConfig {
-    /// A label for logs (never the token).
-    pub name: String,
-    /// Hex SHA-256 of the token.
-    pub sha256: String,
-    /// Roles granted.
-    pub roles: Vec<Role>,
-    /// Namespaces the roles apply to; `*` for all.
-    pub namespaces: Vec<String>,
-}
+pub use crate::config::{Role, TokenConfig};
 
 /// What a token grants.
 #[derive(Debug, Clone)]
@@ -53,7 +26,8 @@ struct Grant {
 /// Where a role is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope<'a> {
-    /// On this namespace ("" = default).
+    /// On this namespace, by its configured name: the gRPC layer has already resolved "" to `default`
+    /// ([`crate::grpc::resolve_namespace`]).
     Namespace(&'a str),
     /// On every namespace (`*`), e.g. a snapshot of the whole gate.
     All,
@@ -85,36 +59,21 @@ pub struct Authorizer {
 impl Authorizer {
     /// An authorizer for `tokens`; errors name the token entry that is invalid.
     pub fn new(tokens: &[TokenConfig]) -> Result<Self, String> {
-        let mut grants = HashMap::new();
-        for (i, token) in tokens.iter().enumerate() {
-            let where_ = format!("tokens[{i}] ({:?})", token.name);
-            let digest: [u8; 32] = hex::decode(token.sha256.trim())
-                .ok()
-                .and_then(|bytes| bytes.try_into().ok())
-                .ok_or_else(|| {
-                    format!(
-                        "{where_}.sha256 must be 64 hex digits (run `existence-gate hash-token`)"
-                    )
-                })?;
-            if token.roles.is_empty() {
-                return Err(format!(
-                    "{where_}.roles must name at least one of read, write, admin"
-                ));
-            }
-            if token.namespaces.is_empty() {
-                return Err(format!("{where_}.namespaces must list namespaces or \"*\""));
-            }
-            let namespaces =
-                (!token.namespaces.iter().any(|n| n == "*")).then(|| token.namespaces.clone());
-            let grant = Grant {
-                name: token.name.clone(),
-                roles: token.roles.clone(),
-                namespaces,
-            };
-            if grants.insert(digest, grant).is_some() {
-                return Err(format!("{where_} repeats the hash of an earlier token"));
-            }
-        }
+        crate::config::validate_tokens(tokens)?;
+        let grants = tokens
+            .iter()
+            .map(|token| {
+                let digest = token.digest().expect("validated above");
+                let namespaces =
+                    (!token.namespaces.iter().any(|n| n == "*")).then(|| token.namespaces.clone());
+                let grant = Grant {
+                    name: token.name.clone(),
+                    roles: token.roles.clone(),
+                    namespaces,
+                };
+                (digest, grant)
+            })
+            .collect();
         Ok(Self { grants })
     }
 
@@ -138,14 +97,7 @@ impl Authorizer {
         let scope_ok = match (&grant.namespaces, scope) {
             (None, _) | (Some(_), Scope::Any) => true,
             (Some(_), Scope::All) => false,
-            (Some(allowed), Scope::Namespace(name)) => {
-                let name = if name.is_empty() {
-                    DEFAULT_NAMESPACE
-                } else {
-                    name
-                };
-                allowed.iter().any(|a| a == name)
-            }
+            (Some(allowed), Scope::Namespace(name)) => allowed.iter().any(|a| a == name),
         };
         if role_ok && scope_ok {
             Ok(Some(&grant.name))
@@ -224,8 +176,8 @@ mod tests {
         );
         assert!(
             auth.check(Some("Bearer r-secret"), Role::Read, Scope::Namespace(""))
-                .is_ok(),
-            "\"\" is default"
+                .is_err(),
+            "\"\" is resolved by the gRPC layer, never here"
         );
         assert!(matches!(
             auth.check(

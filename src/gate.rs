@@ -10,14 +10,14 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use metrics::Counter;
 
+use crate::answer::{Lookup, NamespaceStats};
 use crate::clock::Clock;
-use crate::config::{GateConfig, Limits, DEFAULT_NAMESPACE};
+use crate::config::{GateConfig, Limits};
 use crate::hashing::KeyHasher;
 use crate::invalidations::Subscription;
 use crate::log::{Log, LogError, Mutation};
 use crate::namespace::{
-    AbsenceReport, Added, Lookup, Namespace, NamespaceStats, Rebuild, Recorded, WriteError,
-    WritesStopped,
+    AbsenceReport, Added, Namespace, Rebuild, Recorded, WriteError, WritesStopped,
 };
 
 /// Why a request was refused. Nothing was changed and no seq was used.
@@ -164,17 +164,12 @@ impl Gate {
     }
 
     fn entry(&self, name: &str) -> Result<&Entry, GateError> {
-        let canonical = if name.is_empty() {
-            DEFAULT_NAMESPACE
-        } else {
-            name
-        };
         self.namespaces
-            .get(canonical)
+            .get(name)
             .ok_or_else(|| GateError::UnknownNamespace(name.to_string()))
     }
 
-    /// The namespace called `name` ("" is `default`).
+    /// The namespace called `name` (the gRPC layer resolves a request's "" to `default` before asking).
     pub fn namespace(&self, name: &str) -> Result<&Arc<Namespace>, GateError> {
         self.entry(name).map(|e| &e.namespace)
     }

@@ -9,11 +9,13 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::access::Access;
+use crate::answer::{Answer, Basis};
 use crate::auth::{Role, Scope};
+use crate::config::DEFAULT_NAMESPACE;
 use crate::gate::{Gate, GateError};
 use crate::invalidations::Delivery;
 use crate::metrics::{Rpc, RpcMetrics};
-use crate::namespace::{self, AbsenceReport, Answer, Basis};
+use crate::namespace::{self, AbsenceReport};
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
 use crate::tombstones::AbsenceKind;
@@ -49,11 +51,13 @@ impl GateService {
         &self,
         rpc: Rpc,
         request: Request<Q>,
-        namespace: impl Fn(&Q) -> &str,
+        namespace: impl Fn(&mut Q) -> &mut String,
         write: impl FnOnce(&Gate, Q) -> Result<T, Status> + Send + 'static,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let scope = Scope::Namespace(namespace(request.get_ref()));
+        let mut request = resolved(request, &namespace);
+        let name = namespace(request.get_mut()).clone();
+        let scope = Scope::Namespace(&name);
         let result = match self.access.admit(&request, Role::Write, scope) {
             Ok(()) if self.gate.writes_may_wait() => {
                 let gate = Arc::clone(&self.gate);
@@ -77,6 +81,23 @@ impl GateService {
         self.metrics.record(rpc, code, started);
         result.map(Response::new)
     }
+}
+
+/// Resolves a request's namespace: `""` is `default`. The one place this is done, before authorization
+/// and the gate see the name, so both agree on which namespace a call is about.
+pub fn resolve_namespace(namespace: &mut String) {
+    if namespace.is_empty() {
+        *namespace = DEFAULT_NAMESPACE.to_string();
+    }
+}
+
+/// `request` with its namespace resolved ([`resolve_namespace`]).
+fn resolved<Q>(
+    mut request: Request<Q>,
+    namespace: impl FnOnce(&mut Q) -> &mut String,
+) -> Request<Q> {
+    resolve_namespace(namespace(request.get_mut()));
+    request
 }
 
 /// Request bytes from which a batch is answered on the blocking pool rather than on a request thread:
@@ -258,6 +279,7 @@ impl ExistenceGate for GateService {
         request: Request<proto::MayExistRequest>,
     ) -> Result<Response<proto::MayExistResponse>, Status> {
         let started = Instant::now();
+        let request = resolved(request, |r| &mut r.namespace);
         let result = self
             .access
             .admit(
@@ -285,6 +307,7 @@ impl ExistenceGate for GateService {
         request: Request<proto::BatchMayExistRequest>,
     ) -> Result<Response<proto::BatchMayExistResponse>, Status> {
         let started = Instant::now();
+        let request = resolved(request, |r| &mut r.namespace);
         let scope = Scope::Namespace(&request.get_ref().namespace);
         let result = match self.access.admit(&request, Role::Read, scope) {
             Ok(()) if batch_bytes(request.get_ref()) >= BLOCKING_BATCH_BYTES => {
@@ -305,7 +328,7 @@ impl ExistenceGate for GateService {
         self.admitted_write(
             Rpc::Add,
             request,
-            |r| &r.namespace,
+            |r| &mut r.namespace,
             |gate, request| {
                 let added = gate.add(&request.namespace, request.keys).map_err(status)?;
                 Ok(proto::AddResponse {
@@ -324,7 +347,7 @@ impl ExistenceGate for GateService {
         self.admitted_write(
             Rpc::RecordAbsent,
             request,
-            |r| &r.namespace,
+            |r| &mut r.namespace,
             |gate, request| {
                 let report = AbsenceReport {
                     kind: absence_kind(request.kind)?,
@@ -352,6 +375,7 @@ impl ExistenceGate for GateService {
         request: Request<proto::SubscribeInvalidationsRequest>,
     ) -> Result<Response<Self::SubscribeInvalidationsStream>, Status> {
         let started = Instant::now();
+        let request = resolved(request, |r| &mut r.namespace);
         let result = self
             .access
             .admit(&request, Role::Read, Scope::Namespace(&request.get_ref().namespace))

@@ -10,6 +10,7 @@
 //! - [`invalidations`]: the bounded replay buffer that tells subscribers when cached absences became wrong.
 //! - [`log`]: the ordered mutations the core applies, and the `Log` seam persistence plugs into.
 //! - [`persistence`]: the data directory — write-ahead log, snapshots, recovery.
+//! - [`answer`]: what a look-up answers (`Lookup`, `Answer`, `Basis`) and what a namespace reports.
 //! - [`namespace`]: one key space — the deterministic state machine plus the decisions that feed it.
 //! - [`gate`]: all namespaces, request validation and warming; the core's public surface.
 //! - [`clock`]: time as the core sees it (a manual clock in tests); [`prefetch`]: the cache hint batches use.
@@ -26,6 +27,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod answer;
 pub mod auth;
 pub mod clock;
 pub mod config;

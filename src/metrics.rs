@@ -10,7 +10,7 @@ use std::time::Instant;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::namespace::{Answer, Basis, Lookup, NamespaceStats};
+use crate::answer::{Answer, Basis, Lookup, NamespaceStats};
 
 /// Latency buckets in seconds, from 5 µs to 1 s.
 const LATENCY_BUCKETS: &[f64] = &[

@@ -14,8 +14,9 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use rand::Rng;
 
+use crate::answer::{Lookup, NamespaceStats};
 use crate::config::NamespaceSettings;
-use crate::filter::{BloomLayer, FilterStats, WindowedFilter};
+use crate::filter::{BloomLayer, WindowedFilter};
 use crate::hashing::{KeyHash, KeyHasher};
 use crate::invalidations::{Hub, Invalidation, Subscription};
 use crate::log::{Log, LogError, Mutation, GENESIS_SEQ};
@@ -23,64 +24,6 @@ use crate::metrics::NamespaceMetrics;
 use crate::rate_limit::TokenBucket;
 use crate::recent_adds::RecentAdds;
 use crate::tombstones::{self, AbsenceKind, Tombstone, TombstoneKey, TombstoneStore};
-
-/// The answer to "can this key exist?".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Answer {
-    /// Definitely absent: skip the source.
-    Absent,
-    /// May exist: ask the source.
-    MayExist,
-}
-
-/// What an answer rests on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Basis {
-    /// The Bloom filter of added keys.
-    Filter,
-    /// A live tombstone.
-    Tombstone,
-    /// The gate is still loading and fails open.
-    Warming,
-}
-
-/// An answer with its basis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Lookup {
-    /// The answer.
-    pub answer: Answer,
-    /// Its basis.
-    pub basis: Basis,
-}
-
-impl Lookup {
-    /// The fail-open answer given while warming.
-    pub const WARMING: Lookup = Lookup {
-        answer: Answer::MayExist,
-        basis: Basis::Warming,
-    };
-
-    /// The answer for a key: a live tombstone (`tombstoned`) answers first; otherwise the filter
-    /// (`in_filter`, asked only if needed) decides.
-    #[inline]
-    fn of(tombstoned: bool, in_filter: impl FnOnce() -> bool) -> Lookup {
-        if tombstoned {
-            Lookup {
-                answer: Answer::Absent,
-                basis: Basis::Tombstone,
-            }
-        } else {
-            Lookup {
-                answer: if in_filter() {
-                    Answer::MayExist
-                } else {
-                    Answer::Absent
-                },
-                basis: Basis::Filter,
-            }
-        }
-    }
-}
 
 /// The result of an `Add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,27 +73,6 @@ pub struct AbsenceReport {
 
 /// A filter window as a snapshot holds it: its id and its layers.
 pub type WindowImage = (u64, Vec<Arc<BloomLayer>>);
-
-/// Figures for stats and metrics.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NamespaceStats {
-    /// Canonical name.
-    pub name: Arc<str>,
-    /// Latest applied seq.
-    pub seq: u64,
-    /// Keys passed to `Add` since start.
-    pub keys_added: u64,
-    /// The filter's figures.
-    pub filter: FilterStats,
-    /// Stored tombstones.
-    pub tombstones: u64,
-    /// Bytes of the tombstone tables.
-    pub tombstone_bytes: u64,
-    /// Bytes of recent invalidations kept for resuming subscribers.
-    pub replay_buffer_bytes: usize,
-    /// Open subscriptions.
-    pub subscribers: usize,
-}
 
 /// Why a namespace refuses a write.
 #[derive(Debug)]
@@ -659,6 +581,7 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::answer::Answer;
     use crate::log::MemoryLog;
 
     fn namespace() -> Arc<Namespace> {

@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
+use existence_gate::answer::Basis;
 use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
 use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::{VolatileLog, GENESIS_SEQ};
-use existence_gate::namespace::{AbsenceReport, Basis, RecordOutcome};
+use existence_gate::namespace::{AbsenceReport, RecordOutcome};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
     AddRequest, BatchMayExistRequest, InvalidationCause, MayExistRequest,
@@ -52,7 +53,7 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
         let keys = (0..1_000u32)
             .map(|i| Bytes::from(format!("real-{batch}-{i}")))
             .collect();
-        gate.add("", keys).unwrap();
+        gate.add("default", keys).unwrap();
     }
     let report = |key: Bytes| AbsenceReport {
         key,
@@ -65,7 +66,9 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
         .collect();
     for key in &hot {
         assert_eq!(
-            gate.record_absent("", report(key.clone())).unwrap().outcome,
+            gate.record_absent("default", report(key.clone()))
+                .unwrap()
+                .outcome,
             RecordOutcome::Recorded
         );
         clock.advance(1);
@@ -75,7 +78,7 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
         // 100 µs per absence: 10,000/s, a tenth of the admission rate...
         clock.set(START_MS + hot_keys + i / 10);
         if gate
-            .record_absent("", report(Bytes::from(format!("flood-{i}"))))
+            .record_absent("default", report(Bytes::from(format!("flood-{i}"))))
             .unwrap()
             .outcome
             == RecordOutcome::Throttled
@@ -83,7 +86,8 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
             throttled += 1;
         }
         // ...while the hot keys keep being looked up, as hot keys are.
-        gate.may_exist("", &hot[(i % hot_keys) as usize]).unwrap();
+        gate.may_exist("default", &hot[(i % hot_keys) as usize])
+            .unwrap();
     }
     assert_eq!(
         throttled, 0,
@@ -102,7 +106,7 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
     );
     let surviving = hot
         .iter()
-        .filter(|k| gate.may_exist("", k).unwrap().0.basis == Basis::Tombstone)
+        .filter(|k| gate.may_exist("default", k).unwrap().0.basis == Basis::Tombstone)
         .count() as f64
         / hot.len() as f64;
     assert!(
@@ -116,7 +120,7 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
     let burst = 300_000u64;
     let throttled = (0..burst)
         .filter(|i| {
-            gate.record_absent("", report(Bytes::from(format!("burst-{i}"))))
+            gate.record_absent("default", report(Bytes::from(format!("burst-{i}"))))
                 .unwrap()
                 .outcome
                 == RecordOutcome::Throttled

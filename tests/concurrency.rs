@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 
 use bytes::Bytes;
+use existence_gate::answer::{Answer, Basis};
 use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
 use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::VolatileLog;
-use existence_gate::namespace::{AbsenceReport, Answer, Basis, RecordOutcome, Recorded};
+use existence_gate::namespace::{AbsenceReport, RecordOutcome, Recorded};
 use existence_gate::tombstones::AbsenceKind;
 
 const START_MS: u64 = 1_800_000_000_000;
@@ -52,9 +53,9 @@ fn adds_are_visible_to_every_thread_during_rotation_and_growth() {
             thread::spawn(move || {
                 for start in (0..KEYS_PER_WRITER).step_by(BATCH as usize) {
                     let keys: Vec<Bytes> = (start..start + BATCH).map(|i| key(writer, i)).collect();
-                    gate.add("", keys.clone()).unwrap();
+                    gate.add("default", keys.clone()).unwrap();
                     for k in &keys {
-                        let (lookup, _) = gate.may_exist("", k).unwrap();
+                        let (lookup, _) = gate.may_exist("default", k).unwrap();
                         assert_eq!(lookup.answer, Answer::MayExist, "own key {k:?} lost");
                     }
                     acknowledged[writer as usize].store(start + BATCH, Ordering::Release);
@@ -80,7 +81,8 @@ fn adds_are_visible_to_every_thread_during_rotation_and_growth() {
                         .map(|j| key(writer, (round * 7919 + j * 31) % visible))
                         .collect();
                     let mut lookups = Vec::new();
-                    gate.batch_may_exist("", &batch, &mut lookups).unwrap();
+                    gate.batch_may_exist("default", &batch, &mut lookups)
+                        .unwrap();
                     for (k, lookup) in batch.iter().zip(&lookups) {
                         assert_eq!(
                             lookup.answer,
@@ -119,7 +121,7 @@ fn adds_are_visible_to_every_thread_during_rotation_and_growth() {
 
     for writer in 0..WRITERS {
         for i in 0..KEYS_PER_WRITER {
-            let (lookup, _) = gate.may_exist("", &key(writer, i)).unwrap();
+            let (lookup, _) = gate.may_exist("default", &key(writer, i)).unwrap();
             assert_eq!(
                 lookup.answer,
                 Answer::MayExist,
@@ -140,7 +142,7 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
     let gate = gate(clock.clone());
     let hot = Bytes::from_static(b"hot");
     // The seqs of the Adds of `hot`, in order (only this thread adds).
-    let mut adds = vec![gate.add("", vec![hot.clone()]).unwrap().seq];
+    let mut adds = vec![gate.add("default", vec![hot.clone()]).unwrap().seq];
     let done = Arc::new(AtomicBool::new(false));
     // Each RECORDED reply as (the tombstone's seq, the observed_seq its report carried), in seq order.
     let recorded: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
@@ -191,9 +193,9 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
         // the default rate), so that records keep racing Adds instead of all being throttled once the first
         // second's burst is spent.
         clock.advance(1);
-        let added = gate.add("", vec![hot.clone()]).unwrap();
+        let added = gate.add("default", vec![hot.clone()]).unwrap();
         adds.push(added.seq);
-        let (lookup, _) = gate.may_exist("", &hot).unwrap();
+        let (lookup, _) = gate.may_exist("default", &hot).unwrap();
         if lookup.basis == Basis::Tombstone {
             tombstone_after.push(added.seq);
         }
@@ -263,7 +265,7 @@ fn absences_racing_the_first_add_of_a_fresh_namespace_are_refused() {
             let (gate, hot, barrier) = (gate.clone(), hot.clone(), barrier.clone());
             thread::spawn(move || {
                 barrier.wait();
-                gate.add("", vec![hot]).unwrap().seq
+                gate.add("default", vec![hot]).unwrap().seq
             })
         };
         barrier.wait();
@@ -276,7 +278,10 @@ fn absences_racing_the_first_add_of_a_fresh_namespace_are_refused() {
                 RecordOutcome::Recorded,
                 "an absence observed at seq {observed_seq}, before the Add at {added_seq}, was stored"
             );
-            assert_eq!(gate.may_exist("", &hot).unwrap().0.answer, Answer::MayExist);
+            assert_eq!(
+                gate.may_exist("default", &hot).unwrap().0.answer,
+                Answer::MayExist
+            );
         }
     }
     assert!(raced > 0, "no lookup ever preceded the Add");
@@ -285,12 +290,12 @@ fn absences_racing_the_first_add_of_a_fresh_namespace_are_refused() {
 /// The recommended read path after the source said "not found": look `key` up, then record its absence
 /// with the seq that lookup observed. Returns that seq and the reply.
 fn look_up_then_record_absent(gate: &Gate, key: &Bytes) -> (u64, Recorded) {
-    let (_, observed_seq) = gate.may_exist("", key).unwrap();
+    let (_, observed_seq) = gate.may_exist("default", key).unwrap();
     let report = AbsenceReport {
         key: key.clone(),
         kind: AbsenceKind::Missing,
         observed_seq,
         ttl_seconds: 60,
     };
-    (observed_seq, gate.record_absent("", report).unwrap())
+    (observed_seq, gate.record_absent("default", report).unwrap())
 }

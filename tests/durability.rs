@@ -756,7 +756,7 @@ fn snapshots_of_version_1_load_with_seqs_counted_from_1() {
         Arc::new(SystemClock),
     );
     gate.open(Arc::new(existence_gate::log::VolatileLog));
-    gate.add("", vec![Bytes::from_static(b"k")]).unwrap();
+    gate.add("default", vec![Bytes::from_static(b"k")]).unwrap();
     let written = snapshot::write(temp.path(), 1, &gate, [3; 32]).unwrap();
     let seq = snapshot::read(&written.path).unwrap().namespaces[0].seq;
 

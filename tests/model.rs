@@ -10,12 +10,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use existence_gate::answer::{Answer, Basis, Lookup};
 use existence_gate::clock::ManualClock;
 use existence_gate::config::GateConfig;
 use existence_gate::gate::{Gate, GateError};
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::{MemoryLog, GENESIS_SEQ};
-use existence_gate::namespace::{AbsenceReport, Answer, Basis, Lookup, RecordOutcome};
+use existence_gate::namespace::{AbsenceReport, RecordOutcome};
 use existence_gate::tombstones::AbsenceKind;
 use proptest::prelude::*;
 
@@ -378,19 +379,19 @@ fn lookups_fail_open_while_warming() {
         answer: Answer::MayExist,
         basis: Basis::Warming,
     };
-    assert_eq!(gate.may_exist("", b"anything").unwrap().0, warming);
+    assert_eq!(gate.may_exist("default", b"anything").unwrap().0, warming);
     let mut lookups = Vec::new();
-    gate.batch_may_exist("", &[key_bytes(1), key_bytes(2)], &mut lookups)
+    gate.batch_may_exist("default", &[key_bytes(1), key_bytes(2)], &mut lookups)
         .unwrap();
     assert_eq!(lookups, [warming, warming]);
-    let refused = gate.add("", vec![key_bytes(1)]).unwrap_err();
+    let refused = gate.add("default", vec![key_bytes(1)]).unwrap_err();
     assert!(
         matches!(refused, GateError::Unavailable(_)),
         "writes wait for loading: {refused:?}"
     );
     gate.open(Arc::new(MemoryLog::default()));
     assert_eq!(
-        gate.may_exist("", b"anything").unwrap().0.basis,
+        gate.may_exist("default", b"anything").unwrap().0.basis,
         Basis::Filter
     );
 }

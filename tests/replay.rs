@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use existence_gate::answer::Lookup;
 use existence_gate::clock::{Clock, ManualClock};
 use existence_gate::config::GateConfig;
 use existence_gate::gate::Gate;
 use existence_gate::hashing::KeyHasher;
-use existence_gate::namespace::{AbsenceReport, Lookup};
+use existence_gate::namespace::AbsenceReport;
 use existence_gate::persistence::{self, wal, DataDir, SyncMode};
 use existence_gate::tombstones::AbsenceKind;
 use proptest::prelude::*;
@@ -46,7 +47,7 @@ fn key(k: u8) -> Bytes {
 /// Every key's answer and the seq, as of now.
 fn state(gate: &Gate) -> Vec<(Lookup, u64)> {
     (0..KEYS)
-        .map(|k| gate.may_exist("", &key(k)).unwrap())
+        .map(|k| gate.may_exist("default", &key(k)).unwrap())
         .collect()
 }
 
@@ -73,7 +74,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         match op {
             Op::Add(keys) => {
-                gate.add("", keys.into_iter().map(key).collect()).unwrap();
+                gate.add("default", keys.into_iter().map(key).collect())
+                    .unwrap();
                 logged += 1;
             }
             Op::RecordAbsent(k, ttl_seconds) => {
@@ -83,7 +85,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     observed_seq: 0,
                     ttl_seconds,
                 };
-                let recorded = gate.record_absent("", report).unwrap();
+                let recorded = gate.record_absent("default", report).unwrap();
                 if recorded.expires_in_ms > 0 {
                     logged += 1;
                 }

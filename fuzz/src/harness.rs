@@ -18,13 +18,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use existence_gate::answer::{Answer, Basis};
 use existence_gate::clock::ManualClock;
 use existence_gate::config::{parse_duration, GateConfig};
 use existence_gate::filter::Retention;
 use existence_gate::gate::{Gate, GateError};
 use existence_gate::hashing::KeyHasher;
 use existence_gate::log::{Mutation, VolatileLog};
-use existence_gate::namespace::{AbsenceReport, Answer, Basis, Rebuild, RecordOutcome};
+use existence_gate::namespace::{AbsenceReport, Rebuild, RecordOutcome};
 use existence_gate::persistence::snapshot::{self, Image};
 use existence_gate::persistence::{codec, frame, wal, DataDir, Snapshotter, SyncMode};
 use existence_gate::proto;
@@ -618,22 +619,40 @@ pub fn requests(data: &[u8]) {
                 clock.set(START_MS.saturating_sub(u64::from(input.u32())) + u64::from(input.u16()))
             }
             7 => {
-                if let Ok(request) = proto::MayExistRequest::decode(input.bytes(512)) {
+                if let Ok(request) =
+                    proto::MayExistRequest::decode(input.bytes(512)).map(|mut r| {
+                        resolve_namespace(&mut r.namespace);
+                        r
+                    })
+                {
                     check_may_exist(&gate, &request.namespace, &request.key);
                 }
             }
             8 => {
-                if let Ok(request) = proto::BatchMayExistRequest::decode(input.bytes(512)) {
+                if let Ok(request) =
+                    proto::BatchMayExistRequest::decode(input.bytes(512)).map(|mut r| {
+                        resolve_namespace(&mut r.namespace);
+                        r
+                    })
+                {
                     check_batch(&gate, &request.namespace, &request.keys);
                 }
             }
             9 => {
-                if let Ok(request) = proto::AddRequest::decode(input.bytes(512)) {
+                if let Ok(request) = proto::AddRequest::decode(input.bytes(512)).map(|mut r| {
+                    resolve_namespace(&mut r.namespace);
+                    r
+                }) {
                     check_add(&gate, &request.namespace, request.keys);
                 }
             }
             10 => {
-                if let Ok(request) = proto::RecordAbsentRequest::decode(input.bytes(512)) {
+                if let Ok(request) =
+                    proto::RecordAbsentRequest::decode(input.bytes(512)).map(|mut r| {
+                        resolve_namespace(&mut r.namespace);
+                        r
+                    })
+                {
                     check_record_absent(
                         &gate,
                         &config,
@@ -647,18 +666,30 @@ pub fn requests(data: &[u8]) {
             }
             11 => {
                 if let Ok(request) = proto::SubscribeInvalidationsRequest::decode(input.bytes(512))
+                    .map(|mut r| {
+                        resolve_namespace(&mut r.namespace);
+                        r
+                    })
                 {
                     check_subscribe(&gate, &request.namespace, request.after_seq);
                 }
             }
             12 => {
                 let finish = input.u8() % 3 == 0;
-                if let Ok(request) = proto::RebuildRequest::decode(input.bytes(512)) {
+                if let Ok(request) = proto::RebuildRequest::decode(input.bytes(512)).map(|mut r| {
+                    resolve_namespace(&mut r.namespace);
+                    r
+                }) {
                     check_rebuild(&gate, &mut rebuild, request, finish);
                 }
             }
             13 => {
-                if let Ok(request) = proto::BatchMayExistRequest::decode(input.bytes(512)) {
+                if let Ok(request) =
+                    proto::BatchMayExistRequest::decode(input.bytes(512)).map(|mut r| {
+                        resolve_namespace(&mut r.namespace);
+                        r
+                    })
+                {
                     check_batch_request(&gate, request);
                 }
             }
@@ -683,6 +714,11 @@ pub fn requests(data: &[u8]) {
         let _ = rebuild.finish();
     }
     exercise(&gate);
+}
+
+/// What the gRPC layer does to every request's namespace before anything else sees it.
+fn resolve_namespace(namespace: &mut String) {
+    existence_gate::grpc::resolve_namespace(namespace);
 }
 
 /// `BatchMayExist` as the gRPC layer serves it: `keys`, or `packed_keys` unpacked, never both.
@@ -1213,7 +1249,10 @@ fn data_dir_files() -> (Vec<u8>, Vec<Vec<u8>>) {
     let keys = |range: std::ops::Range<u32>| -> Vec<Bytes> {
         range.map(|i| Bytes::from(format!("key-{i}"))).collect()
     };
-    for (round, namespace) in ["", "users", "default", "users"].into_iter().enumerate() {
+    for (round, namespace) in ["default", "users", "default", "users"]
+        .into_iter()
+        .enumerate()
+    {
         // Past a window of `users` (a span of 20 min) each round, so its snapshot holds several windows.
         if round > 0 {
             clock.advance(25 * 60_000);
