@@ -266,14 +266,17 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerEr
 /// invites retries of a request that will never succeed: it is `INVALID_ARGUMENT`.
 fn client_errors_as_client_errors(mut response: GrpcResponse) -> GrpcResponse {
     let headers = response.headers_mut();
-    let message = headers
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .unwrap_or_default()
-        .replace("%20", " ");
+    // Every response passes here: the message is read only for the two codes that may be rewritten.
+    let message = || {
+        headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .unwrap_or_default()
+            .replace("%20", " ")
+    };
     let rewritten = match headers.get("grpc-status").map(|s| s.as_bytes()) {
-        Some(b"11") if message.contains("message length too large") => "8",
-        Some(b"13") if message.starts_with("failed to decode Protobuf message") => "3",
+        Some(b"11") if message().contains("message length too large") => "8",
+        Some(b"13") if message().starts_with("failed to decode Protobuf message") => "3",
         _ => return response,
     };
     headers.insert(
