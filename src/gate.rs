@@ -135,10 +135,10 @@ impl Gate {
     pub fn write_failure(&self) -> Option<String> {
         let log = self.log.get()?;
         log.write_failure().or_else(|| {
-            let mut stopped = self.namespaces.values().map(|e| &e.namespace);
-            stopped
-                .find(|n| n.writes_stopped())
-                .map(|n| WritesStopped(Arc::clone(n.name())).to_string())
+            self.namespaces
+                .values()
+                .find(|e| e.namespace.writes_stopped())
+                .map(|e| WritesStopped(Arc::clone(e.namespace.name())).to_string())
         })
     }
 

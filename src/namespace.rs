@@ -210,8 +210,8 @@ pub struct Namespace {
     keys_added: AtomicU64,
     hub: Arc<Hub>,
     writer: Mutex<Writer>,
-    /// Whether the stop was logged already.
-    writes_stopped: AtomicBool,
+    /// Whether the stop of writes (a poisoned writer lock) was logged already.
+    stop_logged: AtomicBool,
     metrics: NamespaceMetrics,
 }
 
@@ -247,7 +247,7 @@ impl Namespace {
             keys_added: AtomicU64::new(0),
             hub: Arc::new(Hub::new(replay_buffer_bytes)),
             writer: Mutex::new(writer),
-            writes_stopped: AtomicBool::new(false),
+            stop_logged: AtomicBool::new(false),
             metrics: NamespaceMetrics::new(name),
         }
     }
@@ -270,7 +270,7 @@ impl Namespace {
     /// The writer lock, unless a writer panicked while holding it (see [`WritesStopped`]).
     fn writer(&self) -> Result<MutexGuard<'_, Writer>, WritesStopped> {
         self.writer.lock().map_err(|_| {
-            if !self.writes_stopped.swap(true, Ordering::Relaxed) {
+            if !self.stop_logged.swap(true, Ordering::Relaxed) {
                 tracing::error!(
                     namespace = %self.name,
                     "a mutation panicked while being applied: this namespace takes no more writes until \

@@ -623,15 +623,9 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
                     .unwrap()
                     .into_inner()
                     .status();
-                let lookup = client
-                    .may_exist(MayExistRequest {
-                        namespace: String::new(),
-                        key: Bytes::from_static(b"before the stall"),
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                (status, lookup.answer())
+                let (lookup, ..) =
+                    answer(&mut client, Bytes::from_static(b"before the stall")).await;
+                (status, lookup)
             })
             .await
             .unwrap_or_else(|_| panic!("round {round}: no answer while the fsync stalled"));
@@ -698,15 +692,8 @@ async fn readiness_reports_writes_refused_and_a_full_disk_recovers() {
         body.contains("degraded") && body.contains("out of disk space"),
         "{body}"
     );
-    let lookup = client
-        .may_exist(MayExistRequest {
-            namespace: String::new(),
-            key: Bytes::from_static(b"before"),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(lookup.answer(), Answer::MayExist);
+    let (lookup, ..) = answer(&mut client, Bytes::from_static(b"before")).await;
+    assert_eq!(lookup, Answer::MayExist);
     common::wait_until(
         common::PATIENCE,
         "the gauge to say writes are refused",
