@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use existence_gate::clock::SystemClock;
-use existence_gate::config::GateConfig;
-use existence_gate::gate::Gate;
-use existence_gate::hashing::KeyHasher;
-use existence_gate::persistence::{self, DataDir, Snapshotter, SyncMode};
+use existence_gate::core::clock::SystemClock;
+use existence_gate::core::config::GateConfig;
+use existence_gate::core::gate::Gate;
+use existence_gate::core::hashing::KeyHasher;
+use existence_gate::storage::{self, DataDir, Snapshotter, SyncMode};
 
 const BATCH: usize = 1_000;
 const WRITERS: usize = 4;
@@ -36,14 +36,14 @@ fn open(
     dir: &Path,
     expected_keys: u64,
     mode: SyncMode,
-) -> (Arc<Gate>, Arc<persistence::Wal>, Arc<DataDir>) {
+) -> (Arc<Gate>, Arc<storage::Wal>, Arc<DataDir>) {
     let data_dir = Arc::new(DataDir::open(dir).unwrap());
     let gate = Arc::new(Gate::new(
         &config(expected_keys),
         KeyHasher::from_seed(data_dir.seed()),
         Arc::new(SystemClock),
     ));
-    let (wal, _) = persistence::recover(&data_dir, &gate, mode).unwrap();
+    let (wal, _) = storage::recover(&data_dir, &gate, mode).unwrap();
     let wal = Arc::new(wal);
     gate.open(wal.clone());
     (gate, wal, data_dir)
@@ -125,7 +125,7 @@ fn recover_child(dir: &Path, keys: u64) {
         Arc::new(SystemClock),
     );
     let started = Instant::now();
-    let (_, recovered) = persistence::recover(&data_dir, &gate, SyncMode::Never).unwrap();
+    let (_, recovered) = storage::recover(&data_dir, &gate, SyncMode::Never).unwrap();
     let elapsed = started.elapsed().as_secs_f64();
     assert!(recovered.snapshot.is_some());
     println!("{elapsed} {}", peak_rss_mb());

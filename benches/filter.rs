@@ -28,8 +28,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use existence_gate::filter::{BloomLayer, FilterSpec, Geometry, Retention, WindowedFilter};
-use existence_gate::hashing::{KeyHash, KeyHasher};
+use existence_gate::core::filter::{BloomLayer, FilterSpec, Geometry, Retention, WindowedFilter};
+use existence_gate::core::hashing::{KeyHash, KeyHasher};
 use fastbloom::BloomFilter;
 use foldhash::fast::FixedState;
 

@@ -20,8 +20,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
-use existence_gate::hashing::{KeyHash, StrongKey};
-use existence_gate::tombstones::{tag, AbsenceKind, TombstoneKey, TombstoneStore};
+use existence_gate::core::hashing::{KeyHash, StrongKey};
+use existence_gate::core::tombstones::{tag, AbsenceKind, TombstoneKey, TombstoneStore};
 
 /// The default `max_tombstones`.
 const BOUND: u64 = 1_000_000;

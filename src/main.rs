@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
-use existence_gate::clock::SystemClock;
-use existence_gate::config::{parse_duration, GateConfig};
-use existence_gate::persistence::SyncMode;
+use existence_gate::core::clock::SystemClock;
+use existence_gate::core::config::{parse_duration, GateConfig};
 use existence_gate::server::{self, DurabilityOptions, ServeOptions, TlsOptions};
+use existence_gate::storage::SyncMode;
 use tracing_subscriber::EnvFilter;
 
 /// Answers "can this key exist?" for the services in front of your databases.
@@ -62,7 +62,7 @@ fn hash_token(token: Option<String>) -> Result<(), String> {
     if token.is_empty() {
         return Err("the token is empty".to_string());
     }
-    println!("{}", existence_gate::auth::hash_token(&token));
+    println!("{}", existence_gate::service::auth::hash_token(&token));
     Ok(())
 }
 

@@ -11,19 +11,19 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
-use existence_gate::answer::Basis;
-use existence_gate::clock::ManualClock;
-use existence_gate::config::GateConfig;
-use existence_gate::gate::Gate;
-use existence_gate::hashing::KeyHasher;
-use existence_gate::log::{VolatileLog, GENESIS_SEQ};
-use existence_gate::namespace::{AbsenceReport, RecordOutcome};
+use existence_gate::core::answer::Basis;
+use existence_gate::core::clock::ManualClock;
+use existence_gate::core::config::GateConfig;
+use existence_gate::core::gate::Gate;
+use existence_gate::core::hashing::KeyHasher;
+use existence_gate::core::log::{VolatileLog, GENESIS_SEQ};
+use existence_gate::core::namespace::{AbsenceReport, RecordOutcome};
+use existence_gate::core::tombstones::{AbsenceKind, BUCKET_BYTES, WAYS};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
     AddRequest, BatchMayExistRequest, InvalidationCause, MayExistRequest,
     SubscribeInvalidationsRequest,
 };
-use existence_gate::tombstones::{AbsenceKind, BUCKET_BYTES, WAYS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
@@ -150,12 +150,12 @@ async fn overload_is_shed_fast_and_health_stays_answerable() {
     let dir = tempfile::tempdir().unwrap();
     let mut options = options("[limits]\nmax_in_flight = 2", 16 << 20);
     options.durability = Some(existence_gate::server::DurabilityOptions {
-        sync: existence_gate::persistence::SyncMode::Always,
+        sync: existence_gate::storage::SyncMode::Always,
         snapshot_interval: Duration::from_secs(3_600),
         snapshot_log_bytes: u64::MAX,
         ..existence_gate::server::DurabilityOptions::new(dir.path().to_path_buf())
     });
-    let server = start_options(options, Arc::new(existence_gate::clock::SystemClock)).await;
+    let server = start_options(options, Arc::new(existence_gate::core::clock::SystemClock)).await;
     let ok = Arc::new(AtomicU64::new(0));
     let shed = Arc::new(AtomicU64::new(0));
     let slowest_refusal = Arc::new(AtomicU64::new(0));

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use existence_gate::clock::SystemClock;
-use existence_gate::config::GateConfig;
-use existence_gate::persistence::SyncMode;
+use existence_gate::core::clock::SystemClock;
+use existence_gate::core::config::GateConfig;
 use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::{
     AddRequest, Answer, BatchMayExistRequest, RebuildRequest, SnapshotRequest, StatsRequest,
 };
 use existence_gate::server::{self, DurabilityOptions, ServeOptions};
+use existence_gate::storage::SyncMode;
 use tokio_stream::wrappers::ReceiverStream;
 
 fn keys(prefix: &str, range: std::ops::Range<u32>) -> Vec<Bytes> {

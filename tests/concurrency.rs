@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 
 use bytes::Bytes;
-use existence_gate::answer::{Answer, Basis};
-use existence_gate::clock::ManualClock;
-use existence_gate::config::GateConfig;
-use existence_gate::gate::Gate;
-use existence_gate::hashing::KeyHasher;
-use existence_gate::log::VolatileLog;
-use existence_gate::namespace::{AbsenceReport, RecordOutcome, Recorded};
-use existence_gate::tombstones::AbsenceKind;
+use existence_gate::core::answer::{Answer, Basis};
+use existence_gate::core::clock::ManualClock;
+use existence_gate::core::config::GateConfig;
+use existence_gate::core::gate::Gate;
+use existence_gate::core::hashing::KeyHasher;
+use existence_gate::core::log::VolatileLog;
+use existence_gate::core::namespace::{AbsenceReport, RecordOutcome, Recorded};
+use existence_gate::core::tombstones::AbsenceKind;
 
 const START_MS: u64 = 1_800_000_000_000;
 const MINUTE_MS: u64 = 60_000;

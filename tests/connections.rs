@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
-use existence_gate::clock::SystemClock;
+use existence_gate::core::clock::SystemClock;
 use existence_gate::proto::MayExistRequest;
 use existence_gate::server::TlsOptions;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};

@@ -10,15 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use existence_gate::clock::SystemClock;
-use existence_gate::config::GateConfig;
-use existence_gate::persistence::segment_file::FaultyFiles;
-use existence_gate::persistence::SyncMode;
+use existence_gate::core::clock::SystemClock;
+use existence_gate::core::config::GateConfig;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
     AbsenceKind, AddRequest, Answer, Basis, MayExistRequest, RecordAbsentRequest, RecordOutcome,
 };
 use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions};
+use existence_gate::storage::segment_file::FaultyFiles;
+use existence_gate::storage::SyncMode;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -734,15 +734,15 @@ async fn readiness_reports_writes_refused_and_a_full_disk_recovers() {
 /// so that it lines up with the format-1 log records replayed after it; a newer version is refused by name.
 #[test]
 fn snapshots_of_version_1_load_with_seqs_counted_from_1() {
-    use existence_gate::persistence::{frame, snapshot};
+    use existence_gate::storage::{frame, snapshot};
     let temp = tempfile::tempdir().unwrap();
     let config = GateConfig::from_toml("[namespaces.default]\nexpected_keys = 1000").unwrap();
-    let gate = existence_gate::gate::Gate::new(
+    let gate = existence_gate::core::gate::Gate::new(
         &config,
-        existence_gate::hashing::KeyHasher::from_seed([3; 32]),
+        existence_gate::core::hashing::KeyHasher::from_seed([3; 32]),
         Arc::new(SystemClock),
     );
-    gate.open(Arc::new(existence_gate::log::VolatileLog));
+    gate.open(Arc::new(existence_gate::core::log::VolatileLog));
     gate.add("default", vec![Bytes::from_static(b"k")]).unwrap();
     let written = snapshot::write(temp.path(), 1, &gate, [3; 32]).unwrap();
     let seq = snapshot::read(&written.path).unwrap().namespaces[0].seq;

@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use existence_gate::config::GateConfig;
-use existence_gate::log::Mutation;
-use existence_gate::persistence::{codec, frame, snapshot};
-use existence_gate::tombstones::AbsenceKind;
+use existence_gate::core::config::GateConfig;
+use existence_gate::core::log::Mutation;
+use existence_gate::core::tombstones::AbsenceKind;
+use existence_gate::storage::{codec, frame, snapshot};
 use proptest::prelude::*;
 
 fn seeds() -> &'static [(&'static str, String, Vec<u8>)] {
@@ -193,7 +193,7 @@ proptest! {
 
     #[test]
     fn durations_from_arbitrary_text(text in "[0-9]{0,22}[a-zµ ]{0,3}|\\PC{0,8}") {
-        let _ = existence_gate::config::parse_duration(&text);
+        let _ = existence_gate::core::config::parse_duration(&text);
     }
 
     #[test]
@@ -272,7 +272,7 @@ fn valid_seeds_decode_to_what_was_encoded() {
                 let (gate, _clock) = harness::new_gate(harness::CONFIG);
                 let summary = harness::ImageSummary::of(&image);
                 for namespace in image.namespaces {
-                    gate.restore_image(namespace).unwrap();
+                    snapshot::restore(&gate, namespace).unwrap();
                 }
                 let out = harness::scratch();
                 let written =
@@ -283,12 +283,12 @@ fn valid_seeds_decode_to_what_was_encoded() {
             "log_segment" if name == "segment" => {
                 let dir = harness::scratch();
                 std::fs::write(
-                    existence_gate::persistence::wal::segment_path(dir.path(), 1),
+                    existence_gate::storage::wal::segment_path(dir.path(), 1),
                     bytes,
                 )
                 .unwrap();
                 let mut records = Vec::new();
-                let replayed = existence_gate::persistence::wal::replay(
+                let replayed = existence_gate::storage::wal::replay(
                     dir.path(),
                     0,
                     harness::seed_fingerprint(),

@@ -4,7 +4,7 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use existence_gate::log::GENESIS_SEQ;
+use existence_gate::core::log::GENESIS_SEQ;
 use existence_gate::proto::{
     AbsenceKind, AddRequest, Answer, Basis, BatchMayExistRequest, InvalidationCause,
     MayExistRequest, RecordAbsentRequest, RecordOutcome, SubscribeInvalidationsRequest,
@@ -369,7 +369,7 @@ async fn tombstones_expire_after_their_ttl() {
 async fn bad_requests_get_precise_statuses_and_change_nothing() {
     let server = start_with(
         SMALL,
-        std::sync::Arc::new(existence_gate::clock::SystemClock),
+        std::sync::Arc::new(existence_gate::core::clock::SystemClock),
         64 << 10,
     )
     .await;

@@ -10,14 +10,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use existence_gate::answer::{Answer, Basis, Lookup};
-use existence_gate::clock::ManualClock;
-use existence_gate::config::GateConfig;
-use existence_gate::gate::{Gate, GateError};
-use existence_gate::hashing::KeyHasher;
-use existence_gate::log::{MemoryLog, GENESIS_SEQ};
-use existence_gate::namespace::{AbsenceReport, RecordOutcome};
-use existence_gate::tombstones::AbsenceKind;
+use existence_gate::core::answer::{Answer, Basis, Lookup};
+use existence_gate::core::clock::ManualClock;
+use existence_gate::core::config::GateConfig;
+use existence_gate::core::gate::{Gate, GateError};
+use existence_gate::core::hashing::KeyHasher;
+use existence_gate::core::log::{MemoryLog, GENESIS_SEQ};
+use existence_gate::core::namespace::{AbsenceReport, RecordOutcome};
+use existence_gate::core::tombstones::AbsenceKind;
 use proptest::prelude::*;
 
 const START_MS: u64 = 1_800_000_000_000;

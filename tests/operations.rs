@@ -148,9 +148,9 @@ async fn http_port_serves_health_readiness_and_metrics() {
     // read is closed), so the routes the port serves are asked directly, bound to this server's gate and
     // shutdown handle; the port itself must never answer 200 again, and must close.
     let stopping = server.shutdown_handle();
-    let routes = existence_gate::http::router(
+    let routes = existence_gate::service::http::router(
         Arc::clone(&server.gate),
-        existence_gate::metrics::install_recorder(),
+        existence_gate::service::metrics::install_recorder(),
         server.lifecycle(),
     );
     assert_eq!(readiness(&routes).await, 200, "ready before shutdown");

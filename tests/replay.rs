@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use existence_gate::answer::Lookup;
-use existence_gate::clock::{Clock, ManualClock};
-use existence_gate::config::GateConfig;
-use existence_gate::gate::Gate;
-use existence_gate::hashing::KeyHasher;
-use existence_gate::namespace::AbsenceReport;
-use existence_gate::persistence::{self, wal, DataDir, SyncMode};
-use existence_gate::tombstones::AbsenceKind;
+use existence_gate::core::answer::Lookup;
+use existence_gate::core::clock::{Clock, ManualClock};
+use existence_gate::core::config::GateConfig;
+use existence_gate::core::gate::Gate;
+use existence_gate::core::hashing::KeyHasher;
+use existence_gate::core::namespace::AbsenceReport;
+use existence_gate::core::tombstones::AbsenceKind;
+use existence_gate::storage::{self, wal, DataDir, SyncMode};
 use proptest::prelude::*;
 
 const START_MS: u64 = 1_800_000_000_000;
@@ -64,7 +64,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = DataDir::open(temp.path()).unwrap();
     let clock = Arc::new(ManualClock::new(START_MS));
     let gate = gate_on(&dir, clock.clone());
-    let (log, _) = persistence::recover(&dir, &gate, SyncMode::Never).unwrap();
+    let (log, _) = storage::recover(&dir, &gate, SyncMode::Never).unwrap();
     let log = Arc::new(log);
     gate.open(log.clone());
 
@@ -110,7 +110,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
         })
         .unwrap();
-        replayed.open(Arc::new(existence_gate::log::VolatileLog));
+        replayed.open(Arc::new(existence_gate::core::log::VolatileLog));
         prop_assert_eq!(state(&replayed), expected, "prefix of {} records", records);
     }
     Ok(())

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use existence_gate::auth::hash_token;
-use existence_gate::clock::SystemClock;
+use existence_gate::core::clock::SystemClock;
 use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
@@ -17,6 +16,7 @@ use existence_gate::proto::{
     StatsRequest, SubscribeInvalidationsRequest,
 };
 use existence_gate::server::TlsOptions;
+use existence_gate::service::auth::hash_token;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Request, Status};

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use existence_gate::filter::{FilterSpec, Retention};
+use existence_gate::core::filter::{FilterSpec, Retention};
 use existence_gate::proto::NamespaceStats;
 use plotters::prelude::*;
 

@@ -18,18 +18,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use existence_gate::answer::{Answer, Basis};
-use existence_gate::clock::ManualClock;
-use existence_gate::config::{parse_duration, GateConfig};
-use existence_gate::filter::Retention;
-use existence_gate::gate::{Gate, GateError};
-use existence_gate::hashing::KeyHasher;
-use existence_gate::log::{Mutation, VolatileLog};
-use existence_gate::namespace::{AbsenceReport, Rebuild, RecordOutcome};
-use existence_gate::persistence::snapshot::{self, Image};
-use existence_gate::persistence::{codec, frame, wal, DataDir, Snapshotter, SyncMode};
+use existence_gate::core::answer::{Answer, Basis};
+use existence_gate::core::clock::ManualClock;
+use existence_gate::core::config::{parse_duration, GateConfig};
+use existence_gate::core::filter::Retention;
+use existence_gate::core::gate::{Gate, GateError};
+use existence_gate::core::hashing::KeyHasher;
+use existence_gate::core::log::{Mutation, VolatileLog};
+use existence_gate::core::namespace::{AbsenceReport, Rebuild, RecordOutcome};
+use existence_gate::core::tombstones::AbsenceKind;
 use existence_gate::proto;
-use existence_gate::tombstones::AbsenceKind;
+use existence_gate::storage::snapshot::{self, Image};
+use existence_gate::storage::{codec, frame, wal, DataDir, Snapshotter, SyncMode};
 use prost::Message;
 
 /// The configuration of every gate the checks build. Snapshot seeds are written under it, so their
@@ -385,7 +385,7 @@ pub fn read_snapshot(dir: &Path, data: &[u8]) {
     let summary = ImageSummary::of(&image);
     let mut all_restored = true;
     for namespace in image.namespaces {
-        all_restored &= gate.restore_image(namespace).is_ok();
+        all_restored &= snapshot::restore(&gate, namespace).is_ok();
     }
     if all_restored && summary.round_trips() && kept_every_tombstone(&gate, &summary) {
         let out = scratch();
@@ -718,7 +718,7 @@ pub fn requests(data: &[u8]) {
 
 /// What the gRPC layer does to every request's namespace before anything else sees it.
 fn resolve_namespace(namespace: &mut String) {
-    existence_gate::grpc::resolve_namespace(namespace);
+    existence_gate::service::grpc::resolve_namespace(namespace);
 }
 
 /// `BatchMayExist` as the gRPC layer serves it: `keys`, or `packed_keys` unpacked, never both.
@@ -738,7 +738,7 @@ fn check_batch_request(gate: &Gate, request: proto::BatchMayExistRequest) {
 
 /// `grpc::unpack_keys`: what it returns lies within the input, in order, and within the limit.
 fn check_unpack(packed: &[u8], max_keys: usize) -> Result<Vec<&[u8]>, ()> {
-    match existence_gate::grpc::unpack_keys(packed, max_keys) {
+    match existence_gate::service::grpc::unpack_keys(packed, max_keys) {
         Ok(keys) => {
             assert!(keys.len() <= max_keys, "more keys than the limit");
             let mut rest = packed;
@@ -764,7 +764,7 @@ fn check_unpack(packed: &[u8], max_keys: usize) -> Result<Vec<&[u8]>, ()> {
 
 /// Bearer tokens: a check passes only for a configured token with the role on the namespace.
 fn check_authorization(config: &GateConfig, header: Option<&str>, role: u8, namespace: &str) {
-    use existence_gate::auth::{Authorizer, Role, Scope};
+    use existence_gate::service::auth::{Authorizer, Role, Scope};
     let authorizer = Authorizer::new(&config.tokens).expect("validated with the configuration");
     let role = match role % 3 {
         0 => Role::Read,
@@ -788,7 +788,7 @@ fn check_authorization(config: &GateConfig, header: Option<&str>, role: u8, name
         })
         .map(str::trim);
     let known = token.is_some_and(|t| {
-        let digest = existence_gate::auth::hash_token(t);
+        let digest = existence_gate::service::auth::hash_token(t);
         config
             .tokens
             .iter()
@@ -978,7 +978,7 @@ fn check_subscribe(gate: &Gate, namespace: &str, after_seq: u64) {
             for _ in 0..8 {
                 match subscription.poll_ready() {
                     None => break,
-                    Some(existence_gate::invalidations::Delivery::Added(event)) => {
+                    Some(existence_gate::core::invalidations::Delivery::Added(event)) => {
                         assert!(
                             last.is_none_or(|l| event.seq > l),
                             "invalidations out of order"
@@ -986,7 +986,7 @@ fn check_subscribe(gate: &Gate, namespace: &str, after_seq: u64) {
                         assert!(event.seq <= latest);
                         last = Some(event.seq);
                     }
-                    Some(existence_gate::invalidations::Delivery::Resync { seq }) => {
+                    Some(existence_gate::core::invalidations::Delivery::Resync { seq }) => {
                         assert!(seq <= latest);
                         last = Some(seq);
                     }
@@ -1239,7 +1239,7 @@ fn data_dir_files() -> (Vec<u8>, Vec<Vec<u8>>) {
         KeyHasher::from_seed(data_dir.seed()),
         clock.clone(),
     );
-    let (wal, _) = existence_gate::persistence::recover(&data_dir, &gate, SyncMode::Never)
+    let (wal, _) = existence_gate::storage::recover(&data_dir, &gate, SyncMode::Never)
         .expect("recover an empty directory");
     let wal = Arc::new(wal);
     gate.open(wal.clone());

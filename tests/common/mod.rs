@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use existence_gate::clock::{Clock, ManualClock, SystemClock};
-use existence_gate::config::GateConfig;
+use existence_gate::core::clock::{Clock, ManualClock, SystemClock};
+use existence_gate::core::config::GateConfig;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::server::{self, RunningServer, ServeOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

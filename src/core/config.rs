@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::filter::{FilterSpec, Retention, MAX_LAYER_BYTES};
-use crate::tombstones::{BUCKET_BYTES, WAYS};
+use crate::core::filter::{FilterSpec, Retention, MAX_LAYER_BYTES};
+use crate::core::tombstones::{BUCKET_BYTES, WAYS};
 
 /// The namespace an empty namespace string means.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -566,7 +566,7 @@ fn validate_namespace_name(name: &str) -> Result<(), ConfigError> {
 /// Parses `500ms`, `90s`, `10m`, `2h`, `7d` or `1w`.
 ///
 /// ```
-/// use existence_gate::config::parse_duration;
+/// use existence_gate::core::config::parse_duration;
 /// assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
 /// assert_eq!(parse_duration("7d").unwrap().as_secs(), 7 * 86_400);
 /// assert!(parse_duration("7 days").is_err());

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
 
-pub use crate::config::{Role, TokenConfig};
+pub use crate::core::config::{Role, TokenConfig};
 
 /// What a token grants.
 #[derive(Debug, Clone)]
@@ -27,7 +27,7 @@ struct Grant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope<'a> {
     /// On this namespace, by its configured name: the gRPC layer has already resolved "" to `default`
-    /// ([`crate::grpc::resolve_namespace`]).
+    /// ([`crate::service::grpc::resolve_namespace`]).
     Namespace(&'a str),
     /// On every namespace (`*`), e.g. a snapshot of the whole gate.
     All,
@@ -59,7 +59,7 @@ pub struct Authorizer {
 impl Authorizer {
     /// An authorizer for `tokens`; errors name the token entry that is invalid.
     pub fn new(tokens: &[TokenConfig]) -> Result<Self, String> {
-        crate::config::validate_tokens(tokens)?;
+        crate::core::config::validate_tokens(tokens)?;
         let grants = tokens
             .iter()
             .map(|token| {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::filter::FilterStats;
+use crate::core::filter::FilterStats;
 
 /// The answer to "can this key exist?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

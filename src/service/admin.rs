@@ -6,15 +6,15 @@ use std::sync::Arc;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::access::{self, Access};
-use crate::auth::{Role, Scope};
-use crate::gate::{Gate, GateError};
-use crate::grpc::{self, status};
-use crate::lifecycle::{Lifecycle, NotDurable};
-use crate::namespace::WriteError;
-use crate::persistence::Persistence;
+use crate::core::gate::{Gate, GateError};
+use crate::core::namespace::WriteError;
 use crate::proto;
 use crate::proto::admin_server::Admin;
+use crate::service::access::{self, Access};
+use crate::service::auth::{Role, Scope};
+use crate::service::grpc::{self, status};
+use crate::service::lifecycle::{Lifecycle, NotDurable};
+use crate::storage::Persistence;
 
 /// The `Admin` service.
 #[derive(Debug, Clone)]
@@ -43,7 +43,7 @@ impl AdminService {
     }
 
     /// Takes a snapshot on the blocking pool.
-    async fn snapshot(&self) -> Result<crate::persistence::SnapshotTaken, Status> {
+    async fn snapshot(&self) -> Result<crate::storage::SnapshotTaken, Status> {
         let snapshots = Arc::clone(&self.persistence()?.snapshots);
         let gate = Arc::clone(&self.gate);
         tokio::task::spawn_blocking(move || snapshots.take(&gate))

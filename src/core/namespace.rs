@@ -14,16 +14,16 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use rand::Rng;
 
-use crate::answer::{Lookup, NamespaceStats};
-use crate::config::NamespaceSettings;
-use crate::filter::{BloomLayer, WindowedFilter};
-use crate::hashing::{KeyHash, KeyHasher};
-use crate::invalidations::{Hub, Invalidation, Subscription};
-use crate::log::{Log, LogError, Mutation, GENESIS_SEQ};
-use crate::metrics::NamespaceMetrics;
-use crate::rate_limit::TokenBucket;
-use crate::recent_adds::RecentAdds;
-use crate::tombstones::{self, AbsenceKind, Tombstone, TombstoneKey, TombstoneStore};
+use crate::core::answer::{Lookup, NamespaceStats};
+use crate::core::config::NamespaceSettings;
+use crate::core::filter::{BloomLayer, WindowedFilter};
+use crate::core::hashing::{KeyHash, KeyHasher};
+use crate::core::invalidations::{Hub, Invalidation, Subscription};
+use crate::core::log::{Log, LogError, Mutation, GENESIS_SEQ};
+use crate::core::metrics::NamespaceMetrics;
+use crate::core::rate_limit::TokenBucket;
+use crate::core::recent_adds::RecentAdds;
+use crate::core::tombstones::{self, AbsenceKind, Tombstone, TombstoneKey, TombstoneStore};
 
 /// The result of an `Add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +71,26 @@ pub struct AbsenceReport {
     pub ttl_seconds: u32,
 }
 
-/// A filter window as a snapshot holds it: its id and its layers.
+/// A filter window as a snapshot holds it: its id and its layers, oldest first.
 pub type WindowImage = (u64, Vec<Arc<BloomLayer>>);
+
+/// One namespace's whole state, as [`Namespace::export`] gives it and [`Namespace::restore`] takes it back.
+/// Storage encodes it; the core never sees a file. Whether an image fits this namespace (its sizing
+/// fingerprint, the hash seed) is for whoever read it to check before restoring.
+pub struct NamespaceImage {
+    /// The namespace's name.
+    pub name: String,
+    /// The [fingerprint](crate::core::filter::FilterSpec::fingerprint) of the sizing its filter was built with.
+    pub fingerprint: u64,
+    /// The seq it is consistent from.
+    pub seq: u64,
+    /// Keys added, for stats.
+    pub keys_added: u64,
+    /// Filter windows, oldest first.
+    pub windows: Vec<WindowImage>,
+    /// Live tombstones as of when it was taken.
+    pub tombstones: Vec<Tombstone>,
+}
 
 /// Why a namespace refuses a write.
 #[derive(Debug)]
@@ -500,18 +518,18 @@ impl Namespace {
     /// Replaces the whole state with a snapshot's: filter windows, live tombstones and seq. Invalidations
     /// before `seq` become unservable, and any absence observed before `seq` is refused as `SUPERSEDED`
     /// (which keys were added just before the snapshot is no longer known).
-    pub fn restore(
-        &self,
-        seq: u64,
-        keys_added: u64,
-        windows: Vec<(u64, Vec<BloomLayer>)>,
-        tombstones: &[Tombstone],
-        now_ms: u64,
-    ) -> Result<(), WritesStopped> {
+    pub fn restore(&self, image: NamespaceImage, now_ms: u64) -> Result<(), WritesStopped> {
+        let NamespaceImage {
+            seq,
+            keys_added,
+            windows,
+            tombstones,
+            ..
+        } = image;
         let mut writer = self.writer()?;
         let filter = WindowedFilter::from_windows(self.settings.filter_spec(), windows);
         self.filter.store(Arc::new(filter));
-        for tombstone in tombstones {
+        for tombstone in &tombstones {
             self.tombstones.insert(
                 tombstone.key,
                 tombstone.kind,
@@ -526,24 +544,21 @@ impl Namespace {
         Ok(())
     }
 
-    /// The state a snapshot needs: the seq it is consistent from, keys added, the filter windows and the live
-    /// tombstones. The seq is read under the writer lock, so every mutation logged before this call is
-    /// included; later mutations may be partly included and are replayed from the log.
-    pub fn export(
-        &self,
-        now_ms: u64,
-    ) -> Result<(u64, u64, Vec<WindowImage>, Vec<Tombstone>), WritesStopped> {
+    /// The state a snapshot needs. Its seq is read under the writer lock, so every mutation logged before
+    /// this call is included; later mutations may be partly included and are replayed from the log.
+    pub fn export(&self, now_ms: u64) -> Result<NamespaceImage, WritesStopped> {
         let seq = {
             let _writer = self.writer()?;
             self.latest_seq()
         };
-        let keys_added = self.keys_added.load(Ordering::Relaxed);
-        Ok((
+        Ok(NamespaceImage {
+            name: self.name.to_string(),
+            fingerprint: self.settings.filter_spec().fingerprint(),
             seq,
-            keys_added,
-            self.filter.load().export(),
-            self.tombstones.live(now_ms),
-        ))
+            keys_added: self.keys_added.load(Ordering::Relaxed),
+            windows: self.filter.load().export(),
+            tombstones: self.tombstones.live(now_ms),
+        })
     }
 
     /// Frees dead windows and expired tombstones; the server calls it periodically.
@@ -567,7 +582,7 @@ impl Namespace {
     }
 
     /// Fraction of the live filter's bits that are set (a scan of every filter word: see
-    /// [`crate::filter::WindowedFilter::fill_ratio`]).
+    /// [`crate::core::filter::WindowedFilter::fill_ratio`]).
     pub fn fill_ratio(&self, now_ms: u64) -> f64 {
         self.filter.load().fill_ratio(now_ms)
     }
@@ -581,8 +596,8 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::answer::Answer;
-    use crate::log::MemoryLog;
+    use crate::core::answer::Answer;
+    use crate::core::log::MemoryLog;
 
     fn namespace() -> Arc<Namespace> {
         let hasher = Arc::new(KeyHasher::from_seed([9; 32]));

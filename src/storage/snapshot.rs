@@ -25,15 +25,16 @@ use std::sync::Arc;
 
 use super::frame::{self, put_absence_kind, put_string, Fields, Next};
 use super::{sync_dir, PersistenceError};
-use crate::filter::{BloomLayer, Geometry};
-use crate::gate::Gate;
-use crate::hashing::StrongKey;
-use crate::tombstones::{Tombstone, TombstoneKey};
+use crate::core::filter::{BloomLayer, Geometry};
+use crate::core::gate::Gate;
+use crate::core::hashing::StrongKey;
+use crate::core::namespace::NamespaceImage;
+use crate::core::tombstones::{Tombstone, TombstoneKey};
 
 const HEADER_MAGIC: &[u8; 8] = b"EXGSNAP1";
 const FOOTER_MAGIC: &[u8; 8] = b"EXGSNEND";
 /// The format this build writes. Version 1 counted each namespace's seqs from 0, version 2 from
-/// [`GENESIS_SEQ`](crate::log::GENESIS_SEQ) = 1; both are read (a version-1 seq is read as one higher).
+/// [`GENESIS_SEQ`](crate::core::log::GENESIS_SEQ) = 1; both are read (a version-1 seq is read as one higher).
 const VERSION: u32 = 2;
 /// Bit words per chunk frame (1 MiB).
 const WORDS_PER_CHUNK: usize = 1 << 17;
@@ -174,22 +175,15 @@ fn write_frames(
         p.extend_from_slice(&(namespaces.len() as u32).to_le_bytes());
     })?;
     for namespace in &namespaces {
-        let (seq, keys_added, windows, tombstones) =
-            namespace.export(now).map_err(std::io::Error::other)?;
+        let image = namespace.export(now).map_err(std::io::Error::other)?;
         writer.frame(|p| {
-            put_string(p, namespace.name());
-            p.extend_from_slice(
-                &namespace
-                    .settings()
-                    .filter_spec()
-                    .fingerprint()
-                    .to_le_bytes(),
-            );
-            p.extend_from_slice(&seq.to_le_bytes());
-            p.extend_from_slice(&keys_added.to_le_bytes());
-            p.extend_from_slice(&(windows.len() as u32).to_le_bytes());
+            put_string(p, &image.name);
+            p.extend_from_slice(&image.fingerprint.to_le_bytes());
+            p.extend_from_slice(&image.seq.to_le_bytes());
+            p.extend_from_slice(&image.keys_added.to_le_bytes());
+            p.extend_from_slice(&(image.windows.len() as u32).to_le_bytes());
         })?;
-        for (id, layers) in &windows {
+        for (id, layers) in &image.windows {
             writer.frame(|p| {
                 p.extend_from_slice(&id.to_le_bytes());
                 p.extend_from_slice(&(layers.len() as u32).to_le_bytes());
@@ -198,7 +192,8 @@ fn write_frames(
                 write_layer(writer, layer)?;
             }
         }
-        for chunk in tombstones
+        for chunk in image
+            .tombstones
             .chunks(TOMBSTONES_PER_CHUNK)
             .chain(std::iter::once(&[][..]))
         {
@@ -237,22 +232,6 @@ fn write_layer(writer: &mut FrameWriter, layer: &Arc<BloomLayer>) -> std::io::Re
         })?;
     }
     Ok(())
-}
-
-/// One namespace as a snapshot holds it.
-pub struct NamespaceImage {
-    /// Its name.
-    pub name: String,
-    /// The fingerprint of the sizing it was written under.
-    pub fingerprint: u64,
-    /// The seq it is consistent from.
-    pub seq: u64,
-    /// Keys added, for stats.
-    pub keys_added: u64,
-    /// Windows: `(id, layers)`, oldest first.
-    pub windows: Vec<(u64, Vec<BloomLayer>)>,
-    /// Live tombstones (as of when it was taken).
-    pub tombstones: Vec<Tombstone>,
 }
 
 /// A snapshot read back.
@@ -446,7 +425,7 @@ fn read_namespace(
     })
 }
 
-fn read_layer(reader: &mut ImageReader) -> Result<BloomLayer, PersistenceError> {
+fn read_layer(reader: &mut ImageReader) -> Result<Arc<BloomLayer>, PersistenceError> {
     let (blocks, probes, capacity, inserted) = reader.next("a layer header", |f| {
         Ok((f.u64()?, f.u32()?, f.u64()?, f.u64()?))
     })?;
@@ -473,5 +452,31 @@ fn read_layer(reader: &mut ImageReader) -> Result<BloomLayer, PersistenceError> 
         probes,
         capacity,
     };
-    BloomLayer::from_words(geometry, inserted, &words).map_err(|problem| reader.corrupt(problem))
+    BloomLayer::from_words(geometry, inserted, &words)
+        .map(Arc::new)
+        .map_err(|problem| reader.corrupt(problem))
+}
+
+/// Loads one namespace of a snapshot into `gate`, after checking that it fits: the namespace is configured
+/// and its filter sizing is the one the image was written under (bits of another sizing would answer for
+/// the wrong keys). The error says what to do.
+pub fn restore(gate: &Gate, image: NamespaceImage) -> Result<(), String> {
+    let namespace = gate.namespace(&image.name).map_err(|_| {
+        format!(
+            "it holds namespace {:?}, which is not configured; add it back to the configuration (or move \
+             the data directory aside to start without it)",
+            image.name
+        )
+    })?;
+    if image.fingerprint != namespace.settings().filter_spec().fingerprint() {
+        return Err(format!(
+            "namespace {:?} was written with another filter sizing (expected_keys, false_positive_rate, \
+             retention or windows changed); changing sizing needs a rebuild: start with an empty data \
+             directory and re-derive the keys with the Admin Rebuild call, or restore the old settings",
+            image.name
+        ));
+    }
+    namespace
+        .restore(image, gate.now_ms())
+        .map_err(|stopped| stopped.to_string())
 }

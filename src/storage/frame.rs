@@ -7,7 +7,7 @@
 
 use std::io::{self, Read};
 
-use crate::tombstones::AbsenceKind;
+use crate::core::tombstones::AbsenceKind;
 
 /// Bytes before each payload.
 pub const HEADER_BYTES: u64 = 8;

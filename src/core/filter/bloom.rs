@@ -35,7 +35,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::hashing::KeyHash;
+use crate::core::hashing::KeyHash;
 
 /// Bits per block: one 64-byte cache line.
 pub const BLOCK_BITS: u32 = 512;
@@ -263,7 +263,7 @@ impl BloomLayer {
     /// cache: a batch issues all its prefetches first and overlaps the misses.
     #[inline]
     pub fn prefetch(&self, hash: KeyHash) {
-        crate::prefetch::prefetch(self.block(hash));
+        crate::core::prefetch::prefetch(self.block(hash));
     }
 
     /// Copies of the raw bit words, block after block (what a snapshot stores).
@@ -304,7 +304,7 @@ fn probe_positions(seed: u32, probes: u32) -> impl Iterator<Item = (usize, u32)>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hashing::KeyHasher;
+    use crate::core::hashing::KeyHasher;
 
     #[test]
     fn the_classic_bound_is_approached_at_one_percent() {

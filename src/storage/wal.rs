@@ -40,14 +40,14 @@ use std::time::Duration;
 use super::frame::{self, Next};
 use super::segment_file::{SegmentFile, SegmentFiles};
 use super::{codec, sync_dir, PersistenceError};
-use crate::log::{Log, LogError, Mutation, Ticket};
+use crate::core::log::{Log, LogError, Mutation, Ticket};
 
 /// A segment is closed and a new one begun past this size, so no single file grows without bound.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
 
 /// The log format this build writes. Format 1 segments had no header and counted each namespace's seqs from
 /// 0; format 2 segments begin with a [header](SegmentHeader) and count from 1 (see
-/// [`crate::log::GENESIS_SEQ`]). Both are read.
+/// [`crate::core::log::GENESIS_SEQ`]). Both are read.
 pub const LOG_FORMAT: u32 = 2;
 
 /// The first frame of every segment since format 2: this magic, then `u32 format`, `u64 seed fingerprint`.
@@ -698,7 +698,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::persistence::segment_file::{FaultyFiles, RealFiles};
+    use crate::storage::segment_file::{FaultyFiles, RealFiles};
 
     const FINGERPRINT: u64 = 0x5eed;
     const EIO: i32 = 5;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::frame::{put_absence_kind, put_bytes, put_string, Fields, Malformed};
-use crate::log::Mutation;
+use crate::core::log::Mutation;
 
 const ADD: u8 = 1;
 const RECORD_ABSENT: u8 = 2;

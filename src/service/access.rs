@@ -18,8 +18,8 @@ use tonic::codegen::http;
 use tonic::{Request, Status};
 use tower::{Layer, Service};
 
-use crate::auth::{Authorizer, Denied, Role, Scope};
-use crate::shutdown::Shutdown;
+use crate::service::auth::{Authorizer, Denied, Role, Scope};
+use crate::service::shutdown::Shutdown;
 
 /// The shared admission state of a server: tokens and the shutdown signal.
 #[derive(Debug)]
@@ -139,7 +139,7 @@ impl InFlightLimitLayer {
             in_flight: Arc::new(InFlight {
                 count: AtomicUsize::new(0),
                 max: max_in_flight,
-                shed: crate::metrics::shed_calls(),
+                shed: crate::service::metrics::shed_calls(),
             }),
         }
     }

@@ -1,4 +1,5 @@
-//! Durability: the data directory, its write-ahead log, its snapshots, and recovery.
+//! Storage: the data directory, its write-ahead log, its snapshots, and recovery. It implements the core's
+//! [`Log`](crate::core::log::Log) and encodes its state; it knows nothing of the service.
 //!
 //! ```text
 //! DATA_DIR/
@@ -23,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::gate::Gate;
-use crate::hashing::KeyHasher;
+use crate::core::gate::Gate;
+use crate::core::hashing::KeyHasher;
 use segment_file::{RealFiles, SegmentFiles};
 pub use wal::{SyncMode, Wal};
 
@@ -295,7 +296,7 @@ pub fn recover_with_files(
             )));
         }
         for namespace in image.namespaces {
-            gate.restore_image(namespace).map_err(|problem| {
+            snapshot::restore(gate, namespace).map_err(|problem| {
                 PersistenceError::Mismatch(format!("{}: {problem}", path.display()))
             })?;
         }

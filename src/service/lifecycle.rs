@@ -17,10 +17,10 @@ use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::gate::Gate;
-use crate::log::Log;
-use crate::persistence::Persistence;
-use crate::shutdown::Shutdown;
+use crate::core::gate::Gate;
+use crate::core::log::Log;
+use crate::service::shutdown::Shutdown;
+use crate::storage::Persistence;
 
 /// Where the server is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,10 +155,10 @@ impl Lifecycle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SystemClock;
-    use crate::config::GateConfig;
-    use crate::hashing::KeyHasher;
-    use crate::log::VolatileLog;
+    use crate::core::clock::SystemClock;
+    use crate::core::config::GateConfig;
+    use crate::core::hashing::KeyHasher;
+    use crate::core::log::VolatileLog;
 
     async fn lifecycle(shutdown: &Shutdown, durable: bool) -> Arc<Lifecycle> {
         let (health, _) = tonic_health::server::health_reporter();

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 
 use super::bloom::{BloomLayer, Geometry};
-use crate::hashing::KeyHash;
-use crate::prefetch::prefetched_ahead;
+use crate::core::hashing::KeyHash;
+use crate::core::prefetch::prefetched_ahead;
 
 /// How long keys stay in the filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,14 +210,11 @@ impl WindowedFilter {
     }
 
     /// A filter holding restored windows: `(window id, layers oldest first)`, oldest window first.
-    pub fn from_windows(spec: FilterSpec, windows: Vec<(u64, Vec<BloomLayer>)>) -> Self {
+    pub fn from_windows(spec: FilterSpec, windows: Vec<(u64, Vec<Arc<BloomLayer>>)>) -> Self {
         let restored = Windows {
             list: windows
                 .into_iter()
-                .map(|(id, layers)| Window {
-                    id,
-                    layers: layers.into_iter().map(Arc::new).collect(),
-                })
+                .map(|(id, layers)| Window { id, layers })
                 .collect(),
         };
         Self {
@@ -453,7 +450,7 @@ impl WindowedFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hashing::KeyHasher;
+    use crate::core::hashing::KeyHasher;
 
     const HOUR: u64 = 3_600_000;
 

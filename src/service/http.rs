@@ -10,10 +10,10 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::gate::Gate;
-use crate::lifecycle::{Lifecycle, Phase};
-use crate::listener::Acceptor;
-use crate::shutdown::Shutdown;
+use crate::core::gate::Gate;
+use crate::service::lifecycle::{Lifecycle, Phase};
+use crate::service::listener::Acceptor;
+use crate::service::shutdown::Shutdown;
 
 /// What the handlers read.
 #[derive(Clone)]

@@ -10,13 +10,13 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use metrics::Counter;
 
-use crate::answer::{Lookup, NamespaceStats};
-use crate::clock::Clock;
-use crate::config::{GateConfig, Limits};
-use crate::hashing::KeyHasher;
-use crate::invalidations::Subscription;
-use crate::log::{Log, LogError, Mutation};
-use crate::namespace::{
+use crate::core::answer::{Lookup, NamespaceStats};
+use crate::core::clock::Clock;
+use crate::core::config::{GateConfig, Limits};
+use crate::core::hashing::KeyHasher;
+use crate::core::invalidations::Subscription;
+use crate::core::log::{Log, LogError, Mutation};
+use crate::core::namespace::{
     AbsenceReport, Added, Namespace, Rebuild, Recorded, WriteError, WritesStopped,
 };
 
@@ -105,7 +105,7 @@ impl Gate {
                 );
                 let entry = Entry {
                     namespace: Arc::new(namespace),
-                    warming_answers: crate::metrics::warming_answers(name),
+                    warming_answers: crate::core::metrics::warming_answers(name),
                 };
                 (name.clone(), entry)
             })
@@ -348,38 +348,6 @@ impl Gate {
             .apply(mutation)
             .map_err(|stopped| stopped.to_string())?;
         Ok(())
-    }
-
-    /// Loads one namespace's state from a snapshot.
-    pub fn restore_image(
-        &self,
-        image: crate::persistence::snapshot::NamespaceImage,
-    ) -> Result<(), String> {
-        let namespace = self.namespace(&image.name).map_err(|_| {
-            format!(
-                "it holds namespace {:?}, which is not configured; add it back to the configuration (or move \
-                 the data directory aside to start without it)",
-                image.name
-            )
-        })?;
-        let expected = namespace.settings().filter_spec().fingerprint();
-        if image.fingerprint != expected {
-            return Err(format!(
-                "namespace {:?} was written with another filter sizing (expected_keys, false_positive_rate, \
-                 retention or windows changed); changing sizing needs a rebuild: start with an empty data \
-                 directory and re-derive the keys with the Admin Rebuild call, or restore the old settings",
-                image.name
-            ));
-        }
-        namespace
-            .restore(
-                image.seq,
-                image.keys_added,
-                image.windows,
-                &image.tombstones,
-                self.clock.now_ms(),
-            )
-            .map_err(|stopped| stopped.to_string())
     }
 
     /// The hasher's [`check_value`](KeyHasher::check_value), recorded in snapshots.

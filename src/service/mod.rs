@@ -1,0 +1,20 @@
+//! The service: everything between a network peer and the [`gate`](crate::core::gate::Gate).
+//!
+//! - [`grpc`]: the thin layer that maps the contract onto the gate; the one place `""` becomes `default`.
+//! - [`admin`]: stats, snapshots, rebuild.
+//! - [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`listener`]: accepting connections — backoff at the descriptor limit, a deadline for the handshake.
+//! - [`lifecycle`]: the one state (loading, ready, failed, draining) that health, `/readyz` and admin read.
+//! - [`metrics`]: the Prometheus recorder and the service's own series.
+//! - [`shutdown`]: the signal every part watches.
+
+pub mod access;
+pub mod admin;
+pub mod auth;
+pub mod grpc;
+pub mod http;
+pub mod lifecycle;
+pub mod listener;
+pub mod metrics;
+pub mod shutdown;

@@ -1,0 +1,133 @@
+//! The tree is the architecture: `src/core/` (the state machine) uses neither storage, the service, the wiring
+//! nor any network crate; `src/storage/` uses the core only; `src/service/` uses the core and storage but not the
+//! wiring (`src/server.rs`). This test reads the sources and names every line that crosses a layer the wrong
+//! way, so an import that would blur the layers fails CI instead of waiting for a review.
+
+use std::path::{Path, PathBuf};
+
+/// What a layer's sources must not mention: paths into other parts of the crate, and external crates.
+struct Rule {
+    layer: &'static str,
+    forbidden_modules: &'static [&'static str],
+    forbidden_crates: &'static [&'static str],
+}
+
+/// Crates that speak a network protocol or a storage engine: the core stays free of all of them.
+const NETWORK_CRATES: &[&str] = &[
+    "tonic",
+    "tonic_health",
+    "tonic_reflection",
+    "prost",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "axum",
+    "tower",
+    "http",
+    "tokio_rustls",
+    "rustls",
+    "async_nats",
+    "tokio_postgres",
+    "metrics_exporter_prometheus",
+];
+
+const RULES: &[Rule] = &[
+    Rule {
+        layer: "core",
+        forbidden_modules: &["storage", "service", "server"],
+        forbidden_crates: NETWORK_CRATES,
+    },
+    Rule {
+        layer: "storage",
+        forbidden_modules: &["service", "server"],
+        forbidden_crates: &["tonic", "prost", "hyper", "axum", "h2", "tower"],
+    },
+    Rule {
+        layer: "service",
+        forbidden_modules: &["server"],
+        forbidden_crates: &[],
+    },
+];
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            found.extend(sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// Whether `line` names `name` as the first segment of a path (`name::…`) or in a `use name` / `extern crate`.
+fn names_crate(line: &str, name: &str) -> bool {
+    let bytes = line.as_bytes();
+    line.match_indices(name).any(|(at, _)| {
+        let before_ok = at == 0 || {
+            let c = bytes[at - 1];
+            !(c.is_ascii_alphanumeric() || c == b'_' || c == b':')
+        };
+        let rest = &line[at + name.len()..];
+        let after_ok = rest.starts_with("::")
+            || (line[..at].trim_end().ends_with("use") && rest.starts_with([';', ' ']));
+        before_ok && after_ok
+    })
+}
+
+/// The lines of `text` (from `file`) that break `rule`, as `file:line: text`.
+fn violations(rule: &Rule, file: &str, text: &str) -> Vec<String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            rule.forbidden_modules
+                .iter()
+                .any(|module| line.contains(&format!("crate::{module}")))
+                || rule
+                    .forbidden_crates
+                    .iter()
+                    .any(|name| names_crate(line, name))
+        })
+        .map(|(index, line)| format!("{file}:{}: {}", index + 1, line.trim()))
+        .collect()
+}
+
+#[test]
+fn each_layer_uses_only_the_layers_beneath_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for rule in RULES {
+        let files = sources(&src.join(rule.layer));
+        assert!(!files.is_empty(), "src/{} has no sources", rule.layer);
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("a readable source");
+            let shown = file
+                .strip_prefix(&src)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            found.extend(violations(rule, &shown, &text));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "imports that cross a layer the wrong way (core < storage < service < server):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The scanner itself: it must catch each kind of crossing (or the test above proves nothing) and must not
+/// flag names that merely contain a forbidden one.
+#[test]
+fn the_scanner_catches_crossings_and_only_those() {
+    let core = &RULES[0];
+    let crossing = "use crate::storage::wal;\nlet s = tonic::Status::ok(\"\");\nuse prost;\nfn f() { crate::server::start() }";
+    let found = violations(core, "x.rs", crossing);
+    assert_eq!(found.len(), 4, "{found:?}");
+    assert_eq!(found[0], "x.rs:1: use crate::storage::wal;");
+    let innocent = "use crate::core::log::Log;\nlet http_port = 1;\nmy_tonic::x();\nuse std::io::Error as hyper_error;";
+    assert_eq!(violations(core, "y.rs", innocent), Vec::<String>::new());
+}
