@@ -35,6 +35,7 @@ use existence_gate::proto::{
     RecordAbsentRequest, RecordOutcome, StatsRequest,
 };
 use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use drive::{Op, Sample};
@@ -593,7 +594,7 @@ async fn scrape_once(addr: std::net::SocketAddr) {
 }
 
 /// Scrapes `http://addr/metrics` every `every` until the task is aborted.
-fn scrape_metrics(addr: std::net::SocketAddr, every: Duration) -> tokio::task::JoinHandle<()> {
+fn scrape_metrics(addr: std::net::SocketAddr, every: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(every);
         loop {
@@ -618,19 +619,6 @@ async fn stats(server: &Server, namespace: &str) -> NamespaceStats {
         .remove(0)
 }
 
-async fn redis_used_memory(connections: &RedisConnections) -> u64 {
-    let mut connection = connections[0].clone();
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut connection)
-        .await
-        .expect("INFO memory");
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -638,19 +626,60 @@ fn unix_ms() -> u64 {
         .as_millis() as u64
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// The tombstone store, in a second gate
+
+/// Redis' null markers of the write comparison: a cache of misses keeps one where the gate keeps a
+/// tombstone, so their memory is set against the store's.
+struct RedisMarkers {
+    /// `SET NX` calls made, each of a fresh key.
+    set: u64,
+    /// Growth of Redis' `used_memory` over them.
+    used_memory_growth: u64,
+}
+
 /// A second, fresh gate whose only work is the tombstone store: its RSS growth while the store fills to its
 /// bound is the store's memory; then lookups of never-added keys (which probe the store and miss) are
 /// measured against a namespace without tombstones, before and after half a store's worth of evictions.
-async fn tombstone_store(report: &mut Report) -> report::TombstoneMemory {
+/// The store's memory goes into the report beside `redis_markers`, the same thing kept in Redis.
+async fn tombstone_store(report: &mut Report, redis_markers: RedisMarkers) {
     println!("tombstone store (second gate): fill to {TOMBSTONE_CAPACITY}, lookups, evictions...");
     let config = tempfile::NamedTempFile::new().expect("a temporary file");
     std::fs::write(config.path(), store_config()).expect("writing the configuration");
     let server = procs::start_gate(&procs::gate_binary(), config.path(), None);
     let clients = connect(&server).await;
     fill(&clients, &server, "default", TOMB, TOMBSTONE_RECORDS).await;
-    // Warm the connections and the runtime, then flush the metrics buffers before the baseline reading.
+    warm_up_without_tombstones(&server, &clients).await;
+    // Flush the metrics buffers the warm-up filled before the baseline reading, and keep them flushed.
+    let http = server.http_addr.expect("the gate logs its HTTP address");
+    let scraper = scrape_metrics(http, Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let record = record_absent(
+        &clients,
+        "default",
+        TOMB,
+        TOMBSTONE_RECORDS,
+        Arc::new(AtomicU64::new(0)),
+    );
+    let (rss_delta, full) = fill_store(&server, &record).await;
+    store_lookups(report, &server, &clients, &record, full.tombstones).await;
+    scraper.abort();
+    report.tombstones = Some(report::TombstoneMemory {
+        capacity: TOMBSTONE_CAPACITY,
+        recorded: TOMBSTONE_CAPACITY * 2,
+        stored: full.tombstones,
+        table_bytes: full.tombstone_bytes,
+        rss_delta,
+        redis_markers: redis_markers.set,
+        redis_delta: redis_markers.used_memory_growth,
+    });
+}
+
+/// A second of lookups in `plain`, which never gets a tombstone, so that the connections and the runtime
+/// are warm before the store's baseline RSS is read.
+async fn warm_up_without_tombstones(server: &Server, clients: &Clients) {
     let absent = Arc::new(keys((0..UNARY_POOL as u64).map(|i| ABSENT + i)));
-    let warm = may_exist(&clients, "plain", Arc::clone(&absent), None);
+    let warm = may_exist(clients, "plain", absent, None);
     drive::closed_loop(
         CONNECTIONS,
         IN_FLIGHT,
@@ -659,80 +688,70 @@ async fn tombstone_store(report: &mut Report) -> report::TombstoneMemory {
         &warm,
     )
     .await;
-    let http = server.http_addr.expect("the gate logs its HTTP address");
-    let scraper = scrape_metrics(http, Duration::from_millis(100));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Calls `record` until the store is full (twice its bound: see `TOMBSTONE_CAPACITY`); returns the
+/// server's RSS growth meanwhile and the store's `Stats` once full.
+async fn fill_store(server: &Server, record: &Op) -> (u64, NamespaceStats) {
     let rss_before = server.rss_bytes();
-    let record = record_absent(
-        &clients,
-        "default",
-        TOMB,
-        TOMBSTONE_RECORDS,
-        Arc::new(AtomicU64::new(0)),
-    );
     repeat(
-        &record,
+        record,
         TOMBSTONE_CAPACITY * 2,
         "RecordAbsent into the store",
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss_after = server.rss_bytes();
-    let full = stats(&server, "default").await;
+    (
+        rss_after.saturating_sub(rss_before),
+        stats(server, "default").await,
+    )
+}
 
+/// Packed `BatchMayExist` of never-added keys in the full store's namespace against the same in `plain`
+/// (server CPU per key): what a full store costs lookups that probe it and miss, measured once with the
+/// `stored` tombstones and again after half a store's worth of `record` calls, each evicting one.
+async fn store_lookups(
+    report: &mut Report,
+    server: &Server,
+    clients: &Clients,
+    record: &Op,
+    stored: u64,
+) {
     let sides = [
         Side {
-            server: &server,
+            server,
             op: batch_may_exist(
-                &clients,
+                clients,
                 absent_requests("plain", LOOKUP_BATCH),
                 LOOKUP_BATCH,
             ),
         },
         Side {
-            server: &server,
+            server,
             op: batch_may_exist(
-                &clients,
+                clients,
                 absent_requests("default", LOOKUP_BATCH),
                 LOOKUP_BATCH,
             ),
         },
     ];
+    let row = |workload: String, samples: &[Sample]| {
+        Row::new(&workload, "gate (2nd)", &samples[1], server.rss_bytes())
+            .per_key_vs(&samples[0], "no tombstones")
+    };
     let before = compare(&sides, SWEEP_STRETCH).await;
-    report.rows.push(
-        Row::new(
-            &format!(
-                "BatchMayExist {LOOKUP_BATCH} never-added keys, packed, namespace with a full store ({} tombstones)",
-                full.tombstones
-            ),
-            "gate (2nd)",
-            &before[1],
-            server.rss_bytes(),
-        )
-        .per_key_vs(&before[0], "no tombstones"),
-    );
+    report.rows.push(row(
+        format!("BatchMayExist {LOOKUP_BATCH} never-added keys, packed, namespace with a full store ({stored} tombstones)"),
+        &before,
+    ));
     let evictions = TOMBSTONE_CAPACITY / 2;
-    repeat(&record, evictions, "RecordAbsent into the full store").await;
+    repeat(record, evictions, "RecordAbsent into the full store").await;
     let after = compare(&sides, SWEEP_STRETCH).await;
-    report.rows.push(
-        Row::new(
-            &format!("same, after {evictions} more RecordAbsent (each evicting a tombstone)"),
-            "gate (2nd)",
-            &after[1],
-            server.rss_bytes(),
-        )
-        .per_key_vs(&after[0], "no tombstones"),
-    );
-    scraper.abort();
-    report::TombstoneMemory {
-        capacity: TOMBSTONE_CAPACITY,
-        recorded: TOMBSTONE_CAPACITY * 2,
-        stored: full.tombstones,
-        table_bytes: full.tombstone_bytes,
-        rss_delta: rss_after.saturating_sub(rss_before),
-        redis_markers: 0,
-        redis_delta: 0,
-    }
+    report.rows.push(row(
+        format!("same, after {evictions} more RecordAbsent (each evicting a tombstone)"),
+        &after,
+    ));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -755,61 +774,136 @@ fn main() {
     runtime.block_on(run());
 }
 
+/// The load run, one step per part of the report, in the order they are measured. The steps share the
+/// servers; comparisons made later reuse samples of earlier steps (the unary and 1,000-key lookups), and
+/// the targets are judged once everything is measured.
 async fn run() {
     let started = Instant::now();
     let mut report = Report::new(CONNECTIONS, IN_FLIGHT, ROUNDS, STRETCH);
-    let config = tempfile::NamedTempFile::new().expect("a temporary file");
-    std::fs::write(config.path(), gate_config()).expect("writing the configuration");
-    report.config = gate_config();
-
-    let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
-    let trivial = procs::start_baseline();
-    let redis = procs::start_redis();
-    if redis.is_none() {
-        eprintln!("redis-server is not installed (apt-get install -y redis-server): Redis rows are skipped");
+    let bench = Bench::start(&mut report).await;
+    bench.fill_namespaces(&mut report).await;
+    bench.measure_false_positives(&mut report).await;
+    bench.fill_redis_bloom(&mut report).await;
+    let (unary, scraper) = bench.unary_lookups(&mut report).await;
+    let batch = bench.batch_lookups(&mut report).await;
+    bench.batch_size_sweep(&mut report, &batch).await;
+    let redis_markers = bench.record_absent_writes(&mut report).await;
+    bench.tombstoned_lookups(&mut report, &unary).await;
+    tombstone_store(&mut report, redis_markers).await;
+    bench.tail_latency(&mut report).await;
+    judge_targets(&mut report, &unary, &batch);
+    write_results(&mut report, started);
+    if let Some(scraper) = scraper {
+        scraper.abort();
     }
-    report.redis_version = redis.as_ref().map(|_| procs::redis_version());
-    let gate_clients = connect(&gate).await;
-    let trivial_clients = connect(&trivial).await;
-    let redis_connections = match &redis {
-        Some(redis) => Some(connect_redis(redis).await),
-        None => None,
-    };
-    println!(
-        "servers: gate {} (pid {}), trivial tonic {} (pid {}){}",
-        gate.addr,
-        gate.pid(),
-        trivial.addr,
-        trivial.pid(),
-        redis.as_ref().map_or(String::new(), |r| format!(
-            ", redis {} (pid {})",
-            r.addr,
-            r.pid()
-        ))
-    );
+}
 
-    // --- Fill ---------------------------------------------------------------------------------------------
-    let rss_empty = gate.rss_bytes();
-    println!("filling: {FILLED_KEYS} keys into `default` in Adds of {ADD_BATCH}...");
-    let filled = fill(&gate_clients, &gate, "default", PRESENT, FILLED_KEYS).await;
-    println!(
-        "  {:.1} s, {:.2} M keys/s, {:.3} µs server CPU per key",
-        filled.wall,
-        filled.keys_per_second() / 1e6,
-        filled.server_us_per_key()
-    );
-    let rss_filled = gate.rss_bytes();
-    let default_stats = stats(&gate, "default").await;
-    fill(&gate_clients, &gate, "writes", WRITES, WRITE_CANDIDATES).await;
-    fill(&gate_clients, &gate, "tomb", TOMB, TOMBSTONE_LOOKUPS).await;
-    fill(&gate_clients, &gate, "rot", ROT, 100_000).await;
-    report.add_fill(&filled, rss_empty, rss_filled, &default_stats);
+/// The servers of the main run and the connections to each; dropping it stops the servers.
+struct Bench {
+    gate: Server,
+    trivial: Server,
+    /// `None` when `redis-server` is not installed: the Redis rows are skipped.
+    redis: Option<Server>,
+    gate_clients: Clients,
+    trivial_clients: Clients,
+    redis_connections: Option<RedisConnections>,
+    /// The gate's configuration file, kept until the gate has stopped.
+    _config: tempfile::NamedTempFile,
+}
 
-    // Sanity: added keys answer MAY_EXIST, and the false-positive rate of never-added keys is near 1%.
-    {
+/// The 1,000-key batch comparison, whose samples the sweep and the targets read again.
+struct BatchLookups {
+    gate_keyed: Sample,
+    trivial_keyed: Sample,
+    gate_packed: Sample,
+    trivial_packed: Sample,
+    /// Redis `GETBIT` pipelines probing the same keys, if Redis ran.
+    getbit: Option<Sample>,
+}
+
+// The steps of the run, in its order.
+impl Bench {
+    /// Starts the gate, the trivial tonic server and Redis (if installed), each its own process, and
+    /// connects to each; notes the gate's configuration and Redis' version in the report.
+    async fn start(report: &mut Report) -> Self {
+        let config = tempfile::NamedTempFile::new().expect("a temporary file");
+        std::fs::write(config.path(), gate_config()).expect("writing the configuration");
+        report.config = gate_config();
+
+        let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
+        let trivial = procs::start_baseline();
+        let redis = procs::start_redis();
+        if redis.is_none() {
+            eprintln!("redis-server is not installed (apt-get install -y redis-server): Redis rows are skipped");
+        }
+        report.redis_version = redis.as_ref().map(|_| procs::redis_version());
+        let gate_clients = connect(&gate).await;
+        let trivial_clients = connect(&trivial).await;
+        let redis_connections = match &redis {
+            Some(redis) => Some(connect_redis(redis).await),
+            None => None,
+        };
+        println!(
+            "servers: gate {} (pid {}), trivial tonic {} (pid {}){}",
+            gate.addr,
+            gate.pid(),
+            trivial.addr,
+            trivial.pid(),
+            redis.as_ref().map_or(String::new(), |r| format!(
+                ", redis {} (pid {})",
+                r.addr,
+                r.pid()
+            ))
+        );
+        Self {
+            gate,
+            trivial,
+            redis,
+            gate_clients,
+            trivial_clients,
+            redis_connections,
+            _config: config,
+        }
+    }
+
+    /// Fills `default` with `FILLED_KEYS` keys, measuring the Adds (keys/s, server CPU per key) and the
+    /// gate's RSS empty and filled; then fills, unmeasured, the namespaces later steps look up or write to.
+    async fn fill_namespaces(&self, report: &mut Report) {
+        let rss_empty = self.gate.rss_bytes();
+        println!("filling: {FILLED_KEYS} keys into `default` in Adds of {ADD_BATCH}...");
+        let filled = fill(
+            &self.gate_clients,
+            &self.gate,
+            "default",
+            PRESENT,
+            FILLED_KEYS,
+        )
+        .await;
+        println!(
+            "  {:.1} s, {:.2} M keys/s, {:.3} µs server CPU per key",
+            filled.wall,
+            filled.keys_per_second() / 1e6,
+            filled.server_us_per_key()
+        );
+        let rss_filled = self.gate.rss_bytes();
+        let default_stats = stats(&self.gate, "default").await;
+        for (namespace, base, count) in [
+            ("writes", WRITES, WRITE_CANDIDATES),
+            ("tomb", TOMB, TOMBSTONE_LOOKUPS),
+            ("rot", ROT, 100_000),
+        ] {
+            fill(&self.gate_clients, &self.gate, namespace, base, count).await;
+        }
+        report.add_fill(&filled, rss_empty, rss_filled, &default_stats);
+    }
+
+    /// Sanity before anything is timed: added keys answer MAY_EXIST (or every later figure measures a
+    /// broken filter), and the false-positive rate of never-added keys, measured through the server,
+    /// should be near `FALSE_POSITIVE_RATE`.
+    async fn measure_false_positives(&self, report: &mut Report) {
         let requests = lookup_requests("", LOOKUP_BATCH, true);
         let (mut present_hits, mut absent_hits, mut checked) = (0u64, 0u64, 0u64);
-        let mut client = gate_clients[0].clone();
+        let mut client = self.gate_clients[0].clone();
         for request in requests.iter().take(32) {
             let reply = client
                 .batch_may_exist(request.clone())
@@ -830,11 +924,15 @@ async fn run() {
         report.measured_fp = absent_hits as f64 / checked as f64;
     }
 
-    // The Redisson-style bitmap: sized for the same keys and rate, filled with random bits (the state of a
-    // full filter; GETBIT costs the same whatever the bits are).
-    if let Some(connections) = &redis_connections {
+    /// The Redisson-style bitmap the `GETBIT` comparisons probe: sized for the same keys and rate, filled
+    /// with random bits (the state of a full filter; GETBIT costs the same whatever the bits are). Its
+    /// `used_memory` growth is the Redis side of the filter's memory.
+    async fn fill_redis_bloom(&self, report: &mut Report) {
+        let Some(connections) = &self.redis_connections else {
+            return;
+        };
         let (bits, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
-        let before = redis_used_memory(connections).await;
+        let before = self.redis_used_memory().await;
         let mut connection = connections[0].clone();
         let bytes = bits.div_ceil(8);
         let chunk = 1u64 << 20;
@@ -849,47 +947,59 @@ async fn run() {
                 .await
                 .expect("SETRANGE");
         }
-        let after = redis_used_memory(connections).await;
+        let after = self.redis_used_memory().await;
         report.redis_bloom = Some((bits, probes, after.saturating_sub(before)));
     }
 
-    // --- 1. Unary MayExist ------------------------------------------------------------------------------
-    println!("unary MayExist: gate vs trivial tonic...");
-    let unary_keys = Arc::new(keys((0..UNARY_POOL as u64).map(lookup_index)));
-    let rss_before_unary = gate.rss_bytes();
-    let unary = compare(
-        &[
-            Side {
-                server: &gate,
-                op: may_exist(&gate_clients, "", Arc::clone(&unary_keys), None),
-            },
-            Side {
-                server: &trivial,
-                op: may_exist(&trivial_clients, "", Arc::clone(&unary_keys), None),
-            },
-        ],
-        STRETCH,
-    )
-    .await;
-    // Nothing has scraped /metrics yet: the request histograms have buffered every call's sample.
-    report.unbuffered_growth = Some((
-        gate.rss_bytes().saturating_sub(rss_before_unary),
-        unary[0].calls + unary[0].errors,
-    ));
-    report.rows.push(
-        Row::new("MayExist (unary)", "gate", &unary[0], gate.rss_bytes())
-            .per_call_vs(&unary[1], "trivial"),
-    );
-    // What one scrape costs the server, measured while nothing else runs.
-    if let Some(http) = gate.http_addr {
+    /// Unary `MayExist`, gate against trivial tonic: server CPU per call (target 3). Nothing has scraped
+    /// `/metrics` before it, so the gate's RSS growth over it is what its request histograms buffer when
+    /// unscraped; right after, one scrape's cost is measured, and from then on the harness scrapes as a
+    /// deployment's Prometheus would. Returns the samples (gate, trivial) and the scraper, which runs to
+    /// the end.
+    async fn unary_lookups(&self, report: &mut Report) -> (Vec<Sample>, Option<JoinHandle<()>>) {
+        println!("unary MayExist: gate vs trivial tonic...");
+        let unary_keys = Arc::new(keys((0..UNARY_POOL as u64).map(lookup_index)));
+        let rss_before_unary = self.gate.rss_bytes();
+        let unary = compare(
+            &self.gate_and_trivial(|clients| may_exist(clients, "", Arc::clone(&unary_keys), None)),
+            STRETCH,
+        )
+        .await;
+        // Nothing has scraped /metrics yet: the request histograms have buffered every call's sample.
+        report.unbuffered_growth = Some((
+            self.gate.rss_bytes().saturating_sub(rss_before_unary),
+            unary[0].calls + unary[0].errors,
+        ));
+        report.rows.push(
+            self.gate_row("MayExist (unary)", &unary[0])
+                .per_call_vs(&unary[1], "trivial"),
+        );
+        self.measure_scrape_cost(report).await;
+        // From here on /metrics is scraped, as a deployment's Prometheus does.
+        let scraper = self
+            .gate
+            .http_addr
+            .map(|addr| scrape_metrics(addr, SCRAPE_EVERY));
+        report
+            .rows
+            .push(self.trivial_row("MayExist (unary)", &unary[1]));
+        (unary, scraper)
+    }
+
+    /// The gate's CPU per `/metrics` scrape, the average of a few made while nothing else runs, and the
+    /// filter bytes it held then (a scrape that counted filter bits would grow with them).
+    async fn measure_scrape_cost(&self, report: &mut Report) {
         const SCRAPES: u32 = 20;
+        let Some(http) = self.gate.http_addr else {
+            return;
+        };
         scrape_once(http).await;
-        let before = gate.cpu_seconds();
+        let before = self.gate.cpu_seconds();
         for _ in 0..SCRAPES {
             scrape_once(http).await;
         }
-        let seconds = (gate.cpu_seconds() - before) / f64::from(SCRAPES);
-        let mut admin = AdminClient::connect(format!("http://{}", gate.addr))
+        let seconds = (self.gate.cpu_seconds() - before) / f64::from(SCRAPES);
+        let mut admin = AdminClient::connect(format!("http://{}", self.gate.addr))
             .await
             .expect("the admin service");
         let filter_bytes: u64 = admin
@@ -905,379 +1015,433 @@ async fn run() {
             .sum();
         report.scrape_cpu = Some((seconds, filter_bytes));
     }
-    // From here on /metrics is scraped, as a deployment's Prometheus does.
-    let scraper = gate
-        .http_addr
-        .map(|addr| scrape_metrics(addr, SCRAPE_EVERY));
-    report.rows.push(Row::new(
-        "MayExist (unary)",
-        "trivial tonic",
-        &unary[1],
-        trivial.rss_bytes(),
-    ));
 
-    // --- 2. BatchMayExist, 1,000 keys, both encodings; Redis GETBIT pipelines --------------------------
-    println!("BatchMayExist of {LOOKUP_BATCH} keys (repeated bytes, packed) vs trivial tonic and Redis GETBIT...");
-    let keyed = lookup_requests("", LOOKUP_BATCH, false);
-    let packed = lookup_requests("", LOOKUP_BATCH, true);
-    let mut sides = vec![
-        Side {
-            server: &gate,
-            op: batch_may_exist(&gate_clients, Arc::clone(&keyed), LOOKUP_BATCH),
-        },
-        Side {
-            server: &trivial,
-            op: batch_may_exist(&trivial_clients, Arc::clone(&keyed), LOOKUP_BATCH),
-        },
-        Side {
-            server: &gate,
-            op: batch_may_exist(&gate_clients, Arc::clone(&packed), LOOKUP_BATCH),
-        },
-        Side {
-            server: &trivial,
-            op: batch_may_exist(&trivial_clients, Arc::clone(&packed), LOOKUP_BATCH),
-        },
-    ];
-    if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
-        sides.push(Side {
-            server: redis,
-            op: getbit(connections, LOOKUP_BATCH),
-        });
-    }
-    let batch = compare(&sides, STRETCH).await;
-    drop(sides);
-    let (gate_keyed, trivial_keyed, gate_packed, trivial_packed) =
-        (&batch[0], &batch[1], &batch[2], &batch[3]);
-    let getbit_1000 = batch.get(4);
-    let label = format!("BatchMayExist {LOOKUP_BATCH} keys, `keys`");
-    report.rows.push(
-        Row::new(&label, "gate", gate_keyed, gate.rss_bytes())
-            .per_key_vs(trivial_packed, "trivial packed"),
-    );
-    report.rows.push(
-        Row::new(&label, "trivial tonic", trivial_keyed, trivial.rss_bytes())
-            .per_key_vs(trivial_packed, "trivial packed"),
-    );
-    let label = format!("BatchMayExist {LOOKUP_BATCH} keys, `packed_keys`");
-    report.rows.push(
-        Row::new(&label, "gate", gate_packed, gate.rss_bytes())
-            .per_key_vs(trivial_packed, "trivial packed"),
-    );
-    report.rows.push(Row::new(
-        &label,
-        "trivial tonic",
-        trivial_packed,
-        trivial.rss_bytes(),
-    ));
-    if let (Some(getbit), Some(redis)) = (getbit_1000, &redis) {
-        let (_, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
-        report.rows.push(
-            Row::new(
-                &format!("{LOOKUP_BATCH} keys × {probes} GETBIT, pipelined"),
-                "redis",
-                getbit,
-                redis.rss_bytes(),
-            )
-            .throughput_vs(gate_packed, "gate packed"),
-        );
-    }
-
-    // --- 3. Batch size sweep (the plot) -------------------------------------------------------------------
-    println!("batch size sweep {SWEEP:?}: gate packed vs Redis GETBIT...");
-    for size in SWEEP {
-        let (gate_sample, redis_sample) = if size == LOOKUP_BATCH {
-            (gate_packed.clone(), getbit_1000.cloned())
-        } else {
-            let mut sides = vec![Side {
-                server: &gate,
-                op: batch_may_exist(&gate_clients, lookup_requests("", size, true), size),
-            }];
-            if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
-                sides.push(Side {
-                    server: redis,
-                    op: getbit(connections, size),
-                });
-            }
-            let mut samples = compare(&sides, SWEEP_STRETCH).await;
-            let redis_sample = (samples.len() > 1).then(|| samples.remove(1));
-            (samples.remove(0), redis_sample)
+    /// `BatchMayExist` of `LOOKUP_BATCH` keys, as repeated `keys` and as `packed_keys`, gate against trivial
+    /// tonic: server CPU per key against the trivial server's packed ceiling (targets 2 and 4a); and Redis
+    /// `GETBIT` pipelines probing the same keys the way Redisson's Bloom filter does (target 4b).
+    async fn batch_lookups(&self, report: &mut Report) -> BatchLookups {
+        println!("BatchMayExist of {LOOKUP_BATCH} keys (repeated bytes, packed) vs trivial tonic and Redis GETBIT...");
+        let keyed = lookup_requests("", LOOKUP_BATCH, false);
+        let packed = lookup_requests("", LOOKUP_BATCH, true);
+        let sides = self
+            .gate_and_trivial(|clients| batch_may_exist(clients, Arc::clone(&keyed), LOOKUP_BATCH))
+            .into_iter()
+            .chain(self.gate_and_trivial(|clients| {
+                batch_may_exist(clients, Arc::clone(&packed), LOOKUP_BATCH)
+            }))
+            .collect();
+        let (samples, getbit) = self
+            .compare_with_redis(sides, |c| getbit(c, LOOKUP_BATCH), STRETCH)
+            .await;
+        let [gate_keyed, trivial_keyed, gate_packed, trivial_packed] =
+            <[Sample; 4]>::try_from(samples).expect("one sample per side");
+        let batch = BatchLookups {
+            gate_keyed,
+            trivial_keyed,
+            gate_packed,
+            trivial_packed,
+            getbit,
         };
-        report.sweep.push((size, gate_sample, redis_sample));
+        self.push_batch_rows(report, &batch);
+        batch
     }
 
-    // --- 4. RecordAbsent vs SET NX EX 60 -----------------------------------------------------------------
-    println!("RecordAbsent vs Redis SET NX EX 60...");
-    let redis_before_markers = match &redis_connections {
-        Some(c) => redis_used_memory(c).await,
-        None => 0,
-    };
-    let markers = Arc::new(AtomicU64::new(0));
-    let mut sides = vec![
-        Side {
-            server: &gate,
-            op: record_absent(
-                &gate_clients,
-                "writes",
-                WRITES,
-                WRITE_CANDIDATES,
-                Arc::new(AtomicU64::new(0)),
-            ),
-        },
-        Side {
-            server: &trivial,
-            op: record_absent(
-                &trivial_clients,
-                "writes",
-                WRITES,
-                WRITE_CANDIDATES,
-                Arc::new(AtomicU64::new(0)),
-            ),
-        },
-    ];
-    if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
-        sides.push(Side {
-            server: redis,
-            op: redis_set_nx(connections, Arc::clone(&markers)),
-        });
-    }
-    let writes = compare(&sides, STRETCH).await;
-    drop(sides);
-    let redis_delta = match &redis_connections {
-        Some(c) => redis_used_memory(c)
-            .await
-            .saturating_sub(redis_before_markers),
-        None => 0,
-    };
-    report.rows.push(
-        Row::new(
-            "RecordAbsent (unary, new key each)",
-            "gate",
-            &writes[0],
-            gate.rss_bytes(),
-        )
-        .per_call_vs(&writes[1], "trivial"),
-    );
-    report.rows.push(Row::new(
-        "RecordAbsent (unary, new key each)",
-        "trivial tonic",
-        &writes[1],
-        trivial.rss_bytes(),
-    ));
-    if let (Some(set), Some(redis)) = (writes.get(2), &redis) {
+    /// The batch comparison's rows: the gate and the trivial server in each encoding against the trivial
+    /// server's packed ceiling, then Redis against the gate's packed batches.
+    fn push_batch_rows(&self, report: &mut Report, batch: &BatchLookups) {
+        let ceiling = &batch.trivial_packed;
+        let label = format!("BatchMayExist {LOOKUP_BATCH} keys, `keys`");
         report.rows.push(
-            Row::new(
-                "SET key \"\" NX EX 60 (16 in flight per connection)",
-                "redis",
-                set,
-                redis.rss_bytes(),
-            )
-            .throughput_vs(&writes[0], "gate RecordAbsent"),
+            self.gate_row(&label, &batch.gate_keyed)
+                .per_key_vs(ceiling, "trivial packed"),
+        );
+        report.rows.push(
+            self.trivial_row(&label, &batch.trivial_keyed)
+                .per_key_vs(ceiling, "trivial packed"),
+        );
+        let label = format!("BatchMayExist {LOOKUP_BATCH} keys, `packed_keys`");
+        report.rows.push(
+            self.gate_row(&label, &batch.gate_packed)
+                .per_key_vs(ceiling, "trivial packed"),
+        );
+        report.rows.push(self.trivial_row(&label, ceiling));
+        let (_, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
+        let label = format!("{LOOKUP_BATCH} keys × {probes} GETBIT, pipelined");
+        report.rows.extend(
+            self.redis_row(&label, batch.getbit.as_ref())
+                .map(|row| row.throughput_vs(&batch.gate_packed, "gate packed")),
         );
     }
 
-    // --- 5. Lookups of tombstoned keys vs Redis GET of null markers ----------------------------------------
-    println!("tombstoned MayExist vs Redis GET of null markers...");
-    repeat(
-        &record_absent(
-            &gate_clients,
-            "tomb",
-            TOMB,
-            TOMBSTONE_LOOKUPS,
-            Arc::new(AtomicU64::new(0)),
-        ),
-        TOMBSTONE_LOOKUPS,
-        "RecordAbsent into `tomb`",
-    )
-    .await;
-    let tomb_keys = Arc::new(keys((0..TOMBSTONE_LOOKUPS).map(|i| TOMB + i)));
-    report.tombstone_lookup_keys = tomb_keys.len();
-    if let Some(connections) = &redis_connections {
-        let mut connection = connections[0].clone();
-        let mut pipeline = redis::pipe();
-        for key in tomb_keys.iter() {
-            pipeline
-                .cmd("SET")
-                .arg(&key[..])
-                .arg("")
-                .arg("EX")
-                .arg(600)
-                .ignore();
+    /// Packed `BatchMayExist` against Redis `GETBIT` pipelines at each batch size of `SWEEP` (the plot):
+    /// where batching stops paying, and how the gap to Redis changes with it. The `LOOKUP_BATCH` point is
+    /// the batch comparison's.
+    async fn batch_size_sweep(&self, report: &mut Report, batch: &BatchLookups) {
+        println!("batch size sweep {SWEEP:?}: gate packed vs Redis GETBIT...");
+        for size in SWEEP {
+            let (gate_sample, redis_sample) = if size == LOOKUP_BATCH {
+                (batch.gate_packed.clone(), batch.getbit.clone())
+            } else {
+                let gate = self.gate_side(|clients| {
+                    batch_may_exist(clients, lookup_requests("", size, true), size)
+                });
+                let (mut samples, redis_sample) = self
+                    .compare_with_redis(vec![gate], |c| getbit(c, size), SWEEP_STRETCH)
+                    .await;
+                (samples.remove(0), redis_sample)
+            };
+            report.sweep.push((size, gate_sample, redis_sample));
         }
-        let () = pipeline
+    }
+
+    /// `RecordAbsent` of a new key per call, gate against trivial tonic (server CPU per call), and what a
+    /// cache of misses does instead, Redis `SET key "" NX EX 60`; returns the markers Redis now holds and
+    /// its memory growth over them, which the tombstone-store step sets against tombstones'.
+    async fn record_absent_writes(&self, report: &mut Report) -> RedisMarkers {
+        println!("RecordAbsent vs Redis SET NX EX 60...");
+        let used_memory_before = self.redis_used_memory().await;
+        let markers = Arc::new(AtomicU64::new(0));
+        let sides = self.gate_and_trivial(|clients| {
+            record_absent(
+                clients,
+                "writes",
+                WRITES,
+                WRITE_CANDIDATES,
+                Arc::new(AtomicU64::new(0)),
+            )
+        });
+        let (writes, set) = self
+            .compare_with_redis(
+                sides.into(),
+                |c| redis_set_nx(c, Arc::clone(&markers)),
+                STRETCH,
+            )
+            .await;
+        let used_memory_growth = self
+            .redis_used_memory()
+            .await
+            .saturating_sub(used_memory_before);
+        let label = "RecordAbsent (unary, new key each)";
+        report.rows.push(
+            self.gate_row(label, &writes[0])
+                .per_call_vs(&writes[1], "trivial"),
+        );
+        report.rows.push(self.trivial_row(label, &writes[1]));
+        report.rows.extend(
+            self.redis_row(
+                "SET key \"\" NX EX 60 (16 in flight per connection)",
+                set.as_ref(),
+            )
+            .map(|row| row.throughput_vs(&writes[0], "gate RecordAbsent")),
+        );
+        RedisMarkers {
+            set: markers.load(Ordering::Relaxed),
+            used_memory_growth,
+        }
+    }
+
+    /// Unary `MayExist` of keys holding a live tombstone: server CPU per call against the trivial server's
+    /// unary lookups (`unary`, of the unary step), and Redis `GET` of the same keys' null markers, the
+    /// lookup a cache of misses makes.
+    async fn tombstoned_lookups(&self, report: &mut Report, unary: &[Sample]) {
+        println!("tombstoned MayExist vs Redis GET of null markers...");
+        let tomb_keys = self.record_tombstones_and_markers().await;
+        report.tombstone_lookup_keys = tomb_keys.len();
+        let gate = self.gate_side(|clients| {
+            may_exist(
+                clients,
+                "tomb",
+                Arc::clone(&tomb_keys),
+                Some(Basis::Tombstone),
+            )
+        });
+        let (tomb_lookups, get) = self
+            .compare_with_redis(
+                vec![gate],
+                |c| redis_get(c, Arc::clone(&tomb_keys)),
+                STRETCH,
+            )
+            .await;
+        report.rows.push(
+            self.gate_row("MayExist of tombstoned keys (unary)", &tomb_lookups[0])
+                .per_call_vs(&unary[1], "trivial"),
+        );
+        report.rows.extend(
+            self.redis_row(
+                "GET null marker (16 in flight per connection)",
+                get.as_ref(),
+            )
+            .map(|row| row.throughput_vs(&tomb_lookups[0], "gate tombstone MayExist")),
+        );
+    }
+
+    /// Records a tombstone in `tomb` for each of `TOMBSTONE_LOOKUPS` keys and sets the same keys' null
+    /// markers in Redis, so that every lookup of the tombstoned-lookup step finds one; returns the keys.
+    async fn record_tombstones_and_markers(&self) -> Arc<Vec<Bytes>> {
+        repeat(
+            &record_absent(
+                &self.gate_clients,
+                "tomb",
+                TOMB,
+                TOMBSTONE_LOOKUPS,
+                Arc::new(AtomicU64::new(0)),
+            ),
+            TOMBSTONE_LOOKUPS,
+            "RecordAbsent into `tomb`",
+        )
+        .await;
+        let tomb_keys = Arc::new(keys((0..TOMBSTONE_LOOKUPS).map(|i| TOMB + i)));
+        if let Some(connections) = &self.redis_connections {
+            let mut connection = connections[0].clone();
+            let mut pipeline = redis::pipe();
+            for key in tomb_keys.iter() {
+                pipeline
+                    .cmd("SET")
+                    .arg(&key[..])
+                    .arg("")
+                    .arg("EX")
+                    .arg(600)
+                    .ignore();
+            }
+            let () = pipeline
+                .query_async(&mut connection)
+                .await
+                .expect("SET markers");
+        }
+        tomb_keys
+    }
+
+    /// Tail latency of unary `MayExist` in `rot`, offered open loop at half the gate's capacity while Adds
+    /// run and a window rotation passes (target 5: the rotation must not stall readers), and the trivial
+    /// server at the same rate for the floor of the stack on this machine.
+    async fn tail_latency(&self, report: &mut Report) {
+        let rot_keys = Arc::new(keys((0..UNARY_POOL as u64).map(|j| {
+            if j & 1 == 0 {
+                ROT + j / 2
+            } else {
+                ABSENT + j
+            }
+        })));
+        let lookups = may_exist(&self.gate_clients, "rot", Arc::clone(&rot_keys), None);
+        let capacity = self.capacity(&lookups).await;
+        let rate = capacity / 2.0;
+        let now = unix_ms();
+        let boundary = (now + 3_000).div_ceil(ROTATION_SPAN_MS) * ROTATION_SPAN_MS;
+        let duration = Duration::from_millis(boundary + 5_000 - now);
+        println!(
+            "tail latency: MayExist at {rate:.0}/s (half of {capacity:.0}/s) for {:.1} s with Adds; rotation at +{:.1} s...",
+            duration.as_secs_f64(),
+            (boundary - now) as f64 / 1e3
+        );
+        let adder = add_to_rot_for(&self.gate_clients, duration);
+        let (mut tail, timed) =
+            drive::open_loop(rate, CONNECTIONS, duration, self.gate.pid(), &lookups).await;
+        tail.sort();
+        let add_latencies = adder.await.expect("the Add task panicked");
+        let rot_stats = stats(&self.gate, "rot").await;
+        let trivial = self.trivial_tail(rate, rot_keys).await;
+        report.tail = Some(report::Tail {
+            rate,
+            capacity,
+            rotation_at: (boundary - now) as f64 / 1e3,
+            sample: tail,
+            timed,
+            adds: add_latencies,
+            add_keys: ROTATION_ADD_KEYS,
+            add_every: ADD_EVERY,
+            trivial,
+            windows: rot_stats.windows,
+        });
+    }
+
+    /// The gate's closed-loop calls/s of `lookups`, measured right before the tail-latency run: the
+    /// machine's other load changes over minutes.
+    async fn capacity(&self, lookups: &Op) -> f64 {
+        let pid = self.gate.pid();
+        drive::closed_loop(CONNECTIONS, IN_FLIGHT, WARM_UP, pid, lookups).await;
+        drive::closed_loop(CONNECTIONS, IN_FLIGHT, Duration::from_secs(2), pid, lookups)
+            .await
+            .calls_per_second()
+    }
+
+    /// The trivial server's latencies at the tail-latency run's `rate` (sorted).
+    async fn trivial_tail(&self, rate: f64, rot_keys: Arc<Vec<Bytes>>) -> Sample {
+        println!("tail latency: trivial tonic at the same rate...");
+        let lookups = may_exist(&self.trivial_clients, "rot", rot_keys, None);
+        let (mut tail, _) = drive::open_loop(
+            rate,
+            CONNECTIONS,
+            Duration::from_secs(6),
+            self.trivial.pid(),
+            &lookups,
+        )
+        .await;
+        tail.sort();
+        tail
+    }
+}
+
+// What the steps share: sides of comparisons, rows, Redis' memory.
+impl Bench {
+    /// The gate, driven by `op` on its connections.
+    fn gate_side(&self, op: impl FnOnce(&Clients) -> Op) -> Side<'_> {
+        Side {
+            server: &self.gate,
+            op: op(&self.gate_clients),
+        }
+    }
+
+    /// The gate's and the trivial server's sides of a comparison, each driven by `op` on its connections.
+    fn gate_and_trivial(&self, op: impl Fn(&Clients) -> Op) -> [Side<'_>; 2] {
+        [
+            self.gate_side(&op),
+            Side {
+                server: &self.trivial,
+                op: op(&self.trivial_clients),
+            },
+        ]
+    }
+
+    /// Measures `sides` and, if Redis runs, Redis driven by `redis_op`, in alternating stretches; returns
+    /// the samples of `sides` in order, and Redis' apart.
+    async fn compare_with_redis<'a>(
+        &'a self,
+        mut sides: Vec<Side<'a>>,
+        redis_op: impl FnOnce(&RedisConnections) -> Op,
+        stretch: Duration,
+    ) -> (Vec<Sample>, Option<Sample>) {
+        let redis_index = sides.len();
+        if let (Some(redis), Some(connections)) = (&self.redis, &self.redis_connections) {
+            sides.push(Side {
+                server: redis,
+                op: redis_op(connections),
+            });
+        }
+        let mut samples = compare(&sides, stretch).await;
+        drop(sides);
+        let redis = (samples.len() > redis_index).then(|| samples.remove(redis_index));
+        (samples, redis)
+    }
+
+    /// A row of the gate's `sample`, with the gate's RSS now.
+    fn gate_row(&self, workload: &str, sample: &Sample) -> Row {
+        Row::new(workload, "gate", sample, self.gate.rss_bytes())
+    }
+
+    /// A row of the trivial server's `sample`, with its RSS now.
+    fn trivial_row(&self, workload: &str, sample: &Sample) -> Row {
+        Row::new(workload, "trivial tonic", sample, self.trivial.rss_bytes())
+    }
+
+    /// A row of Redis' `sample`, with its RSS now; `None` if Redis did not run.
+    fn redis_row(&self, workload: &str, sample: Option<&Sample>) -> Option<Row> {
+        let (sample, redis) = (sample?, self.redis.as_ref()?);
+        Some(Row::new(workload, "redis", sample, redis.rss_bytes()))
+    }
+
+    /// Redis' `used_memory` (0 without Redis).
+    async fn redis_used_memory(&self) -> u64 {
+        let Some(connections) = &self.redis_connections else {
+            return 0;
+        };
+        let mut connection = connections[0].clone();
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
             .query_async(&mut connection)
             .await
-            .expect("SET markers");
+            .expect("INFO memory");
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     }
-    let mut sides = vec![Side {
-        server: &gate,
-        op: may_exist(
-            &gate_clients,
-            "tomb",
-            Arc::clone(&tomb_keys),
-            Some(Basis::Tombstone),
-        ),
-    }];
-    if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
-        sides.push(Side {
-            server: redis,
-            op: redis_get(connections, Arc::clone(&tomb_keys)),
-        });
-    }
-    let tomb_lookups = compare(&sides, STRETCH).await;
-    drop(sides);
-    report.rows.push(
-        Row::new(
-            "MayExist of tombstoned keys (unary)",
-            "gate",
-            &tomb_lookups[0],
-            gate.rss_bytes(),
-        )
-        .per_call_vs(&unary[1], "trivial"),
-    );
-    if let (Some(get), Some(redis)) = (tomb_lookups.get(1), &redis) {
-        report.rows.push(
-            Row::new(
-                "GET null marker (16 in flight per connection)",
-                "redis",
-                get,
-                redis.rss_bytes(),
-            )
-            .throughput_vs(&tomb_lookups[0], "gate tombstone MayExist"),
-        );
-    }
+}
 
-    // --- 6. The tombstone store in a fresh process: memory when full, lookups before and after evictions ---
-    let memory = tombstone_store(&mut report).await;
-    report.tombstones = Some(report::TombstoneMemory {
-        redis_markers: markers.load(Ordering::Relaxed),
-        redis_delta,
-        ..memory
-    });
-
-    // --- 7. Tail latency at half capacity, with Adds and a window rotation ---------------------------------
-    let rot_keys = Arc::new(keys((0..UNARY_POOL as u64).map(|j| {
-        if j & 1 == 0 {
-            ROT + j / 2
-        } else {
-            ABSENT + j
+/// One Add of `ROTATION_ADD_KEYS` new keys to `rot` every `ADD_EVERY` for `duration`: the writes beside the
+/// tail-latency lookups (the first Add after the window boundary builds the new window). The task returns
+/// the Adds' latencies, sorted.
+fn add_to_rot_for(clients: &Clients, duration: Duration) -> JoinHandle<Vec<u64>> {
+    let clients = Arc::clone(clients);
+    let deadline = Instant::now() + duration;
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(ADD_EVERY);
+        let mut client = clients[0].clone();
+        let (mut next, mut latencies) = (1_000_000u64, Vec::new());
+        while Instant::now() < deadline {
+            ticks.tick().await;
+            let request = AddRequest {
+                namespace: "rot".to_string(),
+                keys: keys((next..next + ROTATION_ADD_KEYS).map(|i| ROT + i)),
+            };
+            let sent = Instant::now();
+            client
+                .add(request)
+                .await
+                .expect("Add during the latency run");
+            latencies.push(sent.elapsed().as_nanos() as u64);
+            next += ROTATION_ADD_KEYS;
         }
-    })));
-    let lookups = may_exist(&gate_clients, "rot", Arc::clone(&rot_keys), None);
-    // Capacity right before the run: the machine's other load changes over minutes.
-    drive::closed_loop(CONNECTIONS, IN_FLIGHT, WARM_UP, gate.pid(), &lookups).await;
-    let capacity = drive::closed_loop(
-        CONNECTIONS,
-        IN_FLIGHT,
-        Duration::from_secs(2),
-        gate.pid(),
-        &lookups,
-    )
-    .await
-    .calls_per_second();
-    let rate = capacity / 2.0;
-    let now = unix_ms();
-    let boundary = (now + 3_000).div_ceil(ROTATION_SPAN_MS) * ROTATION_SPAN_MS;
-    let duration = Duration::from_millis(boundary + 5_000 - now);
-    println!(
-        "tail latency: MayExist at {rate:.0}/s (half of {capacity:.0}/s) for {:.1} s with Adds; rotation at +{:.1} s...",
-        duration.as_secs_f64(),
-        (boundary - now) as f64 / 1e3
-    );
-    let adder = {
-        let clients = Arc::clone(&gate_clients);
-        let deadline = Instant::now() + duration;
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(ADD_EVERY);
-            let mut client = clients[0].clone();
-            let (mut next, mut latencies) = (1_000_000u64, Vec::new());
-            while Instant::now() < deadline {
-                ticks.tick().await;
-                let request = AddRequest {
-                    namespace: "rot".to_string(),
-                    keys: keys((next..next + ROTATION_ADD_KEYS).map(|i| ROT + i)),
-                };
-                let sent = Instant::now();
-                client
-                    .add(request)
-                    .await
-                    .expect("Add during the latency run");
-                latencies.push(sent.elapsed().as_nanos() as u64);
-                next += ROTATION_ADD_KEYS;
-            }
-            latencies.sort_unstable();
-            latencies
-        })
-    };
-    let (mut tail, timed) =
-        drive::open_loop(rate, CONNECTIONS, duration, gate.pid(), &lookups).await;
-    tail.sort();
-    let add_latencies = adder.await.expect("the Add task panicked");
-    let rot_stats = stats(&gate, "rot").await;
-    println!("tail latency: trivial tonic at the same rate...");
-    let trivial_lookups = may_exist(&trivial_clients, "rot", Arc::clone(&rot_keys), None);
-    let (mut trivial_tail, _) = drive::open_loop(
-        rate,
-        CONNECTIONS,
-        Duration::from_secs(6),
-        trivial.pid(),
-        &trivial_lookups,
-    )
-    .await;
-    trivial_tail.sort();
-    report.tail = Some(report::Tail {
-        rate,
-        capacity,
-        rotation_at: (boundary - now) as f64 / 1e3,
-        sample: tail,
-        timed,
-        adds: add_latencies,
-        add_keys: ROTATION_ADD_KEYS,
-        add_every: ADD_EVERY,
-        trivial: trivial_tail,
-        windows: rot_stats.windows,
-    });
+        latencies.sort_unstable();
+        latencies
+    })
+}
 
-    // --- Targets and output -------------------------------------------------------------------------------
-    report.targets.push(Target::at_most(
-        "2",
-        "BatchMayExist (1,000 keys, `packed_keys`): server CPU per key within 2x of the trivial tonic handler's packed-bytes ceiling",
-        gate_packed.server_us_per_key() / trivial_packed.server_us_per_key(),
-        2.0,
-        format!(
-            "{:.4} µs vs {:.4} µs per key; with `keys` (repeated bytes): {:.4} µs, {:.2}x the packed ceiling ({:.2}x the trivial handler with `keys`)",
+// ---------------------------------------------------------------------------------------------------------
+// Targets and output
+
+/// Judges the tracker issue's targets, in its numbering, on what the steps measured.
+fn judge_targets(report: &mut Report, unary: &[Sample], batch: &BatchLookups) {
+    report.targets.push(batch.packed_ceiling_target());
+    report.targets.push(unary_target(unary));
+    report.targets.push(batch.keys_per_core_target());
+    report.targets.extend(batch.redis_target());
+    let tombstone_target = report.tombstones.as_ref().map(tombstone_memory_target);
+    report.targets.extend(tombstone_target);
+}
+
+impl BatchLookups {
+    /// Target 2: the gate's server CPU per key within 2x of the trivial server's with packed keys.
+    fn packed_ceiling_target(&self) -> Target {
+        let (gate_keyed, gate_packed) = (&self.gate_keyed, &self.gate_packed);
+        let ceiling = &self.trivial_packed;
+        Target::at_most(
+            "2",
+            "BatchMayExist (1,000 keys, `packed_keys`): server CPU per key within 2x of the trivial tonic handler's packed-bytes ceiling",
+            gate_packed.server_us_per_key() / ceiling.server_us_per_key(),
+            2.0,
+            format!(
+                "{:.4} µs vs {:.4} µs per key; with `keys` (repeated bytes): {:.4} µs, {:.2}x the packed ceiling ({:.2}x the trivial handler with `keys`)",
+                gate_packed.server_us_per_key(),
+                ceiling.server_us_per_key(),
+                gate_keyed.server_us_per_key(),
+                gate_keyed.server_us_per_key() / ceiling.server_us_per_key(),
+                gate_keyed.server_us_per_key() / self.trivial_keyed.server_us_per_key(),
+            ),
+        )
+    }
+
+    /// Target 4a: 20M keys/s per server core with packed keys.
+    fn keys_per_core_target(&self) -> Target {
+        let (gate_keyed, gate_packed) = (&self.gate_keyed, &self.gate_packed);
+        Target::at_most(
+            "4a",
+            "Batches: ≥ 20M keys/s per server core (≤ 0.045 µs server CPU per key), `packed_keys`, 1,000 keys",
             gate_packed.server_us_per_key(),
-            trivial_packed.server_us_per_key(),
-            gate_keyed.server_us_per_key(),
-            gate_keyed.server_us_per_key() / trivial_packed.server_us_per_key(),
-            gate_keyed.server_us_per_key() / trivial_keyed.server_us_per_key(),
-        ),
-    ));
-    report.targets.push(Target::at_most(
-        "3",
-        "Unary MayExist: server CPU per call within 1.2x of the trivial tonic handler's",
-        unary[0].server_us_per_call() / unary[1].server_us_per_call(),
-        1.2,
-        format!(
-            "{:.2} µs vs {:.2} µs per call",
-            unary[0].server_us_per_call(),
-            unary[1].server_us_per_call()
-        ),
-    ));
-    report.targets.push(Target::at_most(
-        "4a",
-        "Batches: ≥ 20M keys/s per server core (≤ 0.045 µs server CPU per key), `packed_keys`, 1,000 keys",
-        gate_packed.server_us_per_key(),
-        0.045,
-        format!(
-            "{:.4} µs per key = {:.1}M keys/s per server core (`keys`: {:.4} µs = {:.1}M)",
-            gate_packed.server_us_per_key(),
-            gate_packed.keys_per_server_core_second() / 1e6,
-            gate_keyed.server_us_per_key(),
-            gate_keyed.keys_per_server_core_second() / 1e6
-        ),
-    ));
-    if let Some(getbit) = getbit_1000 {
-        report.targets.push(Target::at_least(
+            0.045,
+            format!(
+                "{:.4} µs per key = {:.1}M keys/s per server core (`keys`: {:.4} µs = {:.1}M)",
+                gate_packed.server_us_per_key(),
+                gate_packed.keys_per_server_core_second() / 1e6,
+                gate_keyed.server_us_per_key(),
+                gate_keyed.keys_per_server_core_second() / 1e6
+            ),
+        )
+    }
+
+    /// Target 4b, if Redis ran: 5x the keys/s of Redis `GETBIT` pipelines.
+    fn redis_target(&self) -> Option<Target> {
+        let (gate_packed, getbit) = (&self.gate_packed, self.getbit.as_ref()?);
+        Some(Target::at_least(
             "4b",
             "Batches: ≥ 5x the keys/s of a Redis GETBIT pipeline (Redisson RBloomFilter probes), same run",
             gate_packed.keys_per_second() / getbit.keys_per_second(),
@@ -1290,22 +1454,43 @@ async fn run() {
                 getbit.keys_per_server_core_second() / 1e6,
                 gate_packed.keys_per_server_core_second() / getbit.keys_per_server_core_second()
             ),
-        ));
+        ))
     }
-    if let Some(memory) = &report.tombstones {
-        let per_tombstone = memory.rss_delta as f64 / memory.stored.max(1) as f64;
-        report.targets.push(Target::at_most(
-            "4c",
-            "≤ 40 bytes per tombstone (RSS growth of a fresh server while its store fills to its bound)",
-            per_tombstone,
-            40.0,
-            format!(
-                "{per_tombstone:.1} B per tombstone by RSS, {:.1} B by table size; Redis null marker {:.1} B (used_memory)",
-                memory.table_bytes as f64 / memory.stored.max(1) as f64,
-                memory.redis_delta as f64 / memory.redis_markers.max(1) as f64
-            ),
-        ));
-    }
+}
+
+/// Target 3: unary server CPU per call within 1.2x of the trivial server's (`unary` is gate, trivial).
+fn unary_target(unary: &[Sample]) -> Target {
+    Target::at_most(
+        "3",
+        "Unary MayExist: server CPU per call within 1.2x of the trivial tonic handler's",
+        unary[0].server_us_per_call() / unary[1].server_us_per_call(),
+        1.2,
+        format!(
+            "{:.2} µs vs {:.2} µs per call",
+            unary[0].server_us_per_call(),
+            unary[1].server_us_per_call()
+        ),
+    )
+}
+
+/// Target 4c: at most 40 bytes of RSS per tombstone.
+fn tombstone_memory_target(memory: &report::TombstoneMemory) -> Target {
+    let per_tombstone = memory.rss_delta as f64 / memory.stored.max(1) as f64;
+    Target::at_most(
+        "4c",
+        "≤ 40 bytes per tombstone (RSS growth of a fresh server while its store fills to its bound)",
+        per_tombstone,
+        40.0,
+        format!(
+            "{per_tombstone:.1} B per tombstone by RSS, {:.1} B by table size; Redis null marker {:.1} B (used_memory)",
+            memory.table_bytes as f64 / memory.stored.max(1) as f64,
+            memory.redis_delta as f64 / memory.redis_markers.max(1) as f64
+        ),
+    )
+}
+
+/// Writes `benches/results/load.md` and the plot, and prints the report.
+fn write_results(report: &mut Report, started: Instant) {
     report.elapsed = started.elapsed();
     let results = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
     std::fs::create_dir_all(&results).expect("benches/results");
@@ -1320,8 +1505,4 @@ async fn run() {
         results.join("throughput-vs-batch.svg").display(),
         started.elapsed().as_secs_f64()
     );
-    if let Some(scraper) = scraper {
-        scraper.abort();
-    }
-    drop((gate, trivial, redis));
 }

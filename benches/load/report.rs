@@ -317,10 +317,30 @@ impl Report {
         self.fill = Some((adds.clone(), rss_before, rss_after, stats.filter_bytes));
     }
 
-    /// The whole report as Markdown.
+    /// The whole report as Markdown. The tail-latency target is judged here and joins `targets`.
     pub fn markdown(&mut self) -> String {
         let mut out = String::new();
         let w = &mut out;
+        self.write_method(w);
+        self.write_targets(w);
+        self.write_table(w);
+        self.write_memory(w);
+        if let Some(tail) = &self.tail {
+            write_tail(w, tail);
+        }
+        self.write_sweep(w);
+        write_filter_sizing(w);
+        let _ = writeln!(
+            w,
+            "\n## Configuration of the gate\n\n```toml\n{}```",
+            self.config
+        );
+        out
+    }
+
+    /// The title, when and where the run was made, and how it measures: servers, clients, stretches and
+    /// what "server CPU" means, so the figures below can be read without the harness's source.
+    fn write_method(&self, w: &mut String) {
         let _ = writeln!(w, "# Load harness results\n");
         let _ = writeln!(
             w,
@@ -349,15 +369,18 @@ impl Report {
             self.rounds,
             self.stretch.as_secs_f64()
         );
+    }
 
-        let mut targets = std::mem::take(&mut self.targets);
+    /// The targets of the tracker issue with this run's figure and verdict, the tail-latency one judged now
+    /// from the tail run.
+    fn write_targets(&mut self, w: &mut String) {
         if let Some(tail) = &self.tail {
-            targets.push(tail_target(tail));
+            self.targets.push(tail_target(tail));
         }
         let _ = writeln!(w, "## Targets\n");
         let _ = writeln!(w, "| # | target | this run | met |");
         let _ = writeln!(w, "|---|---|---|---|");
-        for t in &targets {
+        for t in &self.targets {
             let _ = writeln!(
                 w,
                 "| {} | {} | {} | {} |",
@@ -367,8 +390,10 @@ impl Report {
                 t.verdict()
             );
         }
-        self.targets = targets;
+    }
 
+    /// The main table: one row per workload and server.
+    fn write_table(&self, w: &mut String) {
         let _ = writeln!(w, "\n## Throughput, CPU and latency\n");
         let _ = writeln!(
             w,
@@ -399,8 +424,19 @@ impl Report {
                 r.versus
             );
         }
+    }
 
+    /// Memory: the filter and its Redis counterpart, tombstones and null markers, and what the metrics
+    /// exporter holds and costs.
+    fn write_memory(&self, w: &mut String) {
         let _ = writeln!(w, "\n## Memory\n");
+        self.write_filter_memory(w);
+        self.write_tombstone_memory(w);
+        self.write_metrics_memory(w);
+    }
+
+    /// The fill of `default` (throughput, filter bytes per key, RSS) and the Redis bitmap of the same keys.
+    fn write_filter_memory(&self, w: &mut String) {
         if let Some((adds, before, after, filter_bytes)) = &self.fill {
             let _ = writeln!(
                 w,
@@ -429,6 +465,10 @@ impl Report {
                 bytes as f64 / 1e7
             );
         }
+    }
+
+    /// Bytes per tombstone of the second gate's store against bytes per Redis null marker.
+    fn write_tombstone_memory(&self, w: &mut String) {
         if let Some(t) = &self.tombstones {
             let _ = writeln!(
                 w,
@@ -454,7 +494,10 @@ impl Report {
                 self.tombstone_lookup_keys
             );
         }
+    }
 
+    /// What the metrics exporter buffers while nothing scrapes it, and what one scrape costs.
+    fn write_metrics_memory(&self, w: &mut String) {
         if let Some((bytes, calls)) = self.unbuffered_growth {
             let _ = writeln!(
                 w,
@@ -477,11 +520,10 @@ impl Report {
                 filter_bytes as f64 / 1e6
             );
         }
+    }
 
-        if let Some(tail) = &self.tail {
-            write_tail(w, tail);
-        }
-
+    /// Keys/s and server CPU per key by batch size, gate against Redis (the plot's figures).
+    fn write_sweep(&self, w: &mut String) {
         let _ = writeln!(w, "\n## Throughput by batch size\n");
         let _ = writeln!(
             w,
@@ -510,55 +552,52 @@ impl Report {
                 gate.server_us_per_key()
             );
         }
+    }
+}
 
-        let _ = writeln!(w, "\n## Filter memory by sizing\n");
-        let _ = writeln!(
-            w,
-            "Bytes of filter for `expected_keys` N at `false_positive_rate` p: with W windows (a finite retention) \
-             each window is sized for N/(W-1) keys at p/W; `forever` is one window. Figures from the sizing code \
-             (`FilterSpec::initial_bytes`).\n"
-        );
-        let windows = [1u32, 2, 4, 8, 24];
-        let _ = writeln!(
-            w,
-            "| N | p | forever | 2 windows | 4 windows | 8 windows | 24 windows |"
-        );
-        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|");
-        for keys in [1_000_000u64, 10_000_000, 100_000_000] {
-            for p in [0.01, 0.001] {
-                let cells: Vec<String> = windows
-                    .iter()
-                    .map(|&windows| {
-                        let spec = FilterSpec {
-                            expected_keys: keys,
-                            false_positive_rate: p,
-                            retention: if windows == 1 {
-                                Retention::Forever
-                            } else {
-                                Retention::Millis(86_400_000)
-                            },
-                            windows: windows.max(2),
-                            max_bytes: 0,
-                        };
-                        format!("{:.1} MB", spec.initial_bytes() as f64 / 1e6)
-                    })
-                    .collect();
-                let _ = writeln!(
-                    w,
-                    "| {} | {}% | {} |",
-                    si(keys as f64),
-                    p * 100.0,
-                    cells.join(" | ")
-                );
-            }
+/// Filter bytes by expected keys, false-positive rate and windows, from the sizing code (not measured): what
+/// a deployment's configuration will cost in memory.
+fn write_filter_sizing(w: &mut String) {
+    let _ = writeln!(w, "\n## Filter memory by sizing\n");
+    let _ = writeln!(
+        w,
+        "Bytes of filter for `expected_keys` N at `false_positive_rate` p: with W windows (a finite retention) \
+         each window is sized for N/(W-1) keys at p/W; `forever` is one window. Figures from the sizing code \
+         (`FilterSpec::initial_bytes`).\n"
+    );
+    let windows = [1u32, 2, 4, 8, 24];
+    let _ = writeln!(
+        w,
+        "| N | p | forever | 2 windows | 4 windows | 8 windows | 24 windows |"
+    );
+    let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|");
+    for keys in [1_000_000u64, 10_000_000, 100_000_000] {
+        for p in [0.01, 0.001] {
+            let cells: Vec<String> = windows
+                .iter()
+                .map(|&windows| {
+                    let spec = FilterSpec {
+                        expected_keys: keys,
+                        false_positive_rate: p,
+                        retention: if windows == 1 {
+                            Retention::Forever
+                        } else {
+                            Retention::Millis(86_400_000)
+                        },
+                        windows: windows.max(2),
+                        max_bytes: 0,
+                    };
+                    format!("{:.1} MB", spec.initial_bytes() as f64 / 1e6)
+                })
+                .collect();
+            let _ = writeln!(
+                w,
+                "| {} | {}% | {} |",
+                si(keys as f64),
+                p * 100.0,
+                cells.join(" | ")
+            );
         }
-
-        let _ = writeln!(
-            w,
-            "\n## Configuration of the gate\n\n```toml\n{}```",
-            self.config
-        );
-        out
     }
 }
 
