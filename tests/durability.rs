@@ -12,9 +12,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use existence_gate::core::clock::SystemClock;
 use existence_gate::core::config::GateConfig;
+use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
     AbsenceKind, AddRequest, Answer, Basis, MayExistRequest, RecordAbsentRequest, RecordOutcome,
+    StatsRequest,
 };
 use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions};
 use existence_gate::storage::segment_file::FaultyFiles;
@@ -99,7 +101,25 @@ async fn populate(server: &RunningServer, n: u32) -> u64 {
     recorded.seq
 }
 
-async fn assert_restored(server: &RunningServer, n: u32, seq: u64) {
+/// The default namespace's `(state_digest_seq, state_digest)` from `Admin.Stats`.
+async fn state_digest(server: &RunningServer) -> (u64, u64) {
+    let mut admin = AdminClient::new(common::channel(server).await);
+    let stats = admin
+        .stats(StatsRequest {
+            namespace: "default".to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let stats = &stats.namespaces[0];
+    (stats.state_digest_seq, stats.state_digest)
+}
+
+/// Checks the restored state against what was written — every key's answer, the digest the server
+/// reported before it went down (the same bits and tombstones, not only the same answers), and seqs that
+/// continue.
+async fn assert_restored(server: &RunningServer, n: u32, seq: u64, digest: (u64, u64)) {
+    assert_eq!(state_digest(server).await, digest);
     let mut client = common::client(server).await;
     assert_eq!(
         answer(&mut client, key(0)).await,
@@ -128,6 +148,7 @@ async fn a_graceful_restart_keeps_everything_via_the_final_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let server = start_durable(dir.path(), "").await.unwrap();
     let seq = populate(&server, 1_000).await;
+    let digest = state_digest(&server).await;
     server.stop().await.unwrap();
     let names = files(dir.path());
     assert!(
@@ -136,7 +157,7 @@ async fn a_graceful_restart_keeps_everything_via_the_final_snapshot() {
     );
 
     let server = start_durable(dir.path(), "").await.unwrap();
-    assert_restored(&server, 1_000, seq).await;
+    assert_restored(&server, 1_000, seq, digest).await;
     server.stop().await.unwrap();
 }
 
@@ -149,11 +170,12 @@ async fn the_log_alone_restores_state_and_snapshots_remove_covered_log() {
     assert!(taken.segments_removed >= 1);
     let more = populate(&server, 700).await;
     assert!(more > seq);
+    let digest = state_digest(&server).await;
     // Leave without a final snapshot, as a crash would: the snapshot plus the log after it must do.
     server.shutdown_handle().trigger();
     drop(server);
     let server = start_durable_after_crash(dir.path()).await;
-    assert_restored(&server, 700, more).await;
+    assert_restored(&server, 700, more, digest).await;
     server.stop().await.unwrap();
 }
 
@@ -198,10 +220,12 @@ fn newest(dir: &Path, prefix: &str) -> PathBuf {
 }
 
 /// A data dir whose state lives only in the log (no snapshot): populated, then the process "crashes".
-async fn log_only_dir() -> (tempfile::TempDir, u64) {
+/// Returns the seq and state digest it had.
+async fn log_only_dir() -> (tempfile::TempDir, u64, (u64, u64)) {
     let dir = tempfile::tempdir().unwrap();
     let server = start_durable(dir.path(), "").await.unwrap();
     let seq = populate(&server, 300).await;
+    let digest = state_digest(&server).await;
     server.shutdown_handle().trigger();
     drop(server);
     // The final snapshot is what a graceful stop writes; a crash would not: remove any, once no task of the
@@ -212,12 +236,12 @@ async fn log_only_dir() -> (tempfile::TempDir, u64) {
             std::fs::remove_file(dir.path().join(name)).unwrap();
         }
     }
-    (dir, seq)
+    (dir, seq, digest)
 }
 
 #[tokio::test]
 async fn a_torn_tail_is_truncated_with_a_warning() {
-    let (dir, seq) = log_only_dir().await;
+    let (dir, seq, digest) = log_only_dir().await;
     let log = largest_log(dir.path());
     let mut bytes = std::fs::read(&log).unwrap();
     let full = bytes.len();
@@ -226,7 +250,7 @@ async fn a_torn_tail_is_truncated_with_a_warning() {
     bytes.extend_from_slice(&[0xAB; 14]);
     std::fs::write(&log, &bytes).unwrap();
     let server = start_durable_after_crash(dir.path()).await;
-    assert_restored(&server, 300, seq).await;
+    assert_restored(&server, 300, seq, digest).await;
     assert_eq!(
         std::fs::metadata(&log).unwrap().len() as usize,
         full,
@@ -246,7 +270,7 @@ fn largest_log(dir: &Path) -> PathBuf {
 
 #[tokio::test]
 async fn a_flipped_bit_inside_the_log_stops_startup_naming_file_and_offset() {
-    let (dir, _) = log_only_dir().await;
+    let (dir, _, _) = log_only_dir().await;
     let log = largest_log(dir.path());
     let original = std::fs::read(&log).unwrap();
     // A payload byte in the middle, then the length field of the first record (which makes it look like

@@ -1,10 +1,11 @@
 //! Property: replaying any prefix of the write-ahead log gives the state the live gate had at that point —
-//! the same answer and basis for every key, and the same seq.
+//! the same answer and basis for every key, the same seq, and the same state digest (the same filter bits
+//! and tombstones, not only the same answers for the keys probed).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use existence_gate::core::answer::Lookup;
+use existence_gate::core::answer::{Lookup, StateDigest};
 use existence_gate::core::clock::{Clock, ManualClock};
 use existence_gate::core::config::GateConfig;
 use existence_gate::core::gate::Gate;
@@ -44,11 +45,15 @@ fn key(k: u8) -> Bytes {
     Bytes::from(format!("key-{k}"))
 }
 
-/// Every key's answer and the seq, as of now.
-fn state(gate: &Gate) -> Vec<(Lookup, u64)> {
-    (0..KEYS)
+/// Every key's answer and the seq, and the namespace's state digest, as of now.
+fn state(gate: &Gate) -> (Vec<(Lookup, u64)>, StateDigest) {
+    let answers = (0..KEYS)
         .map(|k| gate.may_exist("default", &key(k)).unwrap())
-        .collect()
+        .collect();
+    let digest = gate.scan()["default"]
+        .digest
+        .expect("writes were not stopped");
+    (answers, digest)
 }
 
 fn gate_on(dir: &DataDir, clock: Arc<ManualClock>) -> Gate {

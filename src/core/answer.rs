@@ -83,3 +83,22 @@ pub struct NamespaceStats {
     /// Open subscriptions.
     pub subscribers: usize,
 }
+
+/// A namespace's [`state_digest`](crate::core::namespace::Namespace::state_digest) and the seq it was taken at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateDigest {
+    /// The latest applied seq when it was taken.
+    pub seq: u64,
+    /// The hash of the state.
+    pub digest: u64,
+}
+
+/// What `Stats` learns by reading a namespace's whole state (milliseconds per 16 MB of filter, so never on a
+/// request thread).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scan {
+    /// Fraction of live filter bits set.
+    pub fill_ratio: f64,
+    /// The state digest, unless the namespace's writes were stopped (its state may then be half-applied).
+    pub digest: Option<StateDigest>,
+}

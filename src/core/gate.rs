@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use metrics::Counter;
 
-use crate::core::answer::{Lookup, NamespaceStats};
+use crate::core::answer::{Lookup, NamespaceStats, Scan};
 use crate::core::clock::Clock;
 use crate::core::config::{GateConfig, Limits};
 use crate::core::hashing::KeyHasher;
@@ -382,12 +382,18 @@ impl Gate {
         self.namespaces().iter().map(|n| n.stats(now)).collect()
     }
 
-    /// The fill ratio of each namespace's filter, by name: a scan of every filter word, for `Stats`.
-    pub fn fill_ratios(&self) -> HashMap<Arc<str>, f64> {
+    /// What a read of each namespace's whole state tells, by name: fill ratio and state digest, for `Stats`.
+    pub fn scan(&self) -> HashMap<Arc<str>, Scan> {
         let now = self.clock.now_ms();
         self.namespaces()
             .iter()
-            .map(|n| (Arc::clone(n.name()), n.fill_ratio(now)))
+            .map(|n| {
+                let scan = Scan {
+                    fill_ratio: n.fill_ratio(now),
+                    digest: n.state_digest(now).ok(),
+                };
+                (Arc::clone(n.name()), scan)
+            })
             .collect()
     }
 

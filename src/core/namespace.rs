@@ -6,15 +6,15 @@
 //! (`Add`, stored tombstones) are serialised by the writer lock, which makes seq order, log order and apply
 //! order the same.
 
+use std::hash::Hasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use rand::Rng;
 
-use crate::core::answer::{Lookup, NamespaceStats};
+use crate::core::answer::{Lookup, NamespaceStats, StateDigest};
 use crate::core::config::NamespaceSettings;
 use crate::core::filter::{BloomLayer, WindowedFilter};
 use crate::core::hashing::{KeyHash, KeyHasher};
@@ -122,6 +122,16 @@ impl From<WritesStopped> for WriteError {
     fn from(stopped: WritesStopped) -> Self {
         Self::Stopped(stopped)
     }
+}
+
+/// 64 well-mixed bits from a key's hash and a time: splitmix64's finalizer over their combination (every input
+/// bit flips about half the output bits), so that keys with close hashes, or one key at close times, draw
+/// unrelated jitters.
+fn jitter_bits(hash: KeyHash, at_ms: u64) -> u64 {
+    let mut z = hash.0 ^ at_ms.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// A namespace whose writer panicked mid-mutation. Its state may then differ from what replaying the log
@@ -393,7 +403,7 @@ impl Namespace {
             self.metrics.throttled.increment(1);
             return Ok(not_stored(RecordOutcome::Throttled));
         }
-        let ttl_ms = self.ttl_ms(report.kind, report.ttl_seconds);
+        let ttl_ms = self.ttl_ms(report.kind, report.ttl_seconds, hash, now_ms);
         let seq = self.latest_seq() + 1;
         let mutation = Mutation::RecordAbsent {
             namespace: Arc::clone(&self.name),
@@ -415,7 +425,14 @@ impl Namespace {
     }
 
     /// The TTL for a tombstone: requested or default, clamped to the maximum, jittered (never above it).
-    fn ttl_ms(&self, kind: AbsenceKind, requested_seconds: u32) -> u64 {
+    ///
+    /// The jitter spreads the expiries of keys recorded together (a burst of misses would otherwise all
+    /// expire, and all reach the source, in the same millisecond). It is drawn from the key's keyed hash and
+    /// the time of the report rather than from a random generator, so the core stays a pure function of its
+    /// inputs: whoever computes a mutation — this process, or any replica from the same message — gets the
+    /// same expiry, and property tests reproduce. Keys differ in hash, so a burst still spreads; one key
+    /// recorded again later gets another draw. The draw is uniform in `[-jitter, +jitter]` to 2^-53.
+    fn ttl_ms(&self, kind: AbsenceKind, requested_seconds: u32, hash: KeyHash, at_ms: u64) -> u64 {
         let base = match (requested_seconds, kind) {
             (0, AbsenceKind::Missing) => self.settings.missing_ttl,
             (0, AbsenceKind::Deleted) => self.settings.deleted_ttl,
@@ -423,12 +440,8 @@ impl Namespace {
         };
         let max_ms = self.settings.max_ttl.as_millis() as f64;
         let base_ms = (base.as_millis() as f64).min(max_ms);
-        let jitter = self.settings.ttl_jitter;
-        let factor = if jitter > 0.0 {
-            1.0 + rand::rng().random_range(-jitter..=jitter)
-        } else {
-            1.0
-        };
+        let unit = (jitter_bits(hash, at_ms) >> 11) as f64 / (1u64 << 53) as f64;
+        let factor = 1.0 + self.settings.ttl_jitter * (2.0 * unit - 1.0);
         (base_ms * factor).round().clamp(1.0, max_ms) as u64
     }
 
@@ -561,6 +574,33 @@ impl Namespace {
         })
     }
 
+    /// A hash of everything this namespace answers from, as of its seq and `now_ms`: the live filter windows'
+    /// bits and the live tombstones (sorted, so the store's slot layout does not count). Replicas, or a live
+    /// gate and its replayed log, that applied the same mutations have equal digests; so the operator (and
+    /// the tests) can see that they agree. Taken under the writer lock, so no mutation lands half-way
+    /// through; reads go on. Compare digests taken at about the same time: a tombstone or window expiring
+    /// between two calls changes it.
+    pub fn state_digest(&self, now_ms: u64) -> Result<StateDigest, WritesStopped> {
+        let _writer = self.writer()?;
+        let seq = self.latest_seq();
+        let mut digest = siphasher::sip::SipHasher13::new();
+        digest.write_u64(seq);
+        self.filter.load().digest(now_ms, &mut digest);
+        let mut tombstones = self.tombstones.live(now_ms);
+        tombstones.sort_unstable_by_key(|t| (t.key.tag, t.key.strong.0));
+        for tombstone in &tombstones {
+            digest.write_u32(tombstone.key.tag);
+            digest.write_u64(tombstone.key.strong.0[0]);
+            digest.write_u64(tombstone.key.strong.0[1]);
+            digest.write_u64(tombstone.expires_at_ms);
+            digest.write_u8(tombstone.kind as u8);
+        }
+        Ok(StateDigest {
+            seq,
+            digest: digest.finish(),
+        })
+    }
+
     /// Frees dead windows and expired tombstones; the server calls it periodically.
     pub fn maintain(&self, now_ms: u64) {
         self.filter.load().expire(now_ms);
@@ -654,6 +694,85 @@ mod tests {
         assert_eq!(log.mutations().len(), 1, "nothing more was logged");
 
         assert_eq!(namespace.lookup(b"before", 3_000).answer, Answer::MayExist);
+    }
+
+    /// Records an absence of each of `keys` (added first) at `at_ms`; returns each one's TTL.
+    fn tombstone_ttls(namespace: &Namespace, keys: &[Bytes], at_ms: u64) -> Vec<u64> {
+        let log = MemoryLog::default();
+        namespace.add(keys.to_vec(), at_ms, &log).unwrap();
+        keys.iter()
+            .map(|key| {
+                let report = AbsenceReport {
+                    key: key.clone(),
+                    kind: AbsenceKind::Missing,
+                    observed_seq: 0,
+                    ttl_seconds: 0,
+                };
+                let recorded = namespace.record_absent(report, at_ms, &log).unwrap();
+                assert_eq!(recorded.outcome, RecordOutcome::Recorded);
+                recorded.expires_in_ms
+            })
+            .collect()
+    }
+
+    /// Jitter is a function of key and time, so two gates given the same reports store the same expiries
+    /// (and replicas applying one message agree); across keys it still spreads over the whole ±10% range.
+    #[test]
+    fn tombstone_jitter_is_a_function_of_key_and_time_and_spans_its_range() {
+        let keys: Vec<Bytes> = (0..2_000).map(|i| key(&format!("k{i}"))).collect();
+        let first = tombstone_ttls(&namespace(), &keys, 5_000);
+        assert_eq!(first, tombstone_ttls(&namespace(), &keys, 5_000));
+        assert_ne!(first, tombstone_ttls(&namespace(), &keys, 5_001));
+        let (base, jitter) = (60_000.0, 0.1);
+        let (low, high) = (*first.iter().min().unwrap(), *first.iter().max().unwrap());
+        assert!(low as f64 >= base * (1.0 - jitter) && (low as f64) < base * (1.0 - 0.99 * jitter));
+        assert!(
+            high as f64 <= base * (1.0 + jitter) && (high as f64) > base * (1.0 + 0.99 * jitter)
+        );
+        let mean = first.iter().sum::<u64>() as f64 / first.len() as f64;
+        assert!((mean / base - 1.0).abs() < 0.005, "mean TTL {mean} ms");
+    }
+
+    /// The digest follows the state: equal for equal mutations, different as soon as one bit or tombstone
+    /// differs, and unavailable once writes stopped.
+    #[test]
+    fn the_state_digest_tells_equal_states_from_different_ones() {
+        let (left, right) = (namespace(), namespace());
+        let log = MemoryLog::default();
+        for namespace in [&left, &right] {
+            namespace
+                .add(vec![key("a"), key("b")], 1_000, &log)
+                .unwrap();
+        }
+        let digest = |namespace: &Namespace| namespace.state_digest(2_000).unwrap();
+        assert_eq!(digest(&left), digest(&right));
+
+        let before = digest(&left);
+        let report = AbsenceReport {
+            key: key("a"),
+            kind: AbsenceKind::Deleted,
+            observed_seq: 0,
+            ttl_seconds: 30,
+        };
+        left.record_absent(report, 1_500, &log).unwrap();
+        assert_ne!(digest(&left).digest, before.digest, "a tombstone counts");
+        right.add(vec![key("c")], 1_500, &log).unwrap();
+        assert_eq!(digest(&left).seq, digest(&right).seq);
+        assert_ne!(digest(&left).digest, digest(&right).digest);
+        let expired_later = left.state_digest(1_500 + 40_000).unwrap();
+        assert_ne!(
+            expired_later.digest,
+            digest(&left).digest,
+            "an expired tombstone no longer counts"
+        );
+
+        let stopping = Arc::clone(&right);
+        let _ = std::thread::spawn(move || {
+            let _writer = stopping.writer();
+            panic!("a bug inside the state machine");
+        })
+        .join();
+        assert!(right.state_digest(2_000).is_err());
     }
 
     /// In a namespace no one has written, an answer's seq is still not 0, so an `Add` that races a

@@ -77,12 +77,11 @@ impl Admin for AdminService {
             .ok()
             .and_then(|p| p.snapshots.last())
             .map_or(0, |taken| taken.at_ms);
-        // The fill ratio scans every filter word (milliseconds per 16 MB): off the request threads.
+        // The scan reads every filter word (milliseconds per 16 MB): off the request threads.
         let gate = Arc::clone(&self.gate);
-        let (stats, fill_ratios) =
-            tokio::task::spawn_blocking(move || (gate.stats(), gate.fill_ratios()))
-                .await
-                .map_err(|e| Status::internal(format!("computing stats failed: {e}")))?;
+        let (stats, scans) = tokio::task::spawn_blocking(move || (gate.stats(), gate.scan()))
+            .await
+            .map_err(|e| Status::internal(format!("computing stats failed: {e}")))?;
         let namespaces = stats
             .into_iter()
             .filter(|s| wanted.is_empty() || *s.name == **wanted)
@@ -91,19 +90,25 @@ impl Admin for AdminService {
                     .authorizer()
                     .allows(authorization, Role::Admin, &s.name)
             })
-            .map(|s| proto::NamespaceStats {
-                namespace: s.name.to_string(),
-                keys_added: s.keys_added,
-                windows: s.filter.windows as u32,
-                layers: s.filter.layers as u32,
-                filter_bytes: s.filter.bytes,
-                fill_ratio: fill_ratios.get(&s.name).copied().unwrap_or_default(),
-                estimated_false_positive_rate: s.filter.estimated_false_positive_rate,
-                estimated_keys: s.filter.keys,
-                tombstones: s.tombstones,
-                tombstone_bytes: s.tombstone_bytes,
-                seq: s.seq,
-                last_snapshot_unix_ms,
+            .map(|s| {
+                let scan = scans.get(&s.name);
+                let digest = scan.and_then(|scan| scan.digest);
+                proto::NamespaceStats {
+                    namespace: s.name.to_string(),
+                    keys_added: s.keys_added,
+                    windows: s.filter.windows as u32,
+                    layers: s.filter.layers as u32,
+                    filter_bytes: s.filter.bytes,
+                    fill_ratio: scan.map_or(0.0, |scan| scan.fill_ratio),
+                    estimated_false_positive_rate: s.filter.estimated_false_positive_rate,
+                    estimated_keys: s.filter.keys,
+                    tombstones: s.tombstones,
+                    tombstone_bytes: s.tombstone_bytes,
+                    seq: s.seq,
+                    last_snapshot_unix_ms,
+                    state_digest: digest.map_or(0, |d| d.digest),
+                    state_digest_seq: digest.map_or(0, |d| d.seq),
+                }
             })
             .collect();
         Ok(Response::new(proto::StatsResponse { namespaces }))

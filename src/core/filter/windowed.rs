@@ -435,6 +435,25 @@ impl WindowedFilter {
         }
     }
 
+    /// Feeds what the filter answers as of `now_ms` into `digest`: each live window's id and, per layer, its
+    /// geometry, insert count and bit words. Dead windows not yet freed are left out, so two filters that
+    /// answer alike digest alike whenever each last ran [`expire`](Self::expire).
+    pub fn digest(&self, now_ms: u64, digest: &mut impl std::hash::Hasher) {
+        let guard = epoch::pin();
+        let oldest = self.oldest_live_id(now_ms);
+        for window in self.load(&guard).list.iter().filter(|w| w.id >= oldest) {
+            digest.write_u64(window.id);
+            for layer in &window.layers {
+                let geometry = layer.geometry();
+                digest.write_u64(geometry.blocks as u64);
+                digest.write_u32(geometry.probes);
+                digest.write_u64(geometry.capacity);
+                digest.write_u64(layer.inserted());
+                layer.words().for_each(|word| digest.write_u64(word));
+            }
+        }
+    }
+
     /// The layers of windows live at `now_ms`.
     fn live_layers<'g>(&self, now_ms: u64, guard: &'g Guard) -> Vec<&'g Arc<BloomLayer>> {
         let oldest = self.oldest_live_id(now_ms);
