@@ -65,9 +65,15 @@ impl Mutation {
     }
 
     /// The same mutation with its seq `by` higher: for logs written when seqs counted from another origin.
-    pub fn shift_seq(mut self, by: u64) -> Self {
+    pub fn shift_seq(self, by: u64) -> Self {
+        let seq = self.seq() + by;
+        self.with_seq(seq)
+    }
+
+    /// The same mutation at `seq`: for a log that assigns seqs itself (a stream's sequence numbers).
+    pub fn with_seq(mut self, new: u64) -> Self {
         match &mut self {
-            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } => *seq += by,
+            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } => *seq = new,
         }
         self
     }

@@ -17,6 +17,7 @@ pub mod codec;
 pub mod frame;
 pub mod segment_file;
 pub mod snapshot;
+pub mod stream;
 pub mod wal;
 
 use std::fs::{File, OpenOptions};

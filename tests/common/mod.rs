@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod nats;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,305 @@
+//! The replicated log: the core's mutations in one NATS JetStream stream, which every replica publishes to
+//! and applies in stream order.
+//!
+//! ```text
+//! replica A ──publish(ns "users", Nats-Msg-Id)──▶ stream "existence"  (subjects existence.>, file storage,
+//! replica B ──publish(ns "orders")──────────────▶   R1 or R3: JetStream orders and replicates with Raft)
+//!                                                      │ ordered consumer from a seq
+//!                         every replica ◀──────────────┘ applies each mutation with seq = stream sequence
+//! ```
+//!
+//! A mutation's seq is its **stream sequence**: the same on every replica, increasing within a namespace but
+//! with gaps (other namespaces' mutations take the numbers between). Messages are the log codec's bytes
+//! ([`super::codec`]), written with seq 0 — the stream assigns it — on subject `STREAM.<namespace>`.
+//! A publish carries a `Nats-Msg-Id`, so a publish retried after a lost acknowledgement is stored once
+//! within the stream's duplicate window (2 minutes).
+//!
+//! Limits: stream names are NATS's (no spaces, `.`, `*` or `>`); a namespace name may contain `.`, which
+//! only adds subject tokens (`existence.a.b`), still under `existence.>`. A message holds at most the
+//! server's `max_payload` (1 MiB by default): an `Add` larger than that is refused by the publish.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use async_nats::ServerAddr;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+
+use super::codec;
+use crate::core::log::Mutation;
+
+/// How long a first connection may take before the replica gives up with an error (it does not wait
+/// forever for a NATS that may never come: the operator sees why it did not start).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a retried publish with the same `Nats-Msg-Id` is recognised as a duplicate.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Where the stream is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    /// NATS server URLs, e.g. `nats://127.0.0.1:4222`.
+    pub servers: Vec<String>,
+    /// A token, for a NATS that requires one.
+    pub token: Option<String>,
+    /// A `.creds` file (JWT and NKey seed), for a NATS with decentralised auth.
+    pub credentials: Option<PathBuf>,
+    /// A PEM CA bundle: the servers' certificates must chain to it (TLS required).
+    pub tls_ca: Option<PathBuf>,
+    /// The stream's name; its subjects are `NAME.>`.
+    pub stream: String,
+    /// Replicas of the stream when this replica creates it (1, or 3 in production).
+    pub replicas: usize,
+}
+
+impl StreamOptions {
+    /// The stream `stream` on `servers`, unsecured, one replica.
+    pub fn new(servers: Vec<String>, stream: &str) -> Self {
+        Self {
+            servers,
+            token: None,
+            credentials: None,
+            tls_ca: None,
+            stream: stream.to_string(),
+            replicas: 1,
+        }
+    }
+}
+
+/// Why the stream cannot be used. Each message names NATS, the stream and what to check.
+#[derive(Debug)]
+pub enum StreamError {
+    /// The options cannot work (a bad URL or stream name, an unreadable file).
+    Config(String),
+    /// No NATS server could be reached.
+    Unreachable(String),
+    /// The stream could not be found, created, or is not ours.
+    Setup(String),
+    /// A publish was not acknowledged: the mutation may or may not be stored.
+    Publish(String),
+    /// Reading the stream failed, or it held a message that is not a mutation.
+    Read(String),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Config(problem)
+            | Self::Unreachable(problem)
+            | Self::Setup(problem)
+            | Self::Publish(problem)
+            | Self::Read(problem) => f.write_str(problem),
+        }
+    }
+}
+
+impl std::error::Error for StreamError {}
+
+/// A publish the stream acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// The stream sequence the mutation was stored at: its seq.
+    pub seq: u64,
+    /// The stream had stored this message id already (a retried publish); `seq` is the first one's.
+    pub duplicate: bool,
+}
+
+/// The mutation stream, open: publish to it, read it from any seq.
+#[derive(Debug, Clone)]
+pub struct MutationStream {
+    jetstream: jetstream::Context,
+    stream: stream::Stream,
+    name: String,
+}
+
+impl MutationStream {
+    /// Connects to NATS and opens the stream, creating it (file storage, `options.replicas` replicas) if it
+    /// does not exist. A stream of that name whose subjects are not `NAME.>` belongs to something else and
+    /// is refused rather than written into.
+    pub async fn open(options: &StreamOptions) -> Result<Self, StreamError> {
+        validate_stream_name(&options.stream)?;
+        let client = connect(options).await?;
+        let jetstream = jetstream::new(client);
+        let subjects = format!("{}.>", options.stream);
+        let config = stream::Config {
+            name: options.stream.clone(),
+            subjects: vec![subjects.clone()],
+            storage: stream::StorageType::File,
+            num_replicas: options.replicas,
+            duplicate_window: DUPLICATE_WINDOW,
+            allow_direct: true,
+            ..Default::default()
+        };
+        let stream = jetstream
+            .get_or_create_stream(config)
+            .await
+            .map_err(|e| {
+                StreamError::Setup(format!(
+                    "cannot open or create the JetStream stream {:?} on {}: {e} (is JetStream enabled on \
+                     the servers, and may this account create streams?)",
+                    options.stream,
+                    options.servers.join(",")
+                ))
+            })?;
+        let found = &stream.cached_info().config.subjects;
+        if found != std::slice::from_ref(&subjects) {
+            return Err(StreamError::Setup(format!(
+                "the JetStream stream {:?} exists with subjects {found:?}, not [{subjects:?}]: it belongs to \
+                 something else. Pick another name with --nats-stream, or remove that stream",
+                options.stream
+            )));
+        }
+        Ok(Self {
+            jetstream,
+            stream,
+            name: options.stream.clone(),
+        })
+    }
+
+    /// The stream's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The subject a namespace's mutations are published on.
+    pub fn subject(&self, namespace: &str) -> String {
+        format!("{}.{namespace}", self.name)
+    }
+
+    /// Publishes `mutation` (its seq is ignored: the stream assigns it) with message id `id`, and waits for
+    /// the stream's acknowledgement.
+    pub async fn publish(&self, mutation: &Mutation, id: &str) -> Result<Published, StreamError> {
+        let mut payload = Vec::new();
+        codec::encode(&mutation.clone().with_seq(0), &mut payload);
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Publish(format!(
+                "publishing to the JetStream stream {:?} failed: {e}; the write may or may not be stored, \
+                 and retrying it is safe",
+                self.name
+            ))
+        };
+        let message = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .message_id(id);
+        let ack = self
+            .jetstream
+            .send_publish(self.subject(mutation.namespace()), message)
+            .await
+            .map_err(|e| failed(&e))?
+            .await
+            .map_err(|e| failed(&e))?;
+        Ok(Published {
+            seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// The stream's last sequence now: every mutation up to it is stored.
+    pub async fn last_seq(&self) -> Result<u64, StreamError> {
+        let info = self.stream.get_info().await.map_err(|e| {
+            StreamError::Read(format!(
+                "cannot read the state of the JetStream stream {:?}: {e}",
+                self.name
+            ))
+        })?;
+        Ok(info.state.last_sequence)
+    }
+
+    /// Every mutation stored after `after_seq`, in stream order, each with its stream sequence as seq; it
+    /// waits for new ones at the end. An ordered consumer: the server keeps no state for it, and the client
+    /// recreates it from the last sequence seen if it misses a message, so nothing is skipped or repeated.
+    pub async fn follow(
+        &self,
+        after_seq: u64,
+    ) -> Result<impl Stream<Item = Result<Mutation, StreamError>> + Send + 'static, StreamError>
+    {
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Read(format!(
+                "cannot read the JetStream stream {:?} after seq {after_seq}: {e}",
+                self.name
+            ))
+        };
+        let consumer = self
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: after_seq + 1,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let messages = consumer.messages().await.map_err(|e| failed(&e))?;
+        let name = self.name.clone();
+        Ok(messages.map(move |message| {
+            let message = message.map_err(|e| {
+                StreamError::Read(format!("reading the JetStream stream {name:?} failed: {e}"))
+            })?;
+            let seq = message
+                .info()
+                .map_err(|e| StreamError::Read(format!("a message of stream {name:?} has no info: {e}")))?
+                .stream_sequence;
+            let mutation = codec::decode(&message.payload).map_err(|malformed| {
+                StreamError::Read(format!(
+                    "message {seq} of the JetStream stream {name:?} (subject {}) is not a mutation: {}; \
+                     only existence-gate replicas may publish to this stream",
+                    message.subject, malformed.0
+                ))
+            })?;
+            Ok(mutation.with_seq(seq))
+        }))
+    }
+}
+
+/// Stream names are single subject tokens in NATS's API.
+fn validate_stream_name(name: &str) -> Result<(), StreamError> {
+    let bad = name.is_empty()
+        || name
+            .chars()
+            .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>' | '/' | '\\'));
+    if bad {
+        return Err(StreamError::Config(format!(
+            "{name:?} cannot name a JetStream stream: use letters, digits, '-' and '_' (no spaces, '.', '*', \
+             '>', '/' or '\\')"
+        )));
+    }
+    Ok(())
+}
+
+/// The first connection, with the options' credentials; later reconnects are the client's own.
+async fn connect(options: &StreamOptions) -> Result<async_nats::Client, StreamError> {
+    let servers = options
+        .servers
+        .iter()
+        .map(|url| {
+            url.parse::<ServerAddr>()
+                .map_err(|e| StreamError::Config(format!("{url:?} is not a NATS server URL: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err(StreamError::Config("no NATS server given".to_string()));
+    }
+    let mut connect = async_nats::ConnectOptions::new()
+        .name("existence-gate")
+        .connection_timeout(CONNECT_TIMEOUT);
+    if let Some(token) = &options.token {
+        connect = connect.token(token.clone());
+    }
+    if let Some(path) = &options.credentials {
+        connect = connect.credentials_file(path).await.map_err(|e| {
+            StreamError::Config(format!(
+                "cannot read the NATS credentials {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    if let Some(ca) = &options.tls_ca {
+        connect = connect.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    connect.connect(servers).await.map_err(|e| {
+        StreamError::Unreachable(format!(
+            "cannot reach NATS at {}: {e}; check --nats and that the servers run",
+            options.servers.join(",")
+        ))
+    })
+}

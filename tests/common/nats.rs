@@ -1,0 +1,92 @@
+//! A real `nats-server` with JetStream, on a free loopback port with its store in a temporary directory,
+//! stopped when dropped. `.ci/run` installs Debian's nats-server and sets `EXISTENCE_GATE_REQUIRE_NATS=1`,
+//! so in CI a missing binary fails the tests; elsewhere the tests that need it say so and skip.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use async_nats::jetstream::context::GetStreamErrorKind;
+
+use super::{wait_until, PATIENCE};
+
+/// A running JetStream server.
+pub struct Nats {
+    child: Child,
+    /// `nats://127.0.0.1:PORT`.
+    pub url: String,
+    _store: tempfile::TempDir,
+}
+
+/// The nats-server binary, or `None` (with a note on stderr) when it is not installed and not required.
+fn binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
+            .map(|dir| dir.join("nats-server"))
+            .find(|path| path.is_file())
+    });
+    let required = std::env::var("EXISTENCE_GATE_REQUIRE_NATS").is_ok_and(|v| v == "1");
+    match found {
+        Some(path) => Some(path),
+        None if required => panic!("nats-server is not installed (apt-get install -y nats-server)"),
+        None => {
+            eprintln!("nats-server is not installed (apt-get install -y nats-server): skipping");
+            None
+        }
+    }
+}
+
+/// A free loopback port (free when asked; the server binds it right after).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+impl Nats {
+    /// Starts a JetStream server and waits until it takes JetStream requests; `None` if nats-server is not
+    /// installed (and not required).
+    pub async fn start() -> Option<Self> {
+        let binary = binary()?;
+        let store = tempfile::tempdir().expect("a temporary directory");
+        let port = free_port();
+        let child = Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting nats-server");
+        let nats = Self {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            _store: store,
+        };
+        let url = nats.url.clone();
+        wait_until(
+            PATIENCE,
+            "nats-server to take JetStream requests",
+            async || {
+                let client = async_nats::connect(url.as_str()).await.ok()?;
+                // JetStream answers (here: "no such stream") once it is up; a request error means not yet.
+                let probe = async_nats::jetstream::new(client)
+                    .get_stream("readiness-probe")
+                    .await;
+                match probe.map_err(|e| e.kind()) {
+                    Ok(_) | Err(GetStreamErrorKind::JetStream(_)) => Some(()),
+                    Err(_) => None,
+                }
+            },
+        )
+        .await;
+        Some(nats)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
