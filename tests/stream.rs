@@ -9,7 +9,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::nats::Nats;
-use existence_gate::core::log::Mutation;
+use existence_gate::core::answer::Answer;
+use existence_gate::core::clock::ManualClock;
+use existence_gate::core::config::GateConfig;
+use existence_gate::core::filter::{FilterSpec, Retention};
+use existence_gate::core::gate::Gate;
+use existence_gate::core::hashing::KeyHasher;
+use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::tombstones::AbsenceKind;
 use existence_gate::storage::stream::{MutationStream, StreamError, StreamOptions};
 use futures_util::StreamExt;
@@ -82,14 +88,128 @@ async fn replicas_publishing_at_once_read_one_order_with_stream_seqs() {
     acknowledged.extend(from_b.await.unwrap());
     acknowledged.sort_by_key(Mutation::seq);
     let seqs: Vec<u64> = acknowledged.iter().map(Mutation::seq).collect();
-    assert_eq!(seqs, (1..=100).collect::<Vec<_>>(), "one stream, one order");
-    assert_eq!(a.last_seq().await.unwrap(), 100);
+    // Seq 1 is the deployment identity, so mutations start above GENESIS_SEQ.
+    assert_eq!(seqs, (2..=101).collect::<Vec<_>>(), "one stream, one order");
+    assert_eq!(a.last_seq().await.unwrap(), 101);
 
     // Every reader, from any seq, sees exactly the acknowledged mutations after it, in order.
     let c = open(&nats).await;
     assert_eq!(read(&c, 0, 100).await, acknowledged);
     assert_eq!(read(&a, 0, 100).await, read(&b, 0, 100).await);
-    assert_eq!(read(&c, 63, 37).await, acknowledged[63..]);
+    let after_63: Vec<Mutation> = acknowledged
+        .iter()
+        .filter(|m| m.seq() > 63)
+        .cloned()
+        .collect();
+    assert_eq!(read(&c, 63, after_63.len()).await, after_63);
+}
+
+const TWO_NAMESPACES: &str = r#"
+[namespaces.users]
+expected_keys = 10000
+retention = "1h"
+windows = 4
+[namespaces."orders.eu"]
+expected_keys = 10000
+"#;
+
+/// A replica's core, built from the stream's identity, that has applied the stream up to `last_seq`.
+async fn replica(stream: &MutationStream, last_seq: u64) -> Gate {
+    let config = GateConfig::from_toml(TWO_NAMESPACES).unwrap();
+    for (name, settings) in &config.namespaces {
+        stream
+            .agree_sizing(name, &settings.filter_spec())
+            .await
+            .unwrap();
+    }
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let gate = Gate::new(&config, KeyHasher::from_seed(stream.seed()), clock);
+    let mut follow = std::pin::pin!(stream.follow(0).await.unwrap());
+    let mut applied = 1;
+    while applied < last_seq {
+        let mutation = tokio::time::timeout(common::PATIENCE, follow.next())
+            .await
+            .expect("the stream delivers what it acknowledged")
+            .unwrap()
+            .unwrap();
+        applied = mutation.seq();
+        gate.apply_streamed(mutation).unwrap();
+    }
+    // Caught up: it answers (its own writes are not what this test is about).
+    gate.open(Arc::new(VolatileLog));
+    gate
+}
+
+/// Replicas are deterministic state machines of the stream: two cores that applied it (each namespace's
+/// seqs rising with gaps, since the namespaces share the stream) hold bit-identical state, and applying a
+/// mutation again changes nothing.
+#[tokio::test]
+async fn replicas_applying_the_stream_agree_bit_for_bit() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let stream = open(&nats).await;
+    let mut last = 0;
+    let mut published = Vec::new();
+    for i in 0..60 {
+        // Groups of four in one namespace: three Adds, then an absence of the third key.
+        let namespace = if (i / 4) % 3 == 0 {
+            "orders.eu"
+        } else {
+            "users"
+        };
+        let mutation = if i % 4 == 3 {
+            absent(namespace, &format!("k{}", i - 1))
+        } else {
+            add(namespace, &format!("k{i}"))
+        };
+        last = stream
+            .publish(&mutation, &format!("w{i}"))
+            .await
+            .unwrap()
+            .seq;
+        published.push(mutation.with_seq(last));
+    }
+    let (a, b) = tokio::join!(replica(&stream, last), replica(&stream, last));
+    let digests = |gate: &Gate| {
+        let mut digests: Vec<_> = gate
+            .scan()
+            .into_iter()
+            .map(|(n, s)| (n, s.digest))
+            .collect();
+        digests.sort_by(|x, y| x.0.cmp(&y.0));
+        digests
+    };
+    assert_eq!(digests(&a), digests(&b));
+    let users = a.namespace("users").unwrap();
+    assert_eq!(
+        users.latest_seq(),
+        published
+            .iter()
+            .rev()
+            .find(|m| m.namespace() == "users")
+            .unwrap()
+            .seq()
+    );
+    let before = digests(&a);
+    for mutation in published {
+        a.apply_streamed(mutation).unwrap();
+    }
+    assert_eq!(
+        digests(&a),
+        before,
+        "a mutation applied again changes nothing"
+    );
+    for (namespace, key, answer) in [
+        ("orders.eu", "k2", Answer::Absent),
+        ("orders.eu", "k1", Answer::MayExist),
+        ("users", "k6", Answer::Absent),
+        ("users", "k5", Answer::MayExist),
+    ] {
+        let found = a.may_exist(namespace, key.as_bytes()).unwrap();
+        let also = b.may_exist(namespace, key.as_bytes()).unwrap();
+        assert_eq!((found.0.answer, found), (answer, also), "{namespace} {key}");
+    }
 }
 
 #[tokio::test]
@@ -100,19 +220,105 @@ async fn a_retried_publish_is_stored_once() {
     let stream = open(&nats).await;
     let first = stream.publish(&add("users", "k"), "write-1").await.unwrap();
     let retried = stream.publish(&add("users", "k"), "write-1").await.unwrap();
-    assert_eq!((first.seq, first.duplicate), (1, false));
-    assert_eq!((retried.seq, retried.duplicate), (1, true));
+    assert_eq!((first.seq, first.duplicate), (2, false));
+    assert_eq!((retried.seq, retried.duplicate), (2, true));
     let next = stream
         .publish(&add("users", "k2"), "write-2")
         .await
         .unwrap();
-    assert_eq!(next.seq, 2, "the retry took no seq");
+    assert_eq!(next.seq, 3, "the retry took no seq");
     assert_eq!(
         read(&stream, 0, 2).await,
         [
-            add("users", "k").with_seq(1),
-            add("users", "k2").with_seq(2)
+            add("users", "k").with_seq(2),
+            add("users", "k2").with_seq(3)
         ]
+    );
+}
+
+/// Replicas starting together on an empty stream agree on one hash seed, written once, at seq 1.
+#[tokio::test]
+async fn replicas_starting_together_share_one_identity() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let opened = futures_util::future::join_all((0..4).map(|_| open(&nats))).await;
+    let seed = opened[0].seed();
+    assert_ne!(seed, [0; 32]);
+    assert!(opened.iter().all(|s| s.seed() == seed));
+    assert_eq!(
+        opened[0].last_seq().await.unwrap(),
+        1,
+        "one identity message"
+    );
+    let later = open(&nats).await;
+    assert_eq!(later.seed(), seed);
+    let published = later.publish(&add("users", "k"), "w").await.unwrap();
+    assert_eq!(published.seq, 2);
+}
+
+/// The first replica to serve a namespace records its sizing; the same sizing is accepted, another is
+/// refused with both, and two replicas racing to record different sizings cannot both win.
+#[tokio::test]
+async fn replicas_must_size_a_namespace_alike() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let spec = |expected_keys| FilterSpec {
+        expected_keys,
+        false_positive_rate: 0.01,
+        retention: Retention::Millis(3_600_000),
+        windows: 4,
+        max_bytes: 1 << 24,
+    };
+    let (a, b) = (open(&nats).await, open(&nats).await);
+    let (small, large) = (spec(1_000), spec(2_000));
+    let (first, second) = tokio::join!(
+        a.agree_sizing("users", &small),
+        b.agree_sizing("users", &large)
+    );
+    assert!(first.is_ok() != second.is_ok(), "{first:?} {second:?}");
+    let winner = if first.is_ok() { 1_000 } else { 2_000 };
+    let c = open(&nats).await;
+    c.agree_sizing("users", &spec(winner)).await.unwrap();
+    let refused = c.agree_sizing("users", &spec(5_000)).await.unwrap_err();
+    let message = refused.to_string();
+    assert!(
+        message.contains("\"users\"")
+            && message.contains("expected_keys = 5000")
+            && message.contains(&format!("expected_keys = {winner}")),
+        "{message}"
+    );
+    c.agree_sizing("orders", &spec(5_000)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stream_written_by_something_else_is_refused() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    jetstream
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "existence".to_string(),
+            subjects: vec!["existence.>".to_string()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    jetstream
+        .publish("existence.users", "not a mutation".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let refused = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "existence"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("no existence-gate identity"),
+        "{refused}"
     );
 }
 

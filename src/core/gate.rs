@@ -20,6 +20,15 @@ use crate::core::namespace::{
     AbsenceReport, Added, Namespace, Rebuild, Recorded, WriteError, WritesStopped,
 };
 
+/// How a log numbers one namespace's mutations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seqs {
+    /// One after another (the write-ahead log): a gap means mutations were lost.
+    Contiguous,
+    /// Rising with gaps (a stream shared by namespaces).
+    Gapped,
+}
+
 /// Why a request was refused. Nothing was changed and no seq was used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GateError {
@@ -327,6 +336,16 @@ impl Gate {
     /// Applies one mutation read back from a log: skipped if the namespace's state already includes it (a
     /// snapshot covered it), applied if it is the next seq, refused if seqs are missing before it.
     pub fn replay_one(&self, mutation: Mutation) -> Result<(), String> {
+        self.apply_logged(mutation, Seqs::Contiguous)
+    }
+
+    /// Applies one mutation of a replicated stream, whose seqs are the stream's sequence numbers: shared by
+    /// every namespace, so a namespace's seqs rise with gaps. Skipped if the state already includes it.
+    pub fn apply_streamed(&self, mutation: Mutation) -> Result<(), String> {
+        self.apply_logged(mutation, Seqs::Gapped)
+    }
+
+    fn apply_logged(&self, mutation: Mutation, seqs: Seqs) -> Result<(), String> {
         let namespace = self.namespace(mutation.namespace()).map_err(|_| {
             format!(
                 "the log has mutations of namespace {:?}, which is not configured; add it back to the \
@@ -338,7 +357,7 @@ impl Gate {
         if seq <= latest {
             return Ok(());
         }
-        if seq != latest + 1 {
+        if seqs == Seqs::Contiguous && seq != latest + 1 {
             return Err(format!(
                 "namespace {:?} jumps from seq {latest} to {seq}: mutations are missing from the log",
                 mutation.namespace()

@@ -14,6 +14,20 @@
 //! A publish carries a `Nats-Msg-Id`, so a publish retried after a lost acknowledgement is stored once
 //! within the stream's duplicate window (2 minutes).
 //!
+//! What every replica must share is kept in the stream too, on subjects no namespace can have (`$` is not
+//! allowed in namespace names), so a new replica learns it from the stream alone:
+//!
+//! - `STREAM.$identity` — the deployment's hash seed (filter bits mean something only under the seed they
+//!   were set with). The first replica publishes it into the empty stream, so it is **stream seq 1**: every
+//!   mutation's seq is then above [`GENESIS_SEQ`](crate::core::log::GENESIS_SEQ), as the core needs. A
+//!   stream with mutations but no identity was not written by existence-gate and is refused.
+//! - `STREAM.$sizing.<namespace>` — the namespace's filter sizing. The first replica to serve a namespace
+//!   records it; a replica configured otherwise refuses to start, naming the namespace and both sizings
+//!   (replicas applying one log under different sizings would set different bits).
+//!
+//! Both are written with an expected last sequence, so when replicas start together exactly one write
+//! wins and the others read it.
+//!
 //! Limits: stream names are NATS's (no spaces, `.`, `*` or `>`); a namespace name may contain `.`, which
 //! only adds subject tokens (`existence.a.b`), still under `existence.>`. A message holds at most the
 //! server's `max_payload` (1 MiB by default): an `Add` larger than that is refused by the publish.
@@ -21,12 +35,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, consumer, stream};
 use async_nats::ServerAddr;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
 use super::codec;
+use crate::core::filter::FilterSpec;
+use crate::core::hashing::KeyHasher;
 use crate::core::log::Mutation;
 
 /// How long a first connection may take before the replica gives up with an error (it does not wait
@@ -34,6 +53,14 @@ use crate::core::log::Mutation;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a retried publish with the same `Nats-Msg-Id` is recognised as a duplicate.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// The subject token of the deployment identity.
+const IDENTITY: &str = "$identity";
+/// The subject token before a namespace's sizing record.
+const SIZING: &str = "$sizing";
+/// The start of an identity message, then a u32 format and the 32-byte seed.
+const IDENTITY_MAGIC: &[u8; 8] = b"EXGIDNT1";
+/// The identity format this build writes and reads.
+const IDENTITY_FORMAT: u32 = 1;
 
 /// Where the stream is and how to reach it.
 #[derive(Debug, Clone)]
@@ -110,6 +137,7 @@ pub struct MutationStream {
     jetstream: jetstream::Context,
     stream: stream::Stream,
     name: String,
+    seed: [u8; 32],
 }
 
 impl MutationStream {
@@ -149,11 +177,145 @@ impl MutationStream {
                 options.stream
             )));
         }
-        Ok(Self {
+        let mut opened = Self {
             jetstream,
             stream,
             name: options.stream.clone(),
-        })
+            seed: [0; 32],
+        };
+        opened.seed = opened.identity().await?;
+        Ok(opened)
+    }
+
+    /// The deployment's hash seed, as the stream keeps it.
+    pub fn seed(&self) -> [u8; 32] {
+        self.seed
+    }
+
+    /// Reads the identity, publishing one (at seq 1) into an empty stream.
+    async fn identity(&self) -> Result<[u8; 32], StreamError> {
+        let subject = format!("{}.{IDENTITY}", self.name);
+        // The stream's length first: an identity is always seq 1, so if the stream held anything when its
+        // length was read, an identity read after that is there — unless the stream is not ours.
+        let stored = self.last_seq().await?;
+        if let Some(found) = self.last_on(&subject).await? {
+            return self.parse_identity(&found);
+        }
+        if stored > 0 {
+            return Err(StreamError::Setup(format!(
+                "the JetStream stream {:?} holds messages but no existence-gate identity: it was written by \
+                 something else. Pick another name with --nats-stream, or remove that stream",
+                self.name
+            )));
+        }
+        let mut payload = IDENTITY_MAGIC.to_vec();
+        payload.extend_from_slice(&IDENTITY_FORMAT.to_le_bytes());
+        payload.extend_from_slice(&KeyHasher::random().seed());
+        let first = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .expected_last_sequence(0);
+        self.publish_first(&subject, first).await?;
+        let found = self.last_on(&subject).await?.ok_or_else(|| {
+            StreamError::Setup(format!(
+                "the identity of the JetStream stream {:?} vanished right after it was written",
+                self.name
+            ))
+        })?;
+        self.parse_identity(&found)
+    }
+
+    fn parse_identity(&self, message: &StreamMessage) -> Result<[u8; 32], StreamError> {
+        let payload = &message.payload;
+        let format = payload
+            .get(8..12)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        match (payload.get(..8), format) {
+            (Some(magic), Some(IDENTITY_FORMAT)) if magic == IDENTITY_MAGIC && payload.len() == 44 => {
+                Ok(payload[12..].try_into().expect("32 bytes"))
+            }
+            (Some(magic), Some(format)) if magic == IDENTITY_MAGIC => Err(StreamError::Setup(format!(
+                "the JetStream stream {:?} was set up by a newer existence-gate (identity format {format}; \
+                 this build reads {IDENTITY_FORMAT}): run that version or a newer one",
+                self.name
+            ))),
+            _ => Err(StreamError::Setup(format!(
+                "message {} of the JetStream stream {:?} is not an existence-gate identity: something else \
+                 writes to {}",
+                message.sequence, self.name, message.subject
+            ))),
+        }
+    }
+
+    /// Checks that this replica sizes `namespace` as the deployment does, recording `spec` if it is the
+    /// first to serve it. Refused with both sizings when they differ.
+    pub async fn agree_sizing(
+        &self,
+        namespace: &str,
+        spec: &FilterSpec,
+    ) -> Result<(), StreamError> {
+        let subject = format!("{}.{SIZING}.{namespace}", self.name);
+        let mine = spec.describe();
+        let recorded = match self.last_on(&subject).await? {
+            Some(found) => found,
+            None => {
+                let first = jetstream::message::PublishMessage::build()
+                    .payload(Bytes::from(mine.clone()))
+                    .expected_last_subject_sequence(0);
+                self.publish_first(&subject, first).await?;
+                self.last_on(&subject).await?.ok_or_else(|| {
+                    StreamError::Setup(format!(
+                        "the sizing record {subject} vanished right after it was written"
+                    ))
+                })?
+            }
+        };
+        let theirs = String::from_utf8_lossy(&recorded.payload);
+        if theirs != mine {
+            return Err(StreamError::Setup(format!(
+                "namespace {namespace:?} is sized differently here ({mine}) than in the JetStream stream {:?} \
+                 ({theirs}): every replica must size a namespace alike, or they would set different bits. \
+                 Use the stream's sizing, or give the new sizing another namespace (or stream) and rebuild",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The last message on `subject`, if there is one.
+    async fn last_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
+        match self.stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(StreamError::Read(format!(
+                "cannot read {subject} from the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
+    }
+
+    /// Publishes a message that only the first writer may store (its expected sequence says so); losing
+    /// that race is not an error: the caller reads what the winner wrote.
+    async fn publish_first(
+        &self,
+        subject: &str,
+        message: jetstream::message::PublishMessage,
+    ) -> Result<(), StreamError> {
+        let acked = match self
+            .jetstream
+            .send_publish(subject.to_string(), message)
+            .await
+        {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(()),
+            Err(e) => Err(StreamError::Setup(format!(
+                "cannot write {subject} into the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
     }
 
     /// The stream's name.
@@ -231,24 +393,37 @@ impl MutationStream {
             .map_err(|e| failed(&e))?;
         let messages = consumer.messages().await.map_err(|e| failed(&e))?;
         let name = self.name.clone();
-        Ok(messages.map(move |message| {
-            let message = message.map_err(|e| {
-                StreamError::Read(format!("reading the JetStream stream {name:?} failed: {e}"))
-            })?;
-            let seq = message
-                .info()
-                .map_err(|e| StreamError::Read(format!("a message of stream {name:?} has no info: {e}")))?
-                .stream_sequence;
-            let mutation = codec::decode(&message.payload).map_err(|malformed| {
-                StreamError::Read(format!(
-                    "message {seq} of the JetStream stream {name:?} (subject {}) is not a mutation: {}; \
-                     only existence-gate replicas may publish to this stream",
-                    message.subject, malformed.0
-                ))
-            })?;
-            Ok(mutation.with_seq(seq))
+        let control = format!("{}.$", self.name);
+        Ok(messages.filter_map(move |message| {
+            let read = match message {
+                Ok(message) if message.subject.starts_with(control.as_str()) => None,
+                other => Some(decode_mutation(&name, other)),
+            };
+            std::future::ready(read)
         }))
     }
+}
+
+/// A message read from the stream, as a mutation at its stream sequence.
+fn decode_mutation(
+    name: &str,
+    message: Result<jetstream::Message, impl std::fmt::Display>,
+) -> Result<Mutation, StreamError> {
+    let message = message.map_err(|e| {
+        StreamError::Read(format!("reading the JetStream stream {name:?} failed: {e}"))
+    })?;
+    let seq = message
+        .info()
+        .map_err(|e| StreamError::Read(format!("a message of stream {name:?} has no info: {e}")))?
+        .stream_sequence;
+    let mutation = codec::decode(&message.payload).map_err(|malformed| {
+        StreamError::Read(format!(
+            "message {seq} of the JetStream stream {name:?} (subject {}) is not a mutation: {}; only \
+             existence-gate replicas may publish to this stream",
+            message.subject, malformed.0
+        ))
+    })?;
+    Ok(mutation.with_seq(seq))
 }
 
 /// Stream names are single subject tokens in NATS's API.

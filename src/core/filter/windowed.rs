@@ -109,6 +109,24 @@ impl FilterSpec {
         xxhash_rust::xxh3::xxh3_64(&bytes)
     }
 
+    /// Everything that decides which bits a sequence of inserts sets, as a person reads it: what replicas
+    /// applying one log must agree on (the [fingerprint](Self::fingerprint), plus the growth cap, which
+    /// decides when a layer is added).
+    pub fn describe(&self) -> String {
+        let retention = match self.retention {
+            Retention::Forever => "forever".to_string(),
+            Retention::Millis(ms) => format!("{ms} ms"),
+        };
+        format!(
+            "expected_keys = {}, false_positive_rate = {}, retention = {retention}, windows = {}, \
+             max_filter_bytes = {}",
+            self.expected_keys,
+            self.false_positive_rate,
+            self.live_windows(),
+            self.max_bytes
+        )
+    }
+
     /// Bytes of all windows before any growth: what the default memory cap is a multiple of.
     pub fn initial_bytes(&self) -> u64 {
         self.base_geometry().bytes() * u64::from(self.live_windows())
