@@ -40,10 +40,27 @@ fn absent(namespace: &str, key: &str) -> Mutation {
     }
 }
 
+async fn try_open(nats: &Nats) -> Result<MutationStream, StreamError> {
+    MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "existence")).await
+}
+
 async fn open(nats: &Nats) -> MutationStream {
-    MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "existence"))
+    try_open(nats).await.unwrap()
+}
+
+/// A stream named "existence" with `subjects`, as another program would create it.
+async fn stream_of_another_program(nats: &Nats, subjects: &str) -> async_nats::jetstream::Context {
+    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    jetstream
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "existence".to_string(),
+            subjects: vec![subjects.to_string()],
+            ..Default::default()
+        })
         .await
-        .unwrap()
+        .unwrap();
+    jetstream
 }
 
 /// The first `count` mutations after `after_seq`, as a reader sees them.
@@ -297,25 +314,14 @@ async fn a_stream_written_by_something_else_is_refused() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
-    let jetstream = async_nats::jetstream::new(client);
-    jetstream
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: "existence".to_string(),
-            subjects: vec!["existence.>".to_string()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let jetstream = stream_of_another_program(&nats, "existence.>").await;
     jetstream
         .publish("existence.users", "not a mutation".into())
         .await
         .unwrap()
         .await
         .unwrap();
-    let refused = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "existence"))
-        .await
-        .unwrap_err();
+    let refused = try_open(&nats).await.unwrap_err();
     assert!(
         refused.to_string().contains("no existence-gate identity"),
         "{refused}"
@@ -327,18 +333,8 @@ async fn a_stream_of_that_name_with_other_subjects_is_refused() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
-    async_nats::jetstream::new(client)
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: "existence".to_string(),
-            subjects: vec!["orders.>".to_string()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let refused = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "existence"))
-        .await
-        .unwrap_err();
+    stream_of_another_program(&nats, "orders.>").await;
+    let refused = try_open(&nats).await.unwrap_err();
     assert!(matches!(refused, StreamError::Setup(_)), "{refused}");
     let message = refused.to_string();
     assert!(
