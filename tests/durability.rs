@@ -754,11 +754,36 @@ async fn readiness_reports_writes_refused_and_a_full_disk_recovers() {
     server.stop().await.unwrap();
 }
 
-/// A snapshot of format version 1 (seqs counted from 0) still loads, each namespace's seq read one higher,
-/// so that it lines up with the format-1 log records replayed after it; a newer version is refused by name.
+/// The frames of a format-3 snapshot of one namespace as format 1 or 2 wrote them: without the recent-adds
+/// frames, which follow the empty tombstone chunk (the first 4-byte frame of zeros) up to and including the
+/// empty recent-adds chunk (the next one), and with `version` in the header.
+fn as_older_snapshot(bytes: &[u8], version: u32) -> Vec<u8> {
+    use existence_gate::storage::frame::{self, Next};
+    let mut reader = frame::Reader::new(bytes, bytes.len() as u64);
+    let (mut out, mut empty_chunks) = (Vec::new(), 0);
+    while let Next::Frame(_, payload) = reader.next_frame().unwrap() {
+        let mut payload = payload.to_vec();
+        if out.is_empty() {
+            payload[8..12].copy_from_slice(&version.to_le_bytes());
+        }
+        let recent_adds = empty_chunks == 1;
+        if payload == [0; 4] {
+            empty_chunks += 1;
+        }
+        if !recent_adds {
+            frame::encode(&payload, &mut out);
+        }
+    }
+    out
+}
+
+/// Snapshots of format 1 (seqs counted from 0) and 2 (no memory of recent adds) still load: a format-1
+/// namespace's seq is read one higher, so that it lines up with the format-1 log records replayed after
+/// it, and either brings a floor at its seq for `SUPERSEDED`. A newer format is refused by name, not as
+/// damage.
 #[test]
-fn snapshots_of_version_1_load_with_seqs_counted_from_1() {
-    use existence_gate::storage::{frame, snapshot};
+fn snapshots_of_formats_1_and_2_load_and_a_newer_one_is_refused_by_name() {
+    use existence_gate::storage::snapshot;
     let temp = tempfile::tempdir().unwrap();
     let config = GateConfig::from_toml("[namespaces.default]\nexpected_keys = 1000").unwrap();
     let gate = existence_gate::core::gate::Gate::new(
@@ -769,27 +794,41 @@ fn snapshots_of_version_1_load_with_seqs_counted_from_1() {
     gate.open(Arc::new(existence_gate::core::log::VolatileLog));
     gate.add("default", vec![Bytes::from_static(b"k")]).unwrap();
     let written = snapshot::write(temp.path(), 1, &gate, [3; 32]).unwrap();
-    let seq = snapshot::read(&written.path).unwrap().namespaces[0].seq;
-
-    // Rewrite the header frame's version field (after the 8-byte magic) and its checksum.
-    let with_version = |version: u32| {
-        let mut bytes = std::fs::read(&written.path).unwrap();
-        let length = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
-        bytes[16..20].copy_from_slice(&version.to_le_bytes());
-        let mut header = Vec::new();
-        frame::encode(&bytes[8..8 + length], &mut header);
-        bytes[..8 + length].copy_from_slice(&header);
-        let path = temp.path().join(format!("v{version}.snap"));
-        std::fs::write(&path, bytes).unwrap();
-        snapshot::read(&path)
-    };
-    assert_eq!(with_version(1).unwrap().namespaces[0].seq, seq + 1);
-    let newer = match with_version(3) {
-        Ok(_) => panic!("a snapshot of a newer format was read"),
-        Err(error) => error.to_string(),
-    };
+    let current = snapshot::read(&written.path).unwrap().namespaces.remove(0);
     assert!(
-        newer.contains("written by a newer existence-gate (snapshot format 3"),
-        "{newer}"
+        !current.recent_adds.cells.is_empty(),
+        "format 3 keeps the recent add"
+    );
+    let bytes = std::fs::read(&written.path).unwrap();
+    let read_as = |version: u32| {
+        let path = temp.path().join(format!("v{version}.snap"));
+        std::fs::write(&path, as_older_snapshot(&bytes, version)).unwrap();
+        snapshot::read(&path).map(|mut image| image.namespaces.remove(0))
+    };
+    for (version, seq) in [(1, current.seq + 1), (2, current.seq)] {
+        let older = read_as(version).unwrap();
+        assert_eq!(older.seq, seq, "format {version}");
+        assert_eq!(
+            (older.recent_adds.floor, older.recent_adds.cells.len()),
+            (seq, 0)
+        );
+        assert_eq!(older.tombstones, current.tombstones);
+    }
+    let path = temp.path().join("newer.snap");
+    let mut newer = bytes.clone();
+    let length = u32::from_le_bytes(newer[..4].try_into().unwrap()) as usize;
+    newer[16..20].copy_from_slice(&4u32.to_le_bytes());
+    let mut header = Vec::new();
+    existence_gate::storage::frame::encode(&newer[8..8 + length], &mut header);
+    newer[..8 + length].copy_from_slice(&header);
+    std::fs::write(&path, newer).unwrap();
+    let refused = snapshot::read(&path)
+        .err()
+        .expect("a newer format is refused")
+        .to_string();
+    assert!(
+        refused.contains("written by a newer existence-gate (snapshot format 4")
+            && !refused.contains("damaged"),
+        "{refused}"
     );
 }

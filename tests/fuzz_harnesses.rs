@@ -126,22 +126,26 @@ fn mutation() -> impl Strategy<Value = Mutation> {
             any::<u64>(),
             key,
             any::<bool>(),
+            any::<u64>(),
             any::<u64>()
         )
-            .prop_map(|(namespace, seq, at_ms, key, deleted, expires_at_ms)| {
-                Mutation::RecordAbsent {
-                    namespace,
-                    seq,
-                    at_ms,
-                    key,
-                    kind: if deleted {
-                        AbsenceKind::Deleted
-                    } else {
-                        AbsenceKind::Missing
-                    },
-                    expires_at_ms,
+            .prop_map(
+                |(namespace, seq, at_ms, key, deleted, expires_at_ms, observed_seq)| {
+                    Mutation::RecordAbsent {
+                        namespace,
+                        seq,
+                        at_ms,
+                        key,
+                        kind: if deleted {
+                            AbsenceKind::Deleted
+                        } else {
+                            AbsenceKind::Missing
+                        },
+                        expires_at_ms,
+                        observed_seq,
+                    }
                 }
-            }),
+            ),
     ]
 }
 

@@ -29,14 +29,16 @@ max_ttl = "10m"
 #[derive(Debug, Clone)]
 enum Op {
     Add(Vec<u8>),
-    RecordAbsent(u8, u32),
+    /// Key, TTL, and how many seqs before the latest the absence was observed (`None`: not observed).
+    RecordAbsent(u8, u32, Option<u64>),
     Advance(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => prop::collection::vec(0..KEYS, 1..4).prop_map(Op::Add),
-        3 => (0..KEYS, prop_oneof![Just(0u32), Just(5), Just(120)]).prop_map(|(k, ttl)| Op::RecordAbsent(k, ttl)),
+        3 => (0..KEYS, prop_oneof![Just(0u32), Just(5), Just(120)], prop::option::of(0..4u64))
+            .prop_map(|(k, ttl, lag)| Op::RecordAbsent(k, ttl, lag)),
         2 => prop_oneof![Just(1_000u64), Just(60_000), Just(20 * 60_000), Just(3_600_000)].prop_map(Op::Advance),
     ]
 }
@@ -83,11 +85,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .unwrap();
                 logged += 1;
             }
-            Op::RecordAbsent(k, ttl_seconds) => {
+            Op::RecordAbsent(k, ttl_seconds, lag) => {
+                let latest = gate.namespace("default").unwrap().latest_seq();
                 let report = AbsenceReport {
                     key: key(k),
                     kind: AbsenceKind::Missing,
-                    observed_seq: 0,
+                    // Logged with the record and checked again when replayed.
+                    observed_seq: lag.map_or(0, |lag| latest.saturating_sub(lag).max(1)),
                     ttl_seconds,
                 };
                 let recorded = gate.record_absent("default", report).unwrap();

@@ -37,6 +37,7 @@ fn absent(namespace: &str, key: &str) -> Mutation {
         key: Bytes::copy_from_slice(key.as_bytes()),
         kind: AbsenceKind::Deleted,
         expires_at_ms: 1_800_000_060_000,
+        observed_seq: 0,
     }
 }
 

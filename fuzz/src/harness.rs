@@ -26,6 +26,7 @@ use existence_gate::core::gate::{Gate, GateError};
 use existence_gate::core::hashing::KeyHasher;
 use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::namespace::{AbsenceReport, Rebuild, RecordOutcome};
+use existence_gate::core::recent_adds::RecentAddsImage;
 use existence_gate::core::tombstones::AbsenceKind;
 use existence_gate::proto;
 use existence_gate::storage::snapshot::{self, Image};
@@ -182,13 +183,22 @@ fn frame_ends(bytes: &[u8]) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------------------------
 // log_record: one log record's payload, and the frame layer.
 
-/// Decodes `data` as one log record (a decoded record must re-encode to exactly `data`), reads it as a
-/// sequence of frames decoding each payload, and scans it for a valid frame.
+/// Decodes `data` as one log record (a decoded record must re-encode to exactly `data`, or — a record of an
+/// older type, which is written in the current one — to bytes that decode to the same mutation), reads it
+/// as a sequence of frames decoding each payload, and scans it for a valid frame.
 pub fn log_record(data: &[u8]) {
     if let Ok(mutation) = codec::decode(data) {
         let mut again = Vec::new();
         codec::encode(&mutation, &mut again);
-        assert_eq!(again, data, "a decoded record re-encodes differently");
+        if data[0] == codec::RECORD_ABSENT_UNOBSERVED {
+            let upgraded = codec::decode(&again).expect("a re-encoded record decodes");
+            assert_eq!(
+                upgraded, mutation,
+                "an older record re-encodes to another mutation"
+            );
+        } else {
+            assert_eq!(again, data, "a decoded record re-encodes differently");
+        }
     }
     let mut reader = frame::Reader::new(data, data.len() as u64);
     let mut last_offset = None;
@@ -412,6 +422,7 @@ pub struct NamespaceSummary {
     pub windows: Vec<(u64, Vec<LayerSummary>)>,
     /// `(tag, strong hash, expires_at_ms, deleted)`, sorted.
     pub tombstones: Vec<(u32, [u64; 2], u64, bool)>,
+    pub recent_adds: RecentAddsImage,
 }
 
 /// What a snapshot holds, comparable.
@@ -440,6 +451,7 @@ impl ImageSummary {
                     .collect();
                 tombstones.sort_unstable();
                 NamespaceSummary {
+                    recent_adds: n.recent_adds.clone(),
                     name: n.name.clone(),
                     fingerprint: n.fingerprint,
                     seq: n.seq,
@@ -1210,6 +1222,7 @@ fn sample_mutations() -> Vec<Mutation> {
             key: key("user:3"),
             kind: AbsenceKind::Missing,
             expires_at_ms: START_MS + 60_000,
+            observed_seq: 42,
         },
         Mutation::RecordAbsent {
             namespace: Arc::from("default"),
@@ -1218,6 +1231,7 @@ fn sample_mutations() -> Vec<Mutation> {
             key: key("k"),
             kind: AbsenceKind::Deleted,
             expires_at_ms: 0,
+            observed_seq: 0,
         },
     ]
 }

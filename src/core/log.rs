@@ -46,6 +46,10 @@ pub enum Mutation {
         kind: AbsenceKind,
         /// Unix ms at which it stops answering (TTL and jitter already applied).
         expires_at_ms: u64,
+        /// The seq of the answer that sent the reporter to the source; 0 = not observed. Applying the
+        /// mutation stores nothing if the key may have been added after it (`SUPERSEDED`): decided when
+        /// applied, in log order, so every replica of one stream decides alike.
+        observed_seq: u64,
     },
 }
 

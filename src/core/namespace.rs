@@ -22,7 +22,7 @@ use crate::core::invalidations::{Hub, Invalidation, Subscription};
 use crate::core::log::{Log, LogError, Mutation, GENESIS_SEQ};
 use crate::core::metrics::NamespaceMetrics;
 use crate::core::rate_limit::TokenBucket;
-use crate::core::recent_adds::RecentAdds;
+use crate::core::recent_adds::{RecentAdds, RecentAddsImage};
 use crate::core::tombstones::{self, AbsenceKind, Tombstone, TombstoneKey, TombstoneStore};
 
 /// The result of an `Add`.
@@ -90,6 +90,22 @@ pub struct NamespaceImage {
     pub windows: Vec<WindowImage>,
     /// Live tombstones as of when it was taken.
     pub tombstones: Vec<Tombstone>,
+    /// The memory of recent adds behind `SUPERSEDED`, as of `seq`.
+    pub recent_adds: RecentAddsImage,
+}
+
+/// What applying one mutation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// An `Add`'s keys are in the filter; it removed this many live tombstones of them.
+    Added {
+        /// Live tombstones of the added keys that were removed.
+        tombstones_cleared: u32,
+    },
+    /// A tombstone is stored.
+    Recorded,
+    /// A `RecordAbsent` stored nothing: its key may have been added after the answer it observed.
+    Superseded,
 }
 
 /// Why a namespace refuses a write.
@@ -362,7 +378,9 @@ impl Namespace {
         };
         let seq = mutation.seq();
         let ticket = log.append(&mutation)?;
-        let tombstones_cleared = self.apply_locked(&mut writer, mutation);
+        let Applied::Added { tombstones_cleared } = self.apply_locked(&mut writer, mutation) else {
+            unreachable!("an Add applies as added")
+        };
         drop(writer);
         log.commit(ticket)?;
         Ok(Added {
@@ -412,9 +430,12 @@ impl Namespace {
             key: report.key,
             kind: report.kind,
             expires_at_ms: now_ms.saturating_add(ttl_ms),
+            observed_seq: report.observed_seq,
         };
         let ticket = log.append(&mutation)?;
-        self.apply_locked(&mut writer, mutation);
+        let applied = self.apply_locked(&mut writer, mutation);
+        // Checked above under the same lock, against the same memory of adds.
+        debug_assert_eq!(applied, Applied::Recorded);
         drop(writer);
         log.commit(ticket)?;
         Ok(Recorded {
@@ -446,13 +467,13 @@ impl Namespace {
     }
 
     /// Applies a mutation from the log (replay, or a replica's feed). Mutations must arrive in seq order.
-    pub fn apply(&self, mutation: Mutation) -> Result<u32, WritesStopped> {
+    pub fn apply(&self, mutation: Mutation) -> Result<Applied, WritesStopped> {
         let mut writer = self.writer()?;
         Ok(self.apply_locked(&mut writer, mutation))
     }
 
-    /// The state machine's step; returns how many live tombstones an `Add` cleared.
-    fn apply_locked(&self, writer: &mut Writer, mutation: Mutation) -> u32 {
+    /// The state machine's step.
+    fn apply_locked(&self, writer: &mut Writer, mutation: Mutation) -> Applied {
         match mutation {
             Mutation::Add {
                 seq, at_ms, keys, ..
@@ -477,7 +498,9 @@ impl Namespace {
                 self.metrics.keys_added.increment(keys.len() as u64);
                 self.hub
                     .publish(Invalidation { seq, keys }, &self.latest_seq);
-                cleared
+                Applied::Added {
+                    tombstones_cleared: cleared,
+                }
             }
             Mutation::RecordAbsent {
                 seq,
@@ -485,10 +508,20 @@ impl Namespace {
                 key,
                 kind,
                 expires_at_ms,
+                observed_seq,
                 ..
             } => {
+                let hash = self.hasher.hash(&key);
+                if observed_seq != 0
+                    && writer
+                        .recent_adds
+                        .may_have_been_added_after(hash, observed_seq)
+                {
+                    self.latest_seq.store(seq, Ordering::Release);
+                    return Applied::Superseded;
+                }
                 let tombstone = TombstoneKey {
-                    tag: tombstones::tag(self.hasher.hash(&key)),
+                    tag: tombstones::tag(hash),
                     strong: self.hasher.strong(&key),
                 };
                 let evicted = self
@@ -501,7 +534,7 @@ impl Namespace {
                         .increment(u64::from(evicted));
                 }
                 self.latest_seq.store(seq, Ordering::Release);
-                0
+                Applied::Recorded
             }
         }
     }
@@ -528,15 +561,16 @@ impl Namespace {
         }))
     }
 
-    /// Replaces the whole state with a snapshot's: filter windows, live tombstones and seq. Invalidations
-    /// before `seq` become unservable, and any absence observed before `seq` is refused as `SUPERSEDED`
-    /// (which keys were added just before the snapshot is no longer known).
+    /// Replaces the whole state with a snapshot's: filter windows, live tombstones, the memory of recent adds
+    /// and seq. Invalidations before `seq` become unservable. (An image without that memory — snapshot
+    /// format 2 — brings a floor instead: any absence observed before `seq` is then `SUPERSEDED`.)
     pub fn restore(&self, image: NamespaceImage, now_ms: u64) -> Result<(), WritesStopped> {
         let NamespaceImage {
             seq,
             keys_added,
             windows,
             tombstones,
+            recent_adds,
             ..
         } = image;
         let mut writer = self.writer()?;
@@ -550,7 +584,10 @@ impl Namespace {
                 now_ms,
             );
         }
-        writer.recent_adds = RecentAdds::with_floor(seq);
+        // An image's cells were checked when it was read; out of range here, fall back to the floor (every
+        // absence observed before `seq` is then SUPERSEDED: a lost tombstone, never a wrong one).
+        writer.recent_adds =
+            RecentAdds::restore(&recent_adds).unwrap_or_else(|| RecentAdds::with_floor(seq));
         self.keys_added.store(keys_added, Ordering::Relaxed);
         self.hub.reset(seq);
         self.latest_seq.store(seq, Ordering::Release);
@@ -560,9 +597,9 @@ impl Namespace {
     /// The state a snapshot needs. Its seq is read under the writer lock, so every mutation logged before
     /// this call is included; later mutations may be partly included and are replayed from the log.
     pub fn export(&self, now_ms: u64) -> Result<NamespaceImage, WritesStopped> {
-        let seq = {
-            let _writer = self.writer()?;
-            self.latest_seq()
+        let (seq, recent_adds) = {
+            let writer = self.writer()?;
+            (self.latest_seq(), writer.recent_adds.export())
         };
         Ok(NamespaceImage {
             name: self.name.to_string(),
@@ -571,6 +608,7 @@ impl Namespace {
             keys_added: self.keys_added.load(Ordering::Relaxed),
             windows: self.filter.load().export(),
             tombstones: self.tombstones.live(now_ms),
+            recent_adds,
         })
     }
 
@@ -773,6 +811,75 @@ mod tests {
         })
         .join();
         assert!(right.state_digest(2_000).is_err());
+    }
+
+    fn absence(seq: u64, k: &str, observed_seq: u64) -> Mutation {
+        Mutation::RecordAbsent {
+            namespace: Arc::from("default"),
+            seq,
+            at_ms: 1_000,
+            key: key(k),
+            kind: AbsenceKind::Missing,
+            expires_at_ms: 61_000,
+            observed_seq,
+        }
+    }
+
+    fn addition(seq: u64, k: &str) -> Mutation {
+        Mutation::Add {
+            namespace: Arc::from("default"),
+            seq,
+            at_ms: 1_000,
+            keys: vec![key(k)],
+        }
+    }
+
+    /// Two replicas publish at once: an absence observed at seq 5 and an `Add` of the same key, which the
+    /// stream orders first (seq 7). Applying the absence at seq 8 stores nothing, on every replica; an
+    /// absence observed after the `Add` is stored.
+    #[test]
+    fn an_absence_applied_after_a_later_add_of_its_key_is_superseded() {
+        let namespace = namespace();
+        namespace.apply(addition(7, "raced")).unwrap();
+        assert_eq!(
+            namespace.apply(absence(8, "raced", 5)).unwrap(),
+            Applied::Superseded
+        );
+        assert_eq!(namespace.latest_seq(), 8, "the seq is used all the same");
+        assert_eq!(namespace.lookup(b"raced", 2_000).answer, Answer::MayExist);
+        assert_eq!(
+            namespace.apply(absence(9, "raced", 7)).unwrap(),
+            Applied::Recorded
+        );
+        assert_eq!(namespace.lookup(b"raced", 2_000).answer, Answer::Absent);
+    }
+
+    /// A namespace restored from an export decides `SUPERSEDED` exactly as the exporter does — including
+    /// for absences observed before the export, which a floor at the export's seq would all refuse.
+    #[test]
+    fn a_restored_namespace_decides_superseded_as_its_exporter() {
+        let exporter = namespace();
+        for (seq, k) in (2..40).zip((0..).map(|i| format!("k{i}"))) {
+            exporter.apply(addition(seq, &k)).unwrap();
+        }
+        let image = exporter.export(1_000).unwrap();
+        assert_eq!(image.seq, 39);
+        let restored = namespace();
+        restored.restore(image, 1_000).unwrap();
+        for (i, observed_seq) in [(3, 4), (3, 6), (30, 10), (30, 33), (37, 38)] {
+            let (k, next) = (format!("k{i}"), exporter.latest_seq() + 1);
+            let decided = exporter.apply(absence(next, &k, observed_seq)).unwrap();
+            assert_eq!(
+                restored.apply(absence(next, &k, observed_seq)).unwrap(),
+                decided
+            );
+        }
+        // k3 was added at seq 5: observed at 4 it is superseded, at a later seq recorded.
+        assert_eq!(restored.lookup(b"k3", 2_000).answer, Answer::Absent);
+        assert_eq!(
+            restored.state_digest(2_000).unwrap(),
+            exporter.state_digest(2_000).unwrap()
+        );
     }
 
     /// In a namespace no one has written, an answer's seq is still not 0, so an `Add` that races a

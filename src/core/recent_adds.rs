@@ -19,6 +19,15 @@ use crate::core::hashing::KeyHash;
 /// (pages the allocator maps lazily), so a namespace costs memory only for the cells its `Add`s touched.
 const CELLS: usize = 1 << 17;
 
+/// A [`RecentAdds`] as a snapshot holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecentAddsImage {
+    /// The bound every key shares.
+    pub floor: u64,
+    /// The cells that are not 0: `(cell, seq)`, in cell order.
+    pub cells: Vec<(u32, u64)>,
+}
+
 /// Upper bounds on the seq of each key's most recent `Add`.
 pub struct RecentAdds {
     cells: Box<[u64]>,
@@ -60,6 +69,32 @@ impl RecentAdds {
         for cell in Self::cells(hash) {
             self.cells[cell] = seq;
         }
+    }
+
+    /// Its whole content, for a snapshot: the floor and every cell that is not 0, as `(cell, seq)`. A
+    /// namespace restored from it decides `SUPERSEDED` exactly as this one does, which replicas applying
+    /// one stream need (a floor alone would refuse every absence observed before the snapshot).
+    pub fn export(&self) -> RecentAddsImage {
+        RecentAddsImage {
+            floor: self.floor,
+            cells: self
+                .cells
+                .iter()
+                .enumerate()
+                .filter(|(_, seq)| **seq != 0)
+                .map(|(cell, seq)| (cell as u32, *seq))
+                .collect(),
+        }
+    }
+
+    /// The memory an [`export`](Self::export) describes; `None` if a cell is out of range (a damaged or
+    /// foreign image). Cells left 0 stay untouched, so a namespace with few recent adds stays small.
+    pub fn restore(image: &RecentAddsImage) -> Option<Self> {
+        let mut restored = Self::with_floor(image.floor);
+        for &(cell, seq) in &image.cells {
+            *restored.cells.get_mut(cell as usize)? = seq;
+        }
+        Some(restored)
     }
 
     /// Whether `hash` may have been added after `observed_seq`.

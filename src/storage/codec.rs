@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! Add:          u8 1, name (u16 len), u64 seq, u64 at_ms, u32 key count, keys (u32 len each)
-//! RecordAbsent: u8 2, name (u16 len), u64 seq, u64 at_ms, u8 kind, u64 expires_at_ms, key (u32 len)
+//! RecordAbsent: u8 3, name (u16 len), u64 seq, u64 at_ms, u8 kind, u64 expires_at_ms, u64 observed_seq,
+//!               key (u32 len)
 //! ```
+//!
+//! Type 2, `RecordAbsent` without `observed_seq` (log formats 1 and 2, decided before it was logged), is
+//! still read, as `observed_seq` 0.
 //!
 //! Its properties (every record round-trips, alone and framed; arbitrary and mutated bytes decode or are
 //! refused, never panic) are checked in `tests/fuzz_harnesses.rs`, beside the fuzz targets that share them.
@@ -16,7 +20,9 @@ use super::frame::{put_absence_kind, put_bytes, put_string, Fields, Malformed};
 use crate::core::log::Mutation;
 
 const ADD: u8 = 1;
-const RECORD_ABSENT: u8 = 2;
+/// The type of a `RecordAbsent` before log format 3 (no `observed_seq`): still read, never written.
+pub const RECORD_ABSENT_UNOBSERVED: u8 = 2;
+const RECORD_ABSENT: u8 = 3;
 
 /// Appends the encoding of `mutation` to `out`.
 pub fn encode(mutation: &Mutation, out: &mut Vec<u8>) {
@@ -41,6 +47,7 @@ pub fn encode(mutation: &Mutation, out: &mut Vec<u8>) {
             key,
             kind,
             expires_at_ms,
+            observed_seq,
         } => {
             out.push(RECORD_ABSENT);
             put_string(out, namespace);
@@ -48,6 +55,7 @@ pub fn encode(mutation: &Mutation, out: &mut Vec<u8>) {
             out.extend_from_slice(&at_ms.to_le_bytes());
             put_absence_kind(out, *kind);
             out.extend_from_slice(&expires_at_ms.to_le_bytes());
+            out.extend_from_slice(&observed_seq.to_le_bytes());
             put_bytes(out, key);
         }
     }
@@ -80,9 +88,14 @@ pub fn decode(payload: &[u8]) -> Result<Mutation, Malformed> {
                 keys,
             }
         }
-        RECORD_ABSENT => {
+        RECORD_ABSENT | RECORD_ABSENT_UNOBSERVED => {
             let kind = fields.absence_kind()?;
             let expires_at_ms = fields.u64()?;
+            let observed_seq = if tag == RECORD_ABSENT {
+                fields.u64()?
+            } else {
+                0
+            };
             let key = Bytes::copy_from_slice(fields.bytes()?);
             Mutation::RecordAbsent {
                 namespace,
@@ -91,6 +104,7 @@ pub fn decode(payload: &[u8]) -> Result<Mutation, Malformed> {
                 key,
                 kind,
                 expires_at_ms,
+                observed_seq,
             }
         }
         other => return Err(Malformed(format!("unknown mutation type {other}"))),

@@ -197,6 +197,11 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// Skips what is left: the fields of a newer format, which this build does not parse.
+    pub fn skip_rest(&mut self) {
+        self.bytes = &[];
+    }
+
     /// Fails unless every byte was read.
     pub fn finish(self) -> Result<(), Malformed> {
         if self.bytes.is_empty() {

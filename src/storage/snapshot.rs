@@ -8,6 +8,8 @@
 //!   per window:  u64 id, u32 layers
 //!     per layer: u64 blocks, u32 probes, u64 capacity, u64 inserted; then bit words in chunks of ≤ 1 MiB
 //!   tombstones   chunks of (u32 tag, u64 × 2 strong hash, u64 expires_at_ms, u8 kind), then an empty chunk
+//!   recent adds  u64 floor; then chunks of (u32 cell, u64 seq) for the cells that are not 0, then an empty
+//!                chunk (format 3 on)
 //! footer     "EXGSNEND", u32 namespaces
 //! ```
 //!
@@ -29,13 +31,18 @@ use crate::core::filter::{BloomLayer, Geometry};
 use crate::core::gate::Gate;
 use crate::core::hashing::StrongKey;
 use crate::core::namespace::NamespaceImage;
+use crate::core::recent_adds::{RecentAdds, RecentAddsImage};
 use crate::core::tombstones::{Tombstone, TombstoneKey};
 
 const HEADER_MAGIC: &[u8; 8] = b"EXGSNAP1";
 const FOOTER_MAGIC: &[u8; 8] = b"EXGSNEND";
 /// The format this build writes. Version 1 counted each namespace's seqs from 0, version 2 from
-/// [`GENESIS_SEQ`](crate::core::log::GENESIS_SEQ) = 1; both are read (a version-1 seq is read as one higher).
-const VERSION: u32 = 2;
+/// [`GENESIS_SEQ`](crate::core::log::GENESIS_SEQ) = 1 (a version-1 seq is read as one higher); version 3
+/// adds each namespace's memory of recent adds, so that a restored namespace decides `SUPERSEDED` exactly as
+/// the one that wrote it (before, it was read back as a floor at the snapshot's seq). All are read.
+const VERSION: u32 = 3;
+/// Recent-add cells per chunk frame.
+const CELLS_PER_CHUNK: usize = 1 << 16;
 /// Bit words per chunk frame (1 MiB).
 const WORDS_PER_CHUNK: usize = 1 << 17;
 /// Tombstones per chunk frame.
@@ -192,27 +199,62 @@ fn write_frames(
                 write_layer(writer, layer)?;
             }
         }
-        for chunk in image
-            .tombstones
-            .chunks(TOMBSTONES_PER_CHUNK)
-            .chain(std::iter::once(&[][..]))
-        {
-            writer.frame(|p| {
-                p.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-                for t in chunk {
-                    p.extend_from_slice(&t.key.tag.to_le_bytes());
-                    p.extend_from_slice(&t.key.strong.0[0].to_le_bytes());
-                    p.extend_from_slice(&t.key.strong.0[1].to_le_bytes());
-                    p.extend_from_slice(&t.expires_at_ms.to_le_bytes());
-                    put_absence_kind(p, t.kind);
-                }
-            })?;
-        }
+        write_chunked(writer, &image.tombstones, TOMBSTONES_PER_CHUNK, |p, t| {
+            p.extend_from_slice(&t.key.tag.to_le_bytes());
+            p.extend_from_slice(&t.key.strong.0[0].to_le_bytes());
+            p.extend_from_slice(&t.key.strong.0[1].to_le_bytes());
+            p.extend_from_slice(&t.expires_at_ms.to_le_bytes());
+            put_absence_kind(p, t.kind);
+        })?;
+        write_recent_adds(writer, &image.recent_adds)?;
     }
     writer.frame(|p| {
         p.extend_from_slice(FOOTER_MAGIC);
         p.extend_from_slice(&(namespaces.len() as u32).to_le_bytes());
     })
+}
+
+fn write_recent_adds(writer: &mut FrameWriter, recent: &RecentAddsImage) -> std::io::Result<()> {
+    writer.frame(|p| p.extend_from_slice(&recent.floor.to_le_bytes()))?;
+    write_chunked(writer, &recent.cells, CELLS_PER_CHUNK, |p, (cell, seq)| {
+        p.extend_from_slice(&cell.to_le_bytes());
+        p.extend_from_slice(&seq.to_le_bytes());
+    })
+}
+
+/// Writes `items` as frames of at most `per_chunk`, each a u32 count and the items, then an empty frame.
+fn write_chunked<T>(
+    writer: &mut FrameWriter,
+    items: &[T],
+    per_chunk: usize,
+    put: impl Fn(&mut Vec<u8>, &T),
+) -> std::io::Result<()> {
+    for chunk in items.chunks(per_chunk).chain(std::iter::once(&[][..])) {
+        writer.frame(|p| {
+            p.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+            chunk.iter().for_each(|item| put(p, item));
+        })?;
+    }
+    Ok(())
+}
+
+/// Reads what [`write_chunked`] wrote, each item with `parse`.
+fn read_chunked<T>(
+    reader: &mut ImageReader,
+    what: &str,
+    mut parse: impl FnMut(&mut Fields<'_>) -> Result<T, frame::Malformed>,
+) -> Result<Vec<T>, PersistenceError> {
+    let mut items = Vec::new();
+    loop {
+        let chunk = reader.next(what, |f| {
+            let count = f.u32()? as usize;
+            (0..count).map(|_| parse(f)).collect::<Result<Vec<_>, _>>()
+        })?;
+        if chunk.is_empty() {
+            return Ok(items);
+        }
+        items.extend(chunk);
+    }
 }
 
 fn write_layer(writer: &mut FrameWriter, layer: &Arc<BloomLayer>) -> std::io::Result<()> {
@@ -323,18 +365,27 @@ pub fn read(path: &Path) -> Result<Image, PersistenceError> {
         }
         let version = f.u32()?;
         if version > VERSION {
-            return Err(frame::Malformed(format!(
-                "written by a newer existence-gate (snapshot format {version}; this build reads formats 1 \
-                 to {VERSION}): run that version or a newer one"
-            )));
+            // Not damage: the rest is a format this build does not know, so it is not parsed.
+            f.skip_rest();
+            return Ok(Err(version));
         }
         if version == 0 {
             return Err(frame::Malformed("snapshot format 0 does not exist".into()));
         }
         let seed: [u8; 32] = f.take(32)?.try_into().expect("32 bytes");
-        Ok((version, seed, f.u64()?, f.u64()?, f.u32()?))
-    })?;
-    let (version, seed, hash_check, covered, count) = header;
+        Ok(Ok((version, seed, f.u64()?, f.u64()?, f.u32()?)))
+    });
+    let (version, seed, hash_check, covered, count) = match header {
+        Ok(Ok(header)) => header,
+        Ok(Err(newer)) => {
+            return Err(PersistenceError::Mismatch(format!(
+            "{} was written by a newer existence-gate (snapshot format {newer}; this build reads \
+                 formats 1 to {VERSION}): run that version or a newer one",
+            path.display()
+        )))
+        }
+        Err(damaged) => return Err(damaged),
+    };
     let namespaces = (0..count)
         .map(|_| read_namespace(&mut reader, version))
         .collect::<Result<Vec<_>, _>>()?;
@@ -390,31 +441,25 @@ fn read_namespace(
             .collect::<Result<Vec<_>, _>>()?;
         windows.push((id, layers));
     }
-    let mut tombstones = Vec::new();
-    loop {
-        let chunk = reader.next("a tombstone chunk", |f| {
-            let count = f.u32()? as usize;
-            (0..count)
-                .map(|_| {
-                    let key = TombstoneKey {
-                        tag: f.u32()?,
-                        strong: StrongKey([f.u64()?, f.u64()?]),
-                    };
-                    let expires_at_ms = f.u64()?;
-                    let kind = f.absence_kind()?;
-                    Ok(Tombstone {
-                        key,
-                        expires_at_ms,
-                        kind,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()
-        })?;
-        if chunk.is_empty() {
-            break;
+    let tombstones = read_chunked(reader, "a tombstone chunk", |f| {
+        let key = TombstoneKey {
+            tag: f.u32()?,
+            strong: StrongKey([f.u64()?, f.u64()?]),
+        };
+        Ok(Tombstone {
+            key,
+            expires_at_ms: f.u64()?,
+            kind: f.absence_kind()?,
+        })
+    })?;
+    let recent_adds = if version >= 3 {
+        read_recent_adds(reader)?
+    } else {
+        RecentAddsImage {
+            floor: seq,
+            cells: Vec::new(),
         }
-        tombstones.extend(chunk);
-    }
+    };
     Ok(NamespaceImage {
         name,
         fingerprint,
@@ -422,7 +467,23 @@ fn read_namespace(
         keys_added,
         windows,
         tombstones,
+        recent_adds,
     })
+}
+
+fn read_recent_adds(reader: &mut ImageReader) -> Result<RecentAddsImage, PersistenceError> {
+    let floor = reader.next("the recent-adds floor", |f| f.u64())?;
+    let cells = read_chunked(reader, "a recent-adds chunk", |f| Ok((f.u32()?, f.u64()?)))?;
+    let image = RecentAddsImage { floor, cells };
+    // Written in cell order, each cell once and never 0: anything else is not what a namespace exported.
+    let in_order = image.cells.windows(2).all(|pair| pair[0].0 < pair[1].0);
+    if !in_order || image.cells.iter().any(|&(_, seq)| seq == 0) {
+        return Err(reader.corrupt("recent-adds cells out of order, repeated or 0"));
+    }
+    if RecentAdds::restore(&image).is_none() {
+        return Err(reader.corrupt("a recent-adds cell out of range"));
+    }
+    Ok(image)
 }
 
 fn read_layer(reader: &mut ImageReader) -> Result<Arc<BloomLayer>, PersistenceError> {

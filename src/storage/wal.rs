@@ -47,11 +47,12 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 
 /// The log format this build writes. Format 1 segments had no header and counted each namespace's seqs from
 /// 0; format 2 segments begin with a [header](SegmentHeader) and count from 1 (see
-/// [`crate::core::log::GENESIS_SEQ`]). Both are read.
-pub const LOG_FORMAT: u32 = 2;
+/// [`crate::core::log::GENESIS_SEQ`]); format 3 records carry a `RecordAbsent`'s `observed_seq` (a new
+/// record type, see [`super::codec`]), which an older build would take for damage. All three are read.
+pub const LOG_FORMAT: u32 = 3;
 
 /// The first frame of every segment since format 2: this magic, then `u32 format`, `u64 seed fingerprint`.
-/// No record can start with it (a record's first byte is its kind, 1 or 2).
+/// No record can start with it (a record's first byte is its kind, 1 to 3).
 const SEGMENT_MAGIC: &[u8; 8] = b"EXGWALHD";
 
 /// What a segment's header says.
@@ -72,29 +73,52 @@ impl SegmentHeader {
     }
 
     /// The header a first frame's `payload` holds: `Ok(None)` if it is a format-1 record instead.
-    fn decode(payload: &[u8]) -> Result<Option<Self>, String> {
+    fn decode(payload: &[u8]) -> Result<Option<Self>, HeaderError> {
         let Some(rest) = payload.strip_prefix(SEGMENT_MAGIC) else {
             return Ok(None);
         };
         let format = rest
             .get(..4)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .ok_or("a segment header is cut short")?;
+            .ok_or_else(|| HeaderError::Malformed("a segment header is cut short".to_string()))?;
         if format > LOG_FORMAT {
-            return Err(format!(
-                "written by a newer existence-gate (log format {format}; this build reads formats 1 to \
-                 {LOG_FORMAT}): run that version or a newer one"
-            ));
+            return Err(HeaderError::Newer(format));
         }
         match rest[4..].try_into() {
-            Ok(fingerprint) if format == LOG_FORMAT => Ok(Some(Self {
+            Ok(fingerprint) if format >= 2 => Ok(Some(Self {
                 format,
                 seed_fingerprint: u64::from_le_bytes(fingerprint),
             })),
-            _ => Err(format!(
+            _ => Err(HeaderError::Malformed(format!(
                 "a segment header of format {format} has {} bytes",
                 payload.len()
+            ))),
+        }
+    }
+}
+
+/// Why a segment header cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HeaderError {
+    /// Written by a newer build, in this log format: not damage, and the remedy is that build.
+    Newer(u32),
+    /// Damaged.
+    Malformed(String),
+}
+
+impl HeaderError {
+    fn into_persistence(self, file: &Path, offset: u64) -> PersistenceError {
+        match self {
+            Self::Newer(format) => PersistenceError::Mismatch(format!(
+                "{} was written by a newer existence-gate (log format {format}; this build reads formats 1 \
+                 to {LOG_FORMAT}): run that version or a newer one",
+                file.display()
             )),
+            Self::Malformed(problem) => PersistenceError::Corrupt {
+                file: file.to_path_buf(),
+                offset,
+                problem,
+            },
         }
     }
 }
@@ -200,8 +224,8 @@ pub fn replay(
                 Next::End => break,
                 Next::Frame(offset, payload) => {
                     if format.is_none() {
-                        let header =
-                            SegmentHeader::decode(payload).map_err(|p| corrupt(offset, p))?;
+                        let header = SegmentHeader::decode(payload)
+                            .map_err(|e| e.into_persistence(&path, offset))?;
                         format = Some(header.map_or(1, |h| h.format));
                         if let Some(header) = header {
                             check_fingerprint(&path, header, seed_fingerprint)?;
@@ -979,7 +1003,10 @@ mod tests {
         write_segment(dir.path(), 1, Some(newer), &[]);
         let error = replayed(dir.path()).unwrap_err().to_string();
         assert!(
-            error.contains("written by a newer existence-gate (log format 3")
+            error.contains(&format!(
+                "written by a newer existence-gate (log format {}",
+                LOG_FORMAT + 1
+            )) && !error.contains("damaged")
                 && error.contains("wal-00000000000000000001.log"),
             "{error}"
         );
