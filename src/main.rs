@@ -12,6 +12,9 @@ use existence_gate::server::{self, DurabilityOptions, ServeOptions, TlsOptions};
 use existence_gate::storage::SyncMode;
 use tracing_subscriber::EnvFilter;
 
+/// How long blocking work still running when `main` returns may take before the process exits without it.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Answers "can this key exist?" for the services in front of your databases.
 #[derive(Debug, Parser)]
 #[command(name = "existence-gate", version, about)]
@@ -360,6 +363,9 @@ fn main() -> ExitCode {
         Command::Probe(args) => runtime.block_on(probe(args)),
         Command::HashToken { token } => hash_token(token),
     };
+    // Dropping a runtime waits for its blocking threads; one stuck on a stalled disk (a write or snapshot
+    // the shutdown gave up on) would then hold the process forever. Everything acknowledged is in the log.
+    runtime.shutdown_timeout(EXIT_GRACE);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

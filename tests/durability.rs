@@ -571,6 +571,16 @@ async fn spawn_binary(dir: &Path) -> (tokio::process::Child, String) {
     (child, addr)
 }
 
+/// A runtime for a server under a stalled disk, apart from the test's own: two workers, as on this
+/// machine, so a blocked worker shows; dropped only once nothing is stuck in it.
+fn runtime_of_its_own() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A disk whose fsync hangs (here: the interval syncer's, with writes queued behind its group commit) must
 /// not stall the server: writes wait, while health checks and lookups keep answering. The server runs on a
 /// runtime of its own with two request threads (this machine's core count), so the test's own clock and
@@ -589,11 +599,7 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
         }),
         ..options(dir.path(), "")
     };
-    let server_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let server_runtime = runtime_of_its_own();
     let server = server_runtime.block_on(async {
         let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
         server.loaded().await.unwrap();
@@ -677,6 +683,53 @@ impl Drop for ReleaseSyncs {
     fn drop(&mut self) {
         self.0.release_syncs();
     }
+}
+
+/// A disk that stalls for good at shutdown (an fsync that never returns) does not keep the server from
+/// stopping: serving is cut off at the drain deadline with the write still waiting, and the final snapshot,
+/// which must sync the log first, is given up after the same deadline.
+#[test]
+fn a_stalled_disk_does_not_hold_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = FaultyFiles::new();
+    let options = ServeOptions {
+        drain_timeout: Duration::from_millis(300),
+        durability: Some(DurabilityOptions {
+            segment_files: files.clone(),
+            ..DurabilityOptions::new(dir.path().to_path_buf())
+        }),
+        ..options(dir.path(), "")
+    };
+    // Dropped only after the stall is released: the stuck fsync holds one of its blocking threads.
+    let runtime = runtime_of_its_own();
+    // Declared after the runtime, so dropped (the stall released) before it, however the test ends.
+    let _release = ReleaseSyncs(files.clone());
+    runtime.block_on(async {
+        let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
+        server.loaded().await.unwrap();
+        let mut client = common::client(&server).await;
+        files.stall_syncs();
+        let stuck = tokio::spawn(async move {
+            client
+                .add(AddRequest {
+                    namespace: String::new(),
+                    keys: vec![Bytes::from_static(b"never synced")],
+                })
+                .await
+        });
+        common::wait_until(common::PATIENCE, "the write's fsync to stall", async || {
+            (files.stalled_syncs() == 1).then_some(())
+        })
+        .await;
+        let stopped = tokio::time::timeout(common::PATIENCE, server.stop()).await;
+        assert!(
+            matches!(stopped, Ok(Ok(()))),
+            "shutdown did not end on its own: {stopped:?}"
+        );
+        // Its connection lingers until the stall ends (the server's per-connection tasks are not aborted,
+        // only its accept loop): the client gives up on it here.
+        stuck.abort();
+    });
 }
 
 /// A server whose log cannot write says so: `/readyz` turns 503 with the reason (a full disk, or a data

@@ -276,7 +276,8 @@ impl RunningServer {
     }
 
     /// Waits for shutdown to be triggered, then drains: in-flight calls get the drain deadline (past it the
-    /// serving tasks are aborted, not left running), background loops end, and a last snapshot is taken.
+    /// serving tasks are aborted, not left running), background loops end, and a last snapshot is taken
+    /// (given the same deadline: past it, the process exits without one).
     /// Returns an error if loading failed.
     pub async fn run_until_shutdown(self) -> Result<(), ServerError> {
         let Self {
@@ -314,7 +315,18 @@ impl RunningServer {
             return Err(ServerError::Loading(reason));
         }
         if let Ok(persistence) = lifecycle.persistence() {
-            final_snapshot(&gate, persistence).await;
+            // Bounded like the drain: a disk that stalls (an fsync that never returns) must not keep the
+            // process from exiting, and the log already holds every acknowledged write.
+            if tokio::time::timeout(drain_timeout, final_snapshot(&gate, persistence))
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    ?drain_timeout,
+                    "the final snapshot did not finish in time (a stalled disk?); exiting without it: the \
+                     log holds every acknowledged write, and the next start replays it"
+                );
+            }
         }
         tracing::info!("bye");
         Ok(())
