@@ -17,7 +17,7 @@ use existence_gate::core::gate::Gate;
 use existence_gate::core::hashing::KeyHasher;
 use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::tombstones::AbsenceKind;
-use existence_gate::storage::stream::{MutationStream, StreamError, StreamOptions};
+use existence_gate::storage::stream::{AppliedReport, MutationStream, StreamError, StreamOptions};
 use futures_util::StreamExt;
 
 fn add(namespace: &str, key: &str) -> Mutation {
@@ -228,6 +228,35 @@ async fn replicas_applying_the_stream_agree_bit_for_bit() {
         let also = b.may_exist(namespace, key.as_bytes()).unwrap();
         assert_eq!((found.0.answer, found), (answer, also), "{namespace} {key}");
     }
+}
+
+/// Replicas hear each other's applied seqs (what an acknowledgement waits on), and none of it enters the
+/// stream: reports take no stream seq.
+#[tokio::test]
+async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let (a, b) = (open(&nats).await, open(&nats).await);
+    let reports = a.applied_reports().await.unwrap();
+    b.report_applied("replica-b", 7).await.unwrap();
+    a.report_applied("replica-a", 9).await.unwrap();
+    let mut heard: Vec<AppliedReport> =
+        tokio::time::timeout(common::PATIENCE, reports.take(2).collect())
+            .await
+            .expect("both reports arrive");
+    // Two connections: the server may get them in either order.
+    heard.sort_by(|x, y| x.replica.cmp(&y.replica));
+    let report = |replica: &str, seq| AppliedReport {
+        replica: replica.to_string(),
+        seq,
+    };
+    assert_eq!(heard, [report("replica-a", 9), report("replica-b", 7)]);
+    assert_eq!(
+        a.last_seq().await.unwrap(),
+        1,
+        "only the identity is in the stream"
+    );
 }
 
 #[tokio::test]

@@ -131,6 +131,15 @@ pub struct Published {
     pub duplicate: bool,
 }
 
+/// A replica's word that it has applied the stream up to a seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedReport {
+    /// The replica's id (`--replica-id`).
+    pub replica: String,
+    /// The last stream seq it applied.
+    pub seq: u64,
+}
+
 /// The mutation stream, open: publish to it, read it from any seq.
 #[derive(Debug, Clone)]
 pub struct MutationStream {
@@ -354,6 +363,62 @@ impl MutationStream {
             seq: ack.sequence,
             duplicate: ack.duplicate,
         })
+    }
+
+    /// The core-NATS subject replicas report their applied seqs on: outside the stream (reports are
+    /// liveness, not history, and must not take stream sequences).
+    fn reports_subject(&self) -> String {
+        format!("_existence.{}.applied", self.name)
+    }
+
+    /// Tells every replica watching [`applied_reports`](Self::applied_reports) that `replica` has applied
+    /// the stream up to `seq`. Flushed before it returns (the client would otherwise hold it in its write
+    /// buffer while idle): a report only helps if it leaves now. Not acknowledged: a report lost in a
+    /// reconnect is followed by the next one.
+    pub async fn report_applied(&self, replica: &str, seq: u64) -> Result<(), StreamError> {
+        let mut payload = seq.to_le_bytes().to_vec();
+        payload.extend_from_slice(replica.as_bytes());
+        let client = self.jetstream.client();
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Publish(format!(
+                "reporting the applied seq of replica {replica:?} to NATS failed: {e}"
+            ))
+        };
+        client
+            .publish(self.reports_subject(), Bytes::from(payload))
+            .await
+            .map_err(|e| failed(&e))?;
+        client.flush().await.map_err(|e| failed(&e))
+    }
+
+    /// Every replica's applied-seq reports from now on, as they arrive (this replica's own included). The
+    /// subscription is live once this returns: a report sent after that is seen.
+    pub async fn applied_reports(
+        &self,
+    ) -> Result<impl Stream<Item = AppliedReport> + Send + 'static, StreamError> {
+        let client = self.jetstream.client();
+        let reports = client
+            .subscribe(self.reports_subject())
+            .await
+            .map_err(|e| {
+                StreamError::Read(format!(
+                    "cannot watch the replicas' applied seqs on NATS: {e}"
+                ))
+            })?;
+        // The server has the subscription once a round trip after it completes.
+        client.flush().await.map_err(|e| {
+            StreamError::Read(format!(
+                "cannot watch the replicas' applied seqs on NATS: {e}"
+            ))
+        })?;
+        Ok(reports.filter_map(|message| {
+            let payload = &message.payload;
+            let report = payload.get(..8).map(|seq| AppliedReport {
+                seq: u64::from_le_bytes(seq.try_into().expect("8 bytes")),
+                replica: String::from_utf8_lossy(&payload[8..]).into_owned(),
+            });
+            std::future::ready(report)
+        }))
     }
 
     /// The stream's last sequence now: every mutation up to it is stored.
