@@ -223,13 +223,7 @@ impl MutationStream {
         let first = jetstream::message::PublishMessage::build()
             .payload(Bytes::from(payload))
             .expected_last_sequence(0);
-        self.publish_first(&subject, first).await?;
-        let found = self.last_on(&subject).await?.ok_or_else(|| {
-            StreamError::Setup(format!(
-                "the identity of the JetStream stream {:?} vanished right after it was written",
-                self.name
-            ))
-        })?;
+        let found = self.write_first(&subject, first).await?;
         self.parse_identity(&found)
     }
 
@@ -270,12 +264,7 @@ impl MutationStream {
                 let first = jetstream::message::PublishMessage::build()
                     .payload(Bytes::from(mine.clone()))
                     .expected_last_subject_sequence(0);
-                self.publish_first(&subject, first).await?;
-                self.last_on(&subject).await?.ok_or_else(|| {
-                    StreamError::Setup(format!(
-                        "the sizing record {subject} vanished right after it was written"
-                    ))
-                })?
+                self.write_first(&subject, first).await?
             }
         };
         let theirs = String::from_utf8_lossy(&recorded.payload);
@@ -302,13 +291,13 @@ impl MutationStream {
         }
     }
 
-    /// Publishes a message that only the first writer may store (its expected sequence says so); losing
-    /// that race is not an error: the caller reads what the winner wrote.
-    async fn publish_first(
+    /// Publishes a message that only the first writer may store (its expected sequence says so), then
+    /// returns what is stored on `subject`: this message, or the one that won the race.
+    async fn write_first(
         &self,
         subject: &str,
         message: jetstream::message::PublishMessage,
-    ) -> Result<(), StreamError> {
+    ) -> Result<StreamMessage, StreamError> {
         let acked = match self
             .jetstream
             .send_publish(subject.to_string(), message)
@@ -318,13 +307,21 @@ impl MutationStream {
             Err(e) => Err(e),
         };
         match acked {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(()),
-            Err(e) => Err(StreamError::Setup(format!(
-                "cannot write {subject} into the JetStream stream {:?}: {e}",
-                self.name
-            ))),
+            Ok(_) => {}
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {}
+            Err(e) => {
+                return Err(StreamError::Setup(format!(
+                    "cannot write {subject} into the JetStream stream {:?}: {e}",
+                    self.name
+                )))
+            }
         }
+        self.last_on(subject).await?.ok_or_else(|| {
+            StreamError::Setup(format!(
+                "{subject} vanished from the JetStream stream {:?} right after it was written",
+                self.name
+            ))
+        })
     }
 
     /// The stream's name.
