@@ -8,7 +8,11 @@ use std::sync::Arc;
 use clap::{Args, Parser, Subcommand};
 use existence_gate::core::clock::SystemClock;
 use existence_gate::core::config::{parse_duration, GateConfig};
-use existence_gate::server::{self, DurabilityOptions, ServeOptions, TlsOptions};
+use existence_gate::server::{
+    self, DurabilityOptions, ReplicationOptions, ServeOptions, TlsOptions,
+};
+use existence_gate::storage::replica::ReplicaOptions;
+use existence_gate::storage::stream::StreamOptions;
 use existence_gate::storage::SyncMode;
 use tracing_subscriber::EnvFilter;
 
@@ -168,6 +172,78 @@ struct ServeArgs {
     /// PEM CA bundle: require client certificates it signed (mutual TLS).
     #[arg(long, env = "EXISTENCE_GATE_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    replication: ReplicationArgs,
+}
+
+/// Replicated mode: every flag but `--nats` only matters with it.
+#[derive(Debug, Args)]
+struct ReplicationArgs {
+    /// NATS servers (comma-separated URLs, e.g. nats://127.0.0.1:4222): run as one replica of a deployment
+    /// sharing a JetStream stream, which is then the log (no local write-ahead log).
+    #[arg(long, env = "EXISTENCE_GATE_NATS", value_delimiter = ',')]
+    nats: Vec<String>,
+    /// A token for a NATS that requires one.
+    #[arg(long, env = "EXISTENCE_GATE_NATS_TOKEN", requires = "nats")]
+    nats_token: Option<String>,
+    /// A NATS .creds file (JWT and NKey seed).
+    #[arg(long, env = "EXISTENCE_GATE_NATS_CREDS", requires = "nats")]
+    nats_creds: Option<PathBuf>,
+    /// A PEM CA bundle the NATS servers' certificates chain to (TLS is then required).
+    #[arg(long, env = "EXISTENCE_GATE_NATS_TLS_CA", requires = "nats")]
+    nats_tls_ca: Option<PathBuf>,
+    /// The JetStream stream (subjects NAME.<namespace>); the first replica creates it.
+    #[arg(long, env = "EXISTENCE_GATE_NATS_STREAM", default_value = "existence")]
+    nats_stream: String,
+    /// Replicas of the stream when this replica creates it (3 in production).
+    #[arg(long, env = "EXISTENCE_GATE_NATS_REPLICAS", default_value_t = 1)]
+    nats_replicas: usize,
+    /// How this replica names itself in metrics, logs and applied-seq reports (default: host name and gRPC
+    /// port).
+    #[arg(long, env = "EXISTENCE_GATE_REPLICA_ID")]
+    replica_id: Option<String>,
+    /// How long a replica may answer ABSENT after confirming it has applied the stream's end (e.g. 100ms);
+    /// an Add is acknowledged at most this long after the stream stored it.
+    #[arg(long, env = "EXISTENCE_GATE_READ_LEASE", default_value = "100ms", value_parser = parse_duration)]
+    read_lease: std::time::Duration,
+    /// Seqs behind the stream past which a replica reports NOT_SERVING (lagging).
+    #[arg(long, env = "EXISTENCE_GATE_MAX_LAG", default_value_t = 10_000)]
+    max_lag: u64,
+}
+
+impl ReplicationArgs {
+    fn options(&self, listen: SocketAddr) -> Result<Option<ReplicationOptions>, String> {
+        if self.nats.is_empty() {
+            return Ok(None);
+        }
+        if self.read_lease < std::time::Duration::from_millis(4) {
+            return Err(format!(
+                "--read-lease {:?} is too short: replicas renew it four times per lease over the network; \
+                 use at least 4ms (100ms is the default)",
+                self.read_lease
+            ));
+        }
+        let id = self.replica_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|name| name.trim().to_string())
+                .unwrap_or_else(|_| "replica".to_string());
+            format!("{host}:{}", listen.port())
+        });
+        Ok(Some(ReplicationOptions {
+            stream: StreamOptions {
+                token: self.nats_token.clone(),
+                credentials: self.nats_creds.clone(),
+                tls_ca: self.nats_tls_ca.clone(),
+                replicas: self.nats_replicas,
+                ..StreamOptions::new(self.nats.clone(), &self.nats_stream)
+            },
+            replica: ReplicaOptions {
+                id,
+                read_lease: self.read_lease,
+                max_lag: self.max_lag,
+            },
+        }))
+    }
 }
 
 /// `--sync` values.
@@ -180,7 +256,9 @@ enum Sync {
 
 impl ServeArgs {
     fn durability(&self) -> Option<DurabilityOptions> {
-        (!self.in_memory).then(|| DurabilityOptions {
+        // A replica's log is the stream; it rebuilds its state from the stream at start.
+        let local = !self.in_memory && self.replication.nats.is_empty();
+        local.then(|| DurabilityOptions {
             sync: match self.sync {
                 Sync::Always => SyncMode::Always,
                 Sync::Interval => SyncMode::Interval(self.sync_interval),
@@ -214,7 +292,9 @@ impl ServeArgs {
                     .replace("limits.handshake_timeout", "--handshake-timeout")
             })?;
         }
+        let replication = self.replication.options(self.listen)?;
         Ok(ServeOptions {
+            replication,
             listen: self.listen,
             http_listen: self.http_listen,
             config,
@@ -262,7 +342,19 @@ fn log_settings(options: &ServeOptions) {
             snapshot_log_bytes = d.snapshot_log_bytes,
             "durability"
         ),
+        None if options.replication.is_some() => {}
         None => tracing::warn!("--in-memory: state is kept in memory only and is lost on restart"),
+    }
+    if let Some(replication) = &options.replication {
+        tracing::info!(
+            nats = replication.stream.servers.join(","),
+            stream = replication.stream.stream,
+            stream_replicas = replication.stream.replicas,
+            replica_id = replication.replica.id,
+            read_lease = ?replication.replica.read_lease,
+            max_lag = replication.replica.max_lag,
+            "replicated: the JetStream stream is the log"
+        );
     }
     for (name, ns) in &options.config.namespaces {
         let spec = ns.filter_spec();

@@ -119,6 +119,7 @@ async fn snapshot_on_demand_is_published_and_reported() {
             ..DurabilityOptions::new(dir.path().to_path_buf())
         }),
         tls: None,
+        replication: None,
     };
     let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
     server.loaded().await.unwrap();

@@ -39,6 +39,7 @@ fn options(dir: &Path, config: &str) -> ServeOptions {
             ..DurabilityOptions::new(dir.to_path_buf())
         }),
         tls: None,
+        replication: None,
     }
 }
 

@@ -10,14 +10,15 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use metrics::Counter;
 
-use crate::core::answer::{Lookup, NamespaceStats, Scan};
+use crate::core::answer::{Answer, Lookup, NamespaceStats, Scan};
 use crate::core::clock::Clock;
 use crate::core::config::{GateConfig, Limits};
 use crate::core::hashing::KeyHasher;
 use crate::core::invalidations::Subscription;
+use crate::core::lease::ReadLease;
 use crate::core::log::{Log, LogError, Mutation};
 use crate::core::namespace::{
-    AbsenceReport, Added, Namespace, Rebuild, Recorded, WriteError, WritesStopped,
+    Absence, AbsenceReport, Added, Applied, Namespace, Rebuild, Recorded, WriteError, WritesStopped,
 };
 
 /// How a log numbers one namespace's mutations.
@@ -70,10 +71,24 @@ impl From<WriteError> for GateError {
     }
 }
 
-/// A namespace and the counter of its warming answers.
+fn still_loading() -> GateError {
+    GateError::Unavailable("the gate is still loading its state; retry shortly".to_string())
+}
+
+/// A namespace and the counters of its fail-open answers.
 struct Entry {
     namespace: Arc<Namespace>,
     warming_answers: Counter,
+    lease_fail_opens: Counter,
+}
+
+/// Where writes go once loading is done.
+enum Writes {
+    /// Through a [`Log`] the gate appends to and applies after (the write-ahead log, or memory).
+    Logged(Arc<dyn Log>),
+    /// Through a log that assigns seqs itself (a replicated stream): the wiring publishes
+    /// [prepared](Gate::prepare_add) mutations and hands them back to [`Gate::apply_streamed`].
+    Published,
 }
 
 /// All namespaces and the machinery around them.
@@ -84,7 +99,9 @@ pub struct Gate {
     clock: Arc<dyn Clock>,
     /// Where writes go; set once loading is done. Until then lookups fail open (`MAY_EXIST` + `WARMING`)
     /// and writes are refused.
-    log: OnceLock<Arc<dyn Log>>,
+    writes: OnceLock<Writes>,
+    /// For a replica of a shared log: `ABSENT` only while this holds (see [`ReadLease`]).
+    lease: Option<Arc<ReadLease>>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -115,6 +132,7 @@ impl Gate {
                 let entry = Entry {
                     namespace: Arc::new(namespace),
                     warming_answers: crate::core::metrics::warming_answers(name),
+                    lease_fail_opens: crate::core::metrics::lease_fail_opens(name),
                 };
                 (name.clone(), entry)
             })
@@ -124,26 +142,45 @@ impl Gate {
             limits: config.limits.clone(),
             hasher,
             clock,
-            log: OnceLock::new(),
+            writes: OnceLock::new(),
+            lease: None,
         }
+    }
+
+    /// The same gate answering `ABSENT` only while `lease` holds: a replica of a shared log.
+    pub fn with_read_lease(mut self, lease: Arc<ReadLease>) -> Self {
+        self.lease = Some(lease);
+        self
     }
 
     /// Ends warming: lookups answer from state, writes go to `log`. Only the first call counts.
     pub fn open(&self, log: Arc<dyn Log>) {
-        let _ = self.log.set(log);
+        let _ = self.writes.set(Writes::Logged(log));
+    }
+
+    /// Ends warming for a replica of a shared log: lookups answer from state, writes are
+    /// [prepared](Self::prepare_add) here and published by the wiring. Only the first call counts.
+    pub fn open_published(&self) {
+        let _ = self.writes.set(Writes::Published);
     }
 
     /// Whether a write may wait inside the log (see [`Log::commit_may_wait`]); also while loading, when the
     /// log is not yet known.
     pub fn writes_may_wait(&self) -> bool {
-        self.log.get().is_none_or(|log| log.commit_may_wait())
+        match self.writes.get() {
+            Some(Writes::Logged(log)) => log.commit_may_wait(),
+            _ => true,
+        }
     }
 
     /// Why writes are refused now, if they are, while reads are still answered: the log cannot write,
     /// or a namespace stopped taking writes after a panic. `None` while loading (that is not a failure).
     pub fn write_failure(&self) -> Option<String> {
-        let log = self.log.get()?;
-        log.write_failure().or_else(|| {
+        let log_failure = match self.writes.get()? {
+            Writes::Logged(log) => log.write_failure(),
+            Writes::Published => None,
+        };
+        log_failure.or_else(|| {
             self.namespaces
                 .values()
                 .find(|e| e.namespace.writes_stopped())
@@ -153,7 +190,12 @@ impl Gate {
 
     /// Whether loading is done.
     pub fn is_ready(&self) -> bool {
-        self.log.get().is_some()
+        self.writes.get().is_some()
+    }
+
+    /// Whether `ABSENT` may be answered now: always, unless the gate serves under a lease that does not hold.
+    fn absent_allowed(&self) -> bool {
+        self.lease.as_ref().is_none_or(|lease| lease.holds())
     }
 
     /// The request limits.
@@ -226,10 +268,12 @@ impl Gate {
             entry.warming_answers.increment(1);
             return Ok((Lookup::WARMING, observed_seq));
         }
-        Ok((
-            entry.namespace.lookup(key, self.clock.now_ms()),
-            observed_seq,
-        ))
+        let lookup = entry.namespace.lookup(key, self.clock.now_ms());
+        if lookup.answer == Answer::Absent && !self.absent_allowed() {
+            entry.lease_fail_opens.increment(1);
+            return Ok((Lookup::WARMING, observed_seq));
+        }
+        Ok((lookup, observed_seq))
     }
 
     /// Answers for `keys` in order into `answers`; returns the seq they reflect.
@@ -251,6 +295,11 @@ impl Gate {
         entry
             .namespace
             .lookup_many(keys, self.clock.now_ms(), answers);
+        if self.lease.is_some() && !self.absent_allowed() {
+            let absent = answers.iter_mut().filter(|l| l.answer == Answer::Absent);
+            let failed_open = absent.map(|l| *l = Lookup::WARMING).count();
+            entry.lease_fail_opens.increment(failed_open as u64);
+        }
         Ok(observed_seq)
     }
 
@@ -287,6 +336,47 @@ impl Gate {
             )));
         }
         Ok(namespace.record_absent(report, self.clock.now_ms(), log)?)
+    }
+
+    /// The `Add` of `keys` to `namespace`, validated and timed but not applied: for the wiring to publish to
+    /// a log that assigns its seq, and to hand back to [`apply_streamed`](Self::apply_streamed).
+    pub fn prepare_add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Mutation, GateError> {
+        let namespace = self.namespace(namespace)?;
+        if keys.is_empty() {
+            return Err(GateError::InvalidArgument(
+                "Add needs at least one key".to_string(),
+            ));
+        }
+        self.check_keys(&keys)?;
+        self.published_writes()?;
+        namespace
+            .prepare_add(keys, self.clock.now_ms())
+            .map_err(|stopped| WriteError::from(stopped).into())
+    }
+
+    /// A reported absence decided against this replica's state: the answer when nothing is to be published
+    /// (`REDUNDANT`, `SUPERSEDED`, `THROTTLED`), else the tombstone to publish. `latest_known` is the newest
+    /// seq the shared log is known to hold: an `observed_seq` above it was never observed anywhere.
+    pub fn prepare_absence(
+        &self,
+        namespace: &str,
+        report: AbsenceReport,
+        latest_known: u64,
+    ) -> Result<Absence, GateError> {
+        let namespace = self.namespace(namespace)?;
+        self.check_key(&report.key, None)?;
+        self.published_writes()?;
+        if report.observed_seq > latest_known.max(namespace.latest_seq()) {
+            return Err(GateError::InvalidArgument(format!(
+                "observed_seq {} is ahead of the newest seq of the stream ({latest_known}): it was not \
+                 observed in this deployment (another deployment, or a stream that was reset); look the \
+                 key up again",
+                report.observed_seq
+            )));
+        }
+        namespace
+            .prepare_absence(report, self.clock.now_ms())
+            .map_err(|stopped| WriteError::from(stopped).into())
     }
 
     /// Subscribes to `namespace`'s invalidations after `after_seq`; returns the canonical name with it.
@@ -336,16 +426,17 @@ impl Gate {
     /// Applies one mutation read back from a log: skipped if the namespace's state already includes it (a
     /// snapshot covered it), applied if it is the next seq, refused if seqs are missing before it.
     pub fn replay_one(&self, mutation: Mutation) -> Result<(), String> {
-        self.apply_logged(mutation, Seqs::Contiguous)
+        self.apply_logged(mutation, Seqs::Contiguous).map(drop)
     }
 
     /// Applies one mutation of a replicated stream, whose seqs are the stream's sequence numbers: shared by
     /// every namespace, so a namespace's seqs rise with gaps. Skipped if the state already includes it.
-    pub fn apply_streamed(&self, mutation: Mutation) -> Result<(), String> {
+    /// Returns what applying it did (`None` if it was included already).
+    pub fn apply_streamed(&self, mutation: Mutation) -> Result<Option<Applied>, String> {
         self.apply_logged(mutation, Seqs::Gapped)
     }
 
-    fn apply_logged(&self, mutation: Mutation, seqs: Seqs) -> Result<(), String> {
+    fn apply_logged(&self, mutation: Mutation, seqs: Seqs) -> Result<Option<Applied>, String> {
         let namespace = self.namespace(mutation.namespace()).map_err(|_| {
             format!(
                 "the log has mutations of namespace {:?}, which is not configured; add it back to the \
@@ -355,7 +446,7 @@ impl Gate {
         })?;
         let (seq, latest) = (mutation.seq(), namespace.latest_seq());
         if seq <= latest {
-            return Ok(());
+            return Ok(None);
         }
         if seqs == Seqs::Contiguous && seq != latest + 1 {
             return Err(format!(
@@ -365,8 +456,8 @@ impl Gate {
         }
         namespace
             .apply(mutation)
-            .map_err(|stopped| stopped.to_string())?;
-        Ok(())
+            .map(Some)
+            .map_err(|stopped| stopped.to_string())
     }
 
     /// The hasher's [`check_value`](KeyHasher::check_value), recorded in snapshots.
@@ -382,9 +473,25 @@ impl Gate {
     /// The log, once loading is done; writes before that are refused (their seqs would collide with the
     /// log being replayed).
     fn writable_log(&self) -> Result<&dyn Log, GateError> {
-        self.log.get().map(|log| log.as_ref()).ok_or_else(|| {
-            GateError::Unavailable("the gate is still loading its state; retry shortly".to_string())
-        })
+        match self.writes.get() {
+            Some(Writes::Logged(log)) => Ok(log.as_ref()),
+            Some(Writes::Published) => Err(GateError::Unavailable(
+                "this replica's writes go through its stream, not a local log".to_string(),
+            )),
+            None => Err(still_loading()),
+        }
+    }
+
+    /// Ok once loading is done, for a gate whose writes are published.
+    fn published_writes(&self) -> Result<(), GateError> {
+        match self.writes.get() {
+            Some(Writes::Published) => Ok(()),
+            Some(Writes::Logged(_)) => Err(GateError::Unavailable(
+                "this gate writes to a local log: its writes are not prepared for a stream"
+                    .to_string(),
+            )),
+            None => Err(still_loading()),
+        }
     }
 
     /// Frees dead windows and expired tombstones in every namespace.

@@ -112,3 +112,9 @@ impl NamespaceMetrics {
 pub fn warming_answers(namespace: &str) -> Counter {
     counter!("existence_answers_total", "namespace" => namespace.to_string(), "answer" => "may_exist", "basis" => "warming")
 }
+
+/// `ABSENT` answers served as `MAY_EXIST` + `WARMING` because a replica held no read lease (they are counted
+/// in `existence_answers_total` as the state answered them).
+pub fn lease_fail_opens(namespace: &str) -> Counter {
+    counter!("existence_lease_fail_open_answers_total", "namespace" => namespace.to_string())
+}

@@ -11,6 +11,7 @@
 //! - [`tombstones`]: the bounded store of recent "the source said not found" entries.
 //! - [`recent_adds`] and [`rate_limit`]: the guards on recording absences (stale races, floods).
 //! - [`invalidations`]: the bounded replay buffer that tells subscribers when cached absences became wrong.
+//! - [`lease`]: the read lease under which a replica of a shared log may answer `ABSENT`.
 //! - [`log`]: the ordered mutations the core applies, and the `Log` seam a durable log plugs into.
 //! - [`answer`]: what a look-up answers (`Lookup`, `Answer`, `Basis`) and what a namespace reports.
 //! - [`config`]: the configuration file's schema, defaults and limits.
@@ -25,6 +26,7 @@ pub mod filter;
 pub mod gate;
 pub mod hashing;
 pub mod invalidations;
+pub mod lease;
 pub mod log;
 pub mod metrics;
 pub mod namespace;

@@ -94,6 +94,20 @@ pub struct NamespaceImage {
     pub recent_adds: RecentAddsImage,
 }
 
+/// What a reported absence comes to before it is logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Absence {
+    /// Nothing to store: the answer as it stands.
+    Answered(Recorded),
+    /// A tombstone to log, and the answer if applying it records it.
+    Store {
+        /// The mutation to log.
+        mutation: Mutation,
+        /// The answer once it is recorded (its seq is the mutation's).
+        recorded: Recorded,
+    },
+}
+
 /// What applying one mutation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
@@ -370,12 +384,7 @@ impl Namespace {
     /// Adds `keys` (non-empty, validated) at `now_ms`.
     pub fn add(&self, keys: Vec<Bytes>, now_ms: u64, log: &dyn Log) -> Result<Added, WriteError> {
         let mut writer = self.writer()?;
-        let mutation = Mutation::Add {
-            namespace: Arc::clone(&self.name),
-            seq: self.latest_seq() + 1,
-            at_ms: now_ms,
-            keys,
-        };
+        let mutation = self.addition(keys, now_ms, self.latest_seq() + 1);
         let seq = mutation.seq();
         let ticket = log.append(&mutation)?;
         let Applied::Added { tombstones_cleared } = self.apply_locked(&mut writer, mutation) else {
@@ -389,6 +398,22 @@ impl Namespace {
         })
     }
 
+    /// The `Add` of `keys` at `now_ms`, for a log that assigns seqs itself (seq 0 until it does). Nothing
+    /// changes until the log hands it back to [`apply`](Self::apply).
+    pub fn prepare_add(&self, keys: Vec<Bytes>, now_ms: u64) -> Result<Mutation, WritesStopped> {
+        drop(self.writer()?);
+        Ok(self.addition(keys, now_ms, 0))
+    }
+
+    fn addition(&self, keys: Vec<Bytes>, at_ms: u64, seq: u64) -> Mutation {
+        Mutation::Add {
+            namespace: Arc::clone(&self.name),
+            seq,
+            at_ms,
+            keys,
+        }
+    }
+
     /// Decides what to do with a reported absence and, if it is to be stored, logs and applies it.
     pub fn record_absent(
         &self,
@@ -396,22 +421,60 @@ impl Namespace {
         now_ms: u64,
         log: &dyn Log,
     ) -> Result<Recorded, WriteError> {
-        let hash = self.hasher.hash(&report.key);
         let mut writer = self.writer()?;
-        let not_stored = |outcome| Recorded {
-            outcome,
-            seq: self.latest_seq(),
-            expires_in_ms: 0,
+        let seq = self.latest_seq() + 1;
+        let (mutation, recorded) = match self.decide_absence(&mut writer, report, now_ms, seq) {
+            Absence::Answered(recorded) => return Ok(recorded),
+            Absence::Store { mutation, recorded } => (mutation, recorded),
+        };
+        let ticket = log.append(&mutation)?;
+        let applied = self.apply_locked(&mut writer, mutation);
+        // Checked by the decision under the same lock, against the same memory of adds.
+        debug_assert_eq!(applied, Applied::Recorded);
+        drop(writer);
+        log.commit(ticket)?;
+        Ok(recorded)
+    }
+
+    /// Decides a reported absence against this replica's state, for a log that assigns seqs itself: either
+    /// the answer (`REDUNDANT`, `SUPERSEDED`, `THROTTLED` — nothing to log), or the mutation to publish (seq
+    /// 0 until the log assigns it), whose outcome is decided again when it is applied, in log order.
+    pub fn prepare_absence(
+        &self,
+        report: AbsenceReport,
+        now_ms: u64,
+    ) -> Result<Absence, WritesStopped> {
+        let mut writer = self.writer()?;
+        Ok(self.decide_absence(&mut writer, report, now_ms, 0))
+    }
+
+    /// The decisions of `RecordAbsent` before anything is logged: the filter already answers absent, the
+    /// key may have been added after the caller's observation, or the namespace is over its tombstone rate —
+    /// else a tombstone at `seq` with its jittered TTL.
+    fn decide_absence(
+        &self,
+        writer: &mut Writer,
+        report: AbsenceReport,
+        now_ms: u64,
+        seq: u64,
+    ) -> Absence {
+        let hash = self.hasher.hash(&report.key);
+        let not_stored = |outcome| {
+            Absence::Answered(Recorded {
+                outcome,
+                seq: self.latest_seq(),
+                expires_in_ms: 0,
+            })
         };
         if !self.filter.load().contains(hash, now_ms) {
-            return Ok(not_stored(RecordOutcome::Redundant));
+            return not_stored(RecordOutcome::Redundant);
         }
         if report.observed_seq != 0
             && writer
                 .recent_adds
                 .may_have_been_added_after(hash, report.observed_seq)
         {
-            return Ok(not_stored(RecordOutcome::Superseded));
+            return not_stored(RecordOutcome::Superseded);
         }
         if report.kind == AbsenceKind::Missing {
             // The filter passed a key the source does not have: a false positive as clients see it.
@@ -419,30 +482,25 @@ impl Namespace {
         }
         if !writer.admission.try_take(now_ms) {
             self.metrics.throttled.increment(1);
-            return Ok(not_stored(RecordOutcome::Throttled));
+            return not_stored(RecordOutcome::Throttled);
         }
         let ttl_ms = self.ttl_ms(report.kind, report.ttl_seconds, hash, now_ms);
-        let seq = self.latest_seq() + 1;
-        let mutation = Mutation::RecordAbsent {
-            namespace: Arc::clone(&self.name),
-            seq,
-            at_ms: now_ms,
-            key: report.key,
-            kind: report.kind,
-            expires_at_ms: now_ms.saturating_add(ttl_ms),
-            observed_seq: report.observed_seq,
-        };
-        let ticket = log.append(&mutation)?;
-        let applied = self.apply_locked(&mut writer, mutation);
-        // Checked above under the same lock, against the same memory of adds.
-        debug_assert_eq!(applied, Applied::Recorded);
-        drop(writer);
-        log.commit(ticket)?;
-        Ok(Recorded {
-            outcome: RecordOutcome::Recorded,
-            seq,
-            expires_in_ms: ttl_ms,
-        })
+        Absence::Store {
+            mutation: Mutation::RecordAbsent {
+                namespace: Arc::clone(&self.name),
+                seq,
+                at_ms: now_ms,
+                key: report.key,
+                kind: report.kind,
+                expires_at_ms: now_ms.saturating_add(ttl_ms),
+                observed_seq: report.observed_seq,
+            },
+            recorded: Recorded {
+                outcome: RecordOutcome::Recorded,
+                seq,
+                expires_in_ms: ttl_ms,
+            },
+        }
     }
 
     /// The TTL for a tombstone: requested or default, clamped to the maximum, jittered (never above it).

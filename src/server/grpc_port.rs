@@ -18,6 +18,7 @@ use crate::service::auth::Authorizer;
 use crate::service::grpc::GateService;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::listener::{Incoming, Plaintext};
+use crate::storage::replica::Replica;
 
 /// The gRPC serving task; it ends when shutdown is triggered and in-flight calls finished.
 pub(super) type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;
@@ -27,16 +28,18 @@ pub(super) type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;
 pub(super) fn serve(
     options: &ServeOptions,
     gate: &Arc<Gate>,
+    replica: Option<&Arc<Replica>>,
     lifecycle: &Arc<Lifecycle>,
     health_service: HealthServer<impl Health>,
     listener: TcpListener,
 ) -> Result<GrpcTask, ServerError> {
     let tls = options.tls.as_ref().map(TlsOptions::acceptor).transpose()?;
     let access = Access::new(authorizer(options)?, lifecycle.shutdown().clone());
-    let gate_service =
-        ExistenceGateServer::new(GateService::new(Arc::clone(gate), Arc::clone(&access)))
-            .max_decoding_message_size(options.max_message_bytes)
-            .max_encoding_message_size(options.max_message_bytes);
+    let contract =
+        GateService::new(Arc::clone(gate), Arc::clone(&access)).with_replica(replica.cloned());
+    let gate_service = ExistenceGateServer::new(contract)
+        .max_decoding_message_size(options.max_message_bytes)
+        .max_encoding_message_size(options.max_message_bytes);
     let admin_service = AdminServer::new(AdminService::new(
         Arc::clone(gate),
         access,

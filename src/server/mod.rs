@@ -13,6 +13,7 @@
 mod background;
 mod grpc_port;
 mod loading;
+mod replicated;
 mod tls;
 
 use std::net::SocketAddr;
@@ -23,16 +24,19 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use replicated::ReplicationOptions;
 pub use tls::TlsOptions;
 
 use crate::core::clock::Clock;
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::core::hashing::KeyHasher;
+use crate::core::lease::ReadLease;
 use crate::core::log::VolatileLog;
 use crate::service::lifecycle::{Lifecycle, Phase};
 use crate::service::listener::Acceptor;
 use crate::service::shutdown::Shutdown;
+use crate::storage::replica::Replica;
 use crate::storage::segment_file::{RealFiles, SegmentFiles};
 use crate::storage::{self, DataDir, PersistenceError, SyncMode};
 use background::{final_snapshot, maintenance, Background};
@@ -85,6 +89,8 @@ pub struct ServeOptions {
     pub durability: Option<DurabilityOptions>,
     /// `None` serves plaintext gRPC.
     pub tls: Option<TlsOptions>,
+    /// `Some`: a replica of a shared NATS JetStream stream, which is then the log (no local one).
+    pub replication: Option<ReplicationOptions>,
 }
 
 impl Default for ServeOptions {
@@ -97,6 +103,7 @@ impl Default for ServeOptions {
             drain_timeout: Duration::from_secs(10),
             durability: None,
             tls: None,
+            replication: None,
         }
     }
 }
@@ -119,6 +126,8 @@ pub enum ServerError {
     Loading(String),
     /// The configuration or the TLS files cannot be used.
     Config(String),
+    /// The replicated stream cannot be joined (the message names NATS, the stream and what to check).
+    Replication(String),
 }
 
 impl std::fmt::Display for ServerError {
@@ -129,7 +138,7 @@ impl std::fmt::Display for ServerError {
             Self::Reflection(error) => write!(f, "cannot build the reflection service: {error}"),
             Self::Persistence(error) => write!(f, "{error}"),
             Self::Loading(reason) => write!(f, "cannot load state: {reason}"),
-            Self::Config(problem) => write!(f, "{problem}"),
+            Self::Config(problem) | Self::Replication(problem) => write!(f, "{problem}"),
         }
     }
 }
@@ -192,13 +201,42 @@ pub async fn start(
     let (grpc_listener, grpc_addr) = bind(options.listen).await?;
     let (http_listener, http_addr) = bind(options.http_listen).await?;
     let data_dir = open_data_dir(options.durability.as_ref())?;
-    let hasher = data_dir
-        .as_ref()
-        .map_or_else(KeyHasher::random, |dir| KeyHasher::from_seed(dir.seed()));
-    let gate = Arc::new(Gate::new(&options.config, hasher, clock));
+    let stream = match &options.replication {
+        Some(replication) => Some(replicated::join(replication, &options.config).await?),
+        None => None,
+    };
+    let hasher = match (&stream, &data_dir) {
+        (Some(stream), _) => KeyHasher::from_seed(stream.seed()),
+        (None, Some(dir)) => KeyHasher::from_seed(dir.seed()),
+        (None, None) => KeyHasher::random(),
+    };
+    let lease = Arc::new(ReadLease::new());
+    let mut gate = Gate::new(&options.config, hasher, clock);
+    if stream.is_some() {
+        gate = gate.with_read_lease(Arc::clone(&lease));
+    }
+    let gate = Arc::new(gate);
+    let replica = stream
+        .zip(options.replication.as_ref())
+        .map(|(stream, replication)| {
+            Replica::new(
+                stream,
+                Arc::clone(&gate),
+                lease,
+                replication.replica.clone(),
+                0,
+            )
+        });
     let (health, health_service) = tonic_health::server::health_reporter();
     let lifecycle = Lifecycle::new(Shutdown::default(), options.durability.is_some(), health).await;
-    let grpc = grpc_port::serve(&options, &gate, &lifecycle, health_service, grpc_listener)?;
+    let grpc = grpc_port::serve(
+        &options,
+        &gate,
+        replica.as_ref(),
+        &lifecycle,
+        health_service,
+        grpc_listener,
+    )?;
     let http = tokio::spawn(crate::service::http::serve(
         Acceptor::new(http_listener, "http"),
         crate::service::http::router(
@@ -220,8 +258,9 @@ pub async fn start(
         lifecycle: Arc::clone(&lifecycle),
         background: background.clone(),
     };
-    match (data_dir, options.durability) {
-        (Some(dir), Some(durability)) => background.spawn(load.recover(dir, durability)),
+    match (replica, data_dir, options.durability) {
+        (Some(replica), ..) => replicated::run(&replica, &gate, &lifecycle, &background),
+        (None, Some(dir), Some(durability)) => background.spawn(load.recover(dir, durability)),
         _ => lifecycle.ready(&gate, Arc::new(VolatileLog), None).await,
     }
     tracing::info!(%grpc_addr, %http_addr, "serving");

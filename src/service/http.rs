@@ -100,11 +100,12 @@ async fn readyz(State(http): State<Http>) -> (StatusCode, String) {
         Phase::Loading => unavailable("warming\n".to_string()),
         Phase::Draining => unavailable("shutting down\n".to_string()),
         Phase::Failed(reason) => unavailable(format!("loading failed: {reason}\n")),
-        Phase::Ready => match http.gate.write_failure() {
-            Some(reason) => unavailable(format!(
+        Phase::Ready => match (http.lifecycle.lagging(), http.gate.write_failure()) {
+            (Some(reason), _) => unavailable(format!("lagging: {reason}\n")),
+            (None, Some(reason)) => unavailable(format!(
                 "degraded: lookups are answered, writes are refused: {reason}\n"
             )),
-            None => (StatusCode::OK, "ready\n".to_string()),
+            (None, None) => (StatusCode::OK, "ready\n".to_string()),
         },
     }
 }

@@ -10,8 +10,12 @@
 //! refused while ready). `Draining`: shutdown began (derived from the [`Shutdown`] signal, so every reader sees
 //! it the moment it is triggered). `Failed`: loading failed; the server is stopping. Whether the server keeps
 //! state at all is fixed at start: [`Lifecycle::persistence`] tells "no data directory" from "not loaded yet".
+//!
+//! A replica of a shared stream can also be *lagging* while `Ready` (too far behind the stream, or without
+//! a read lease): health `NOT_SERVING` and `/readyz` 503 say so, so balancers route around it, while it
+//! still answers whoever asks (failing open where it must).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
@@ -60,8 +64,10 @@ pub struct Lifecycle {
     shutdown: Shutdown,
     durable: bool,
     persistence: OnceLock<Persistence>,
-    /// gRPC health, kept in step: `SERVING` exactly from `ready` until `drain`.
+    /// gRPC health, kept in step: `SERVING` exactly from `ready` until `drain`, except while lagging.
     health: HealthReporter,
+    /// Why a ready replica should not take traffic now, if it should not.
+    lagging: Mutex<Option<String>>,
 }
 
 /// Health service names this server reports: overall ("") and the contract's.
@@ -76,6 +82,7 @@ impl Lifecycle {
             durable,
             persistence: OnceLock::new(),
             health,
+            lagging: Mutex::new(None),
         };
         lifecycle.report(ServingStatus::NotServing).await;
         Arc::new(lifecycle)
@@ -105,10 +112,54 @@ impl Lifecycle {
             let _ = self.persistence.set(persistence);
         }
         gate.open(log);
-        if !self.shutdown.is_triggered() {
+        self.become_ready().await;
+    }
+
+    /// Ends loading for a replica of a shared stream, caught up with it: writes are published.
+    pub async fn ready_replica(&self, gate: &Gate, persistence: Option<Persistence>) {
+        if let Some(persistence) = persistence {
+            let _ = self.persistence.set(persistence);
+        }
+        gate.open_published();
+        self.become_ready().await;
+    }
+
+    async fn become_ready(&self) {
+        if !self.shutdown.is_triggered() && self.lagging().is_none() {
             self.report(ServingStatus::Serving).await;
         }
         self.loaded.send_replace(Phase::Ready);
+    }
+
+    /// Why the replica should not take traffic now (`None`: it should).
+    pub fn lagging(&self) -> Option<String> {
+        self.lagging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records whether the replica lags, turning health `NOT_SERVING` while it does (and back to
+    /// `SERVING` when it stops, if ready and not shutting down). Logged when it changes.
+    pub async fn set_lagging(&self, reason: Option<String>) {
+        let before = std::mem::replace(
+            &mut *self.lagging.lock().unwrap_or_else(|e| e.into_inner()),
+            reason.clone(),
+        );
+        if before.is_some() == reason.is_some() {
+            return;
+        }
+        match &reason {
+            Some(reason) => tracing::warn!(%reason, "lagging: health NOT_SERVING"),
+            None => tracing::info!("caught up: health SERVING"),
+        }
+        let serving = reason.is_none() && self.phase() == Phase::Ready;
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        self.report(status).await;
     }
 
     /// Turns health `NOT_SERVING` for shutdown (balancers stop sending before the listeners close).

@@ -15,6 +15,7 @@
 
 pub mod codec;
 pub mod frame;
+pub mod replica;
 pub mod segment_file;
 pub mod snapshot;
 pub mod stream;

@@ -140,6 +140,18 @@ pub struct AppliedReport {
     pub seq: u64,
 }
 
+/// One message of the stream as a replica reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Streamed {
+    /// Its stream sequence.
+    pub seq: u64,
+    /// The mutation at `seq`; `None` for the stream's own records (identity, sizing), which a replica
+    /// passes over but counts as read.
+    pub mutation: Option<Mutation>,
+    /// The `Nats-Msg-Id` it was published with, if any: how a publisher recognises its own write.
+    pub id: Option<String>,
+}
+
 /// The mutation stream, open: publish to it, read it from any seq.
 #[derive(Debug, Clone)]
 pub struct MutationStream {
@@ -402,12 +414,9 @@ impl MutationStream {
                     "cannot watch the replicas' applied seqs on NATS: {e}"
                 ))
             })?;
-        // The server has the subscription once a round trip after it completes.
-        client.flush().await.map_err(|e| {
-            StreamError::Read(format!(
-                "cannot watch the replicas' applied seqs on NATS: {e}"
-            ))
-        })?;
+        // The server has the subscription once it has answered a request sent after it on the same
+        // connection (it reads a connection's commands in order; a flush only empties the client's buffer).
+        self.last_seq().await?;
         Ok(reports.filter_map(|message| {
             let payload = &message.payload;
             let report = payload.get(..8).map(|seq| AppliedReport {
@@ -429,13 +438,14 @@ impl MutationStream {
         Ok(info.state.last_sequence)
     }
 
-    /// Every mutation stored after `after_seq`, in stream order, each with its stream sequence as seq; it
-    /// waits for new ones at the end. An ordered consumer: the server keeps no state for it, and the client
-    /// recreates it from the last sequence seen if it misses a message, so nothing is skipped or repeated.
+    /// Every message stored after `after_seq`, in stream order, each mutation with its stream sequence as
+    /// seq; it waits for new ones at the end. An ordered consumer: the server keeps no state for it, and the
+    /// client recreates it from the last sequence seen if it misses a message, so nothing is skipped or
+    /// repeated.
     pub async fn follow(
         &self,
         after_seq: u64,
-    ) -> Result<impl Stream<Item = Result<Mutation, StreamError>> + Send + 'static, StreamError>
+    ) -> Result<impl Stream<Item = Result<Streamed, StreamError>> + Send + 'static, StreamError>
     {
         let failed = |e: &dyn std::fmt::Display| {
             StreamError::Read(format!(
@@ -456,21 +466,22 @@ impl MutationStream {
         let messages = consumer.messages().await.map_err(|e| failed(&e))?;
         let name = self.name.clone();
         let control = format!("{}.$", self.name);
-        Ok(messages.filter_map(move |message| {
-            let read = match message {
-                Ok(message) if message.subject.starts_with(control.as_str()) => None,
-                other => Some(decode_mutation(&name, other)),
-            };
-            std::future::ready(read)
-        }))
+        Ok(messages.map(move |message| decode(&name, &control, message)))
+    }
+
+    /// Whether the client is connected to a NATS server now (it reconnects by itself when not).
+    pub fn connected(&self) -> bool {
+        self.jetstream.client().connection_state() == async_nats::connection::State::Connected
     }
 }
 
-/// A message read from the stream, as a mutation at its stream sequence.
-fn decode_mutation(
+/// A message read from the stream: a mutation at its stream sequence, or one of the stream's own records
+/// (subjects under `control`).
+fn decode(
     name: &str,
+    control: &str,
     message: Result<jetstream::Message, impl std::fmt::Display>,
-) -> Result<Mutation, StreamError> {
+) -> Result<Streamed, StreamError> {
     let message = message.map_err(|e| {
         StreamError::Read(format!("reading the JetStream stream {name:?} failed: {e}"))
     })?;
@@ -478,6 +489,18 @@ fn decode_mutation(
         .info()
         .map_err(|e| StreamError::Read(format!("a message of stream {name:?} has no info: {e}")))?
         .stream_sequence;
+    let id = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|id| id.as_str().to_string());
+    if message.subject.starts_with(control) {
+        return Ok(Streamed {
+            seq,
+            mutation: None,
+            id,
+        });
+    }
     let mutation = codec::decode(&message.payload).map_err(|malformed| {
         StreamError::Read(format!(
             "message {seq} of the JetStream stream {name:?} (subject {}) is not a mutation: {}; only \
@@ -485,7 +508,11 @@ fn decode_mutation(
             message.subject, malformed.0
         ))
     })?;
-    Ok(mutation.with_seq(seq))
+    Ok(Streamed {
+        seq,
+        mutation: Some(mutation.with_seq(seq)),
+        id,
+    })
 }
 
 /// Stream names are single subject tokens in NATS's API.

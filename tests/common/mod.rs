@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod nats;
+pub mod replicas;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,6 +57,7 @@ pub fn options(config: &str, max_message_bytes: usize) -> ServeOptions {
         drain_timeout: Duration::from_secs(5),
         durability: None,
         tls: None,
+        replication: None,
     }
 }
 

@@ -1,0 +1,616 @@
+//! A replica: the gate fed by the shared [`MutationStream`], its writes published to it, and the read
+//! lease and acknowledgement rule that keep every replica from answering a false `ABSENT`.
+//!
+//! ```text
+//!  write RPC ─▶ prepare (validate, REDUNDANT/THROTTLED here) ─▶ publish(Nats-Msg-Id) ─▶ stream seq N
+//!                                                                                       │
+//!  applier: follow the stream ─▶ gate.apply_streamed (outcome decided here, in order) ◀─┘
+//!           └─▶ report "applied through N" on a core subject (every replica hears every report)
+//!  write RPC answered when: applied here, and every replica heard from recently applied N — or the read
+//!                           lease length has passed since the publish ack, whichever comes first
+//!  lease keeper: every lease/4 ─ t = now; report; fetch stream last seq L ─▶ once applied ≥ L, ABSENT
+//!                may be answered until t + lease
+//! ```
+//!
+//! **Why no replica answers `ABSENT` for an acknowledged `Add`.** Say `Add` k is stored at stream seq N
+//! at time `t_N`, and acknowledged to its caller at `t_ack`. A replica R answering at `t ≥ t_ack` holds
+//! a lease granted from a sample (report sent at `s`, stream last seq `L` fetched after `s`), with
+//! `t < s + lease`, and R has applied through `L`. If the fetch happened after `t_N`, then `L ≥ N` and R has
+//! applied k: it answers `MAY_EXIST`. Otherwise `s < t_N`. The writer acknowledged either (a) after
+//! `lease` had passed since the publish ack, which came after `t_N`: then `t ≥ t_ack > t_N + lease >
+//! s + lease`, so R's lease had ended — a contradiction; or (b) once every replica whose report it had
+//! received within the last `2 × lease` had applied N. R's report sent at `s` reached the writer soon after
+//! `s` (below); if R was in that set it had applied N; if it had dropped out, the writer had not heard
+//! from R for `2 × lease`, so `t ≥ t_ack > s + 2 × lease`: again past R's lease.
+//!
+//! Each inequality compares durations measured on different machines' monotonic clocks, so the argument
+//! needs their *rates* to agree (within the margin the factor 2 leaves), never their offsets. It also
+//! assumes a report reaches the other replicas within `lease` of being flushed to the NATS server; a
+//! replica cut off from NATS renews no lease (its fetch fails), so that can fail only for a writer that is
+//! itself connected but slow to read its subscription. The cost: an `Add` waits for the slowest recently
+//! reporting replica (one apply and one report, ~1 ms on a LAN), or `lease` if one stalls; a replica that
+//! cannot renew its lease answers `MAY_EXIST` + `WARMING` (correct, but the callers read the source).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use tokio::sync::{oneshot, watch, Notify};
+
+use super::stream::{AppliedReport, MutationStream, StreamError, Streamed};
+use crate::core::gate::{Gate, GateError};
+use crate::core::lease::ReadLease;
+use crate::core::log::Mutation;
+use crate::core::namespace::{Absence, AbsenceReport, Added, Applied, RecordOutcome, Recorded};
+
+/// How long a replica waits for its own applier to reach a write it published before answering
+/// `UNAVAILABLE` (the write is stored and will apply; the replica is far behind or cut off).
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+/// How long a publish is retried (with the same message id, so it is stored once) before the write is
+/// refused: covers a stream leader election (a few seconds on a LAN).
+const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(8);
+/// The pause before the first retry of a publish; doubled up to `MAX_RETRY_PAUSE`.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(800);
+/// Messages the applier takes from the stream at once when they are waiting (one report per batch).
+const APPLY_BATCH: usize = 256;
+/// A replica whose report arrived within this many lease lengths is waited for by writers.
+const RECENT_LEASES: u32 = 2;
+/// Lease samples kept while the applier catches up to them.
+const PENDING_SAMPLES: usize = 16;
+
+/// How a replica takes part.
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// How it names itself in reports, metrics and logs.
+    pub id: String,
+    /// How long a sample of the stream's end lets it answer `ABSENT` (see the module docs).
+    pub read_lease: Duration,
+    /// Seqs behind the stream past which it reports itself lagging (not serving).
+    pub max_lag: u64,
+}
+
+/// Why a replica should not be sent traffic now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lagging {
+    /// Behind the stream by more than `--max-lag`.
+    Behind { applied: u64, stream: u64, max: u64 },
+    /// No read lease: it cannot confirm it has the stream's end (NATS unreachable, or still catching up).
+    NoLease { applied: u64, stream: u64 },
+    /// The applier stopped on an error it cannot get past.
+    Stopped(String),
+}
+
+impl std::fmt::Display for Lagging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Behind { applied, stream, max } => write!(
+                f,
+                "applied through seq {applied}, the stream is at {stream}: {} behind (--max-lag {max})",
+                stream - applied
+            ),
+            Self::NoLease { applied, stream } => write!(
+                f,
+                "no read lease (applied through seq {applied}, stream last seen at {stream}): lookups fail \
+                 open until it confirms it has the stream's end; is NATS reachable?"
+            ),
+            Self::Stopped(reason) => write!(f, "stopped applying the stream: {reason}"),
+        }
+    }
+}
+
+/// A moment the stream's end was sampled: the lease it grants once applied through `last_seq`.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// When the report before the fetch was sent.
+    sent: Instant,
+    /// The stream's last seq fetched after that.
+    last_seq: u64,
+}
+
+/// What the other replicas last said, by replica id: applied seq and when it was heard.
+#[derive(Debug, Default)]
+struct Peers {
+    heard: Mutex<HashMap<String, (u64, Instant)>>,
+    changed: Notify,
+}
+
+impl Peers {
+    fn heard(&self, report: AppliedReport) {
+        let now = Instant::now();
+        let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = heard.entry(report.replica).or_insert((0, now));
+        *entry = (entry.0.max(report.seq), now);
+        drop(heard);
+        self.changed.notify_waiters();
+    }
+
+    /// Whether every replica heard within `recent` has applied `seq`; forgets those not heard for longer.
+    fn all_applied(&self, seq: u64, recent: Duration) -> bool {
+        let now = Instant::now();
+        let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard.retain(|_, (_, at)| now.duration_since(*at) < recent);
+        heard.values().all(|(applied, _)| *applied >= seq)
+    }
+
+    fn count(&self) -> usize {
+        self.heard.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// The replica's series.
+struct ReplicaMetrics {
+    applied_seq: Gauge,
+    lag_seqs: Gauge,
+    lag_seconds: Gauge,
+    lease_held: Gauge,
+    peers: Gauge,
+    applied: Counter,
+    publish_ack: Histogram,
+    acked_by_lease: Counter,
+    publish_retries: Counter,
+}
+
+impl ReplicaMetrics {
+    fn new() -> Self {
+        Self {
+            applied_seq: gauge!("existence_replica_applied_seq"),
+            lag_seqs: gauge!("existence_replica_lag_seqs"),
+            lag_seconds: gauge!("existence_replica_lag_seconds"),
+            lease_held: gauge!("existence_replica_lease_held"),
+            peers: gauge!("existence_replica_peers"),
+            applied: counter!("existence_replica_applied_total"),
+            publish_ack: histogram!("existence_replica_publish_ack_seconds"),
+            acked_by_lease: counter!("existence_replica_acked_by_lease_total"),
+            publish_retries: counter!("existence_replica_publish_retries_total"),
+        }
+    }
+}
+
+/// One replica of the deployment.
+pub struct Replica {
+    stream: MutationStream,
+    gate: Arc<Gate>,
+    lease: Arc<ReadLease>,
+    options: ReplicaOptions,
+    /// The stream seq applied through (stream records included).
+    applied: watch::Sender<u64>,
+    /// The newest stream last seq fetched.
+    stream_seq: AtomicU64,
+    /// When the applier last had everything fetched applied: what lag in time is measured from.
+    caught_up_at: Mutex<Instant>,
+    samples: Mutex<VecDeque<Sample>>,
+    /// Writes published by this replica and not yet applied here, by message id.
+    waiting: Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+    peers: Peers,
+    /// Message ids: this process's random prefix, then a counter (a restarted replica must not reuse the
+    /// ids of its previous run within the stream's duplicate window, or its new writes would be dropped).
+    id_prefix: String,
+    next_id: AtomicU64,
+    stopped: Mutex<Option<String>>,
+    metrics: ReplicaMetrics,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("id", &self.options.id)
+            .field("applied", &self.applied_seq())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replica {
+    /// A replica of `stream` applying into `gate` (built with `lease`), having applied nothing after
+    /// `applied_seq` (0, or the seq a restored snapshot covers).
+    pub fn new(
+        stream: MutationStream,
+        gate: Arc<Gate>,
+        lease: Arc<ReadLease>,
+        options: ReplicaOptions,
+        applied_seq: u64,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            stream,
+            gate,
+            lease,
+            id_prefix: format!("{}:{:016x}", options.id, rand::random::<u64>()),
+            options,
+            applied: watch::Sender::new(applied_seq),
+            stream_seq: AtomicU64::new(applied_seq),
+            caught_up_at: Mutex::new(Instant::now()),
+            samples: Mutex::new(VecDeque::new()),
+            waiting: Mutex::new(HashMap::new()),
+            peers: Peers::default(),
+            next_id: AtomicU64::new(0),
+            stopped: Mutex::new(None),
+            metrics: ReplicaMetrics::new(),
+        })
+    }
+
+    /// The stream seq applied through.
+    pub fn applied_seq(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// The stream.
+    pub fn stream(&self) -> &MutationStream {
+        &self.stream
+    }
+
+    /// Waits until the replica has applied through `seq`, at most `bound`; whether it has.
+    pub async fn wait_applied(&self, seq: u64, bound: Duration) -> bool {
+        let mut applied = self.applied.subscribe();
+        tokio::time::timeout(bound, applied.wait_for(|applied| *applied >= seq))
+            .await
+            .is_ok_and(|reached| reached.is_ok())
+    }
+
+    /// Applies the stream from where the replica stands until `stop` resolves, following again after a
+    /// read error; returns early (recording why) only if a message cannot be applied at all.
+    pub async fn apply(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            let followed = tokio::select! {
+                () = &mut stop => return,
+                followed = self.follow_once() => followed,
+            };
+            match followed {
+                Err(StreamError::Read(reason)) | Err(StreamError::Unreachable(reason)) => {
+                    tracing::warn!(%reason, applied = self.applied_seq(), "following the stream again");
+                }
+                Err(fatal) => {
+                    let reason = fatal.to_string();
+                    tracing::error!(%reason, "this replica stops applying the stream; restart it");
+                    *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+                    return;
+                }
+                Ok(()) => pause = FIRST_RETRY_PAUSE,
+            }
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+        }
+    }
+
+    /// Follows the stream after the applied seq until it ends or fails.
+    async fn follow_once(&self) -> Result<(), StreamError> {
+        let follow = self.stream.follow(self.applied_seq()).await?;
+        let mut batches = std::pin::pin!(follow.ready_chunks(APPLY_BATCH));
+        while let Some(batch) = batches.next().await {
+            for read in batch {
+                self.apply_one(read?)?;
+            }
+            self.grant_lease();
+            self.report().await;
+        }
+        Ok(())
+    }
+
+    fn apply_one(&self, read: Streamed) -> Result<(), StreamError> {
+        if read.seq <= self.applied_seq() {
+            return Ok(());
+        }
+        let outcome = match read.mutation {
+            Some(mutation) => {
+                self.metrics.applied.increment(1);
+                self.gate.apply_streamed(mutation).map_err(|reason| {
+                    StreamError::Setup(format!("message {}: {reason}", read.seq))
+                })?
+            }
+            None => None,
+        };
+        self.applied.send_replace(read.seq);
+        if let Some(waiter) = read.id.and_then(|id| {
+            self.waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id)
+        }) {
+            let _ = waiter.send(outcome);
+        }
+        Ok(())
+    }
+
+    /// Tells the other replicas how far this one has applied.
+    async fn report(&self) {
+        if let Err(error) = self
+            .stream
+            .report_applied(&self.options.id, self.applied_seq())
+            .await
+        {
+            tracing::debug!(%error, "an applied-seq report was not sent");
+        }
+    }
+
+    /// Grants the lease of the newest sample the applier has reached.
+    fn grant_lease(&self) {
+        let applied = self.applied_seq();
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reached = None;
+        while samples.front().is_some_and(|s| s.last_seq <= applied) {
+            reached = samples.pop_front();
+        }
+        let behind = !samples.is_empty();
+        drop(samples);
+        if let Some(sample) = reached {
+            self.lease.extend_to(sample.sent + self.options.read_lease);
+        }
+        if !behind {
+            *self.caught_up_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+    }
+
+    /// Every lease/4 until `stop`: report, sample the stream's end, grant the lease if already applied.
+    pub async fn keep_lease(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let mut ticks = tokio::time::interval(self.options.read_lease / 4);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                _ = ticks.tick() => self.sample().await,
+            }
+        }
+    }
+
+    async fn sample(&self) {
+        let sent = Instant::now();
+        if let Err(error) = self
+            .stream
+            .report_applied(&self.options.id, self.applied_seq())
+            .await
+        {
+            tracing::debug!(%error, "no lease sample: the report was not sent");
+            return;
+        }
+        match self.stream.last_seq().await {
+            Ok(last_seq) => {
+                self.stream_seq.fetch_max(last_seq, Ordering::AcqRel);
+                let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+                if samples.len() == PENDING_SAMPLES {
+                    samples.pop_front();
+                }
+                samples.push_back(Sample { sent, last_seq });
+                drop(samples);
+                self.grant_lease();
+            }
+            Err(error) => tracing::debug!(%error, "no lease sample: the stream's end was not read"),
+        }
+    }
+
+    /// Listens to the other replicas' reports until `stop`.
+    pub async fn hear_peers(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let reports = tokio::select! {
+                () = &mut stop => return,
+                reports = self.stream.applied_reports() => reports,
+            };
+            match reports {
+                Ok(reports) => {
+                    let mut reports = std::pin::pin!(reports);
+                    loop {
+                        tokio::select! {
+                            () = &mut stop => return,
+                            report = reports.next() => match report {
+                                Some(report) => self.peers.heard(report),
+                                None => break,
+                            },
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot hear the other replicas; retrying"),
+            }
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(MAX_RETRY_PAUSE) => {}
+            }
+        }
+    }
+
+    /// Why the replica should not take traffic now, if it should not; refreshes its gauges.
+    pub fn lagging(&self) -> Option<Lagging> {
+        let (applied, stream) = (self.applied_seq(), self.stream_seq.load(Ordering::Acquire));
+        let stream = stream.max(applied);
+        let held = self.lease.holds();
+        let lag_time = if stream > applied {
+            self.caught_up_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed()
+        } else {
+            Duration::ZERO
+        };
+        self.metrics.applied_seq.set(applied as f64);
+        self.metrics.lag_seqs.set((stream - applied) as f64);
+        self.metrics.lag_seconds.set(lag_time.as_secs_f64());
+        self.metrics.lease_held.set(f64::from(u8::from(held)));
+        self.metrics.peers.set(self.peers.count() as f64);
+        if let Some(reason) = self
+            .stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Some(Lagging::Stopped(reason));
+        }
+        if stream - applied > self.options.max_lag {
+            return Some(Lagging::Behind {
+                applied,
+                stream,
+                max: self.options.max_lag,
+            });
+        }
+        (!held).then_some(Lagging::NoLease { applied, stream })
+    }
+
+    /// `Add`: published, applied here, and acknowledged under the safety rule.
+    pub async fn add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Added, GateError> {
+        let mutation = self.gate.prepare_add(namespace, keys)?;
+        let (seq, applied) = self.publish_and_apply(mutation).await?;
+        let tombstones_cleared = match applied {
+            Some(Applied::Added { tombstones_cleared }) => tombstones_cleared,
+            _ => 0,
+        };
+        Ok(Added {
+            seq,
+            tombstones_cleared,
+        })
+    }
+
+    /// `RecordAbsent`: decided here where it can be (`REDUNDANT`, `SUPERSEDED`, `THROTTLED` publish
+    /// nothing), else published, and `RECORDED` or `SUPERSEDED` as applying it in stream order decides.
+    pub async fn record_absent(
+        &self,
+        namespace: &str,
+        report: AbsenceReport,
+    ) -> Result<Recorded, GateError> {
+        let mut latest_known = self.stream_seq.load(Ordering::Acquire);
+        if report.observed_seq > latest_known {
+            // Observed on a replica that sampled the stream more recently: ask the stream itself.
+            latest_known = self.stream.last_seq().await.map_err(unavailable)?;
+        }
+        let (mutation, recorded) =
+            match self.gate.prepare_absence(namespace, report, latest_known)? {
+                Absence::Answered(recorded) => return Ok(recorded),
+                Absence::Store { mutation, recorded } => (mutation, recorded),
+            };
+        let (seq, applied) = self.publish_and_apply(mutation).await?;
+        Ok(match applied {
+            Some(Applied::Superseded) => Recorded {
+                outcome: RecordOutcome::Superseded,
+                seq,
+                expires_in_ms: 0,
+            },
+            _ => Recorded { seq, ..recorded },
+        })
+    }
+
+    /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule; returns its
+    /// seq and what applying it did.
+    async fn publish_and_apply(
+        &self,
+        mutation: Mutation,
+    ) -> Result<(u64, Option<Applied>), GateError> {
+        if !self.stream.connected() {
+            return Err(GateError::Unavailable(format!(
+                "NATS is unreachable: the write was not published to the JetStream stream {:?}; retry \
+                 (lookups are still answered)",
+                self.stream.name()
+            )));
+        }
+        let id = format!(
+            "{}:{}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        );
+        let (applied_tx, applied_rx) = oneshot::channel();
+        let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
+        let published = self.publish_retrying(&mutation, &id).await?;
+        let acked = Instant::now();
+        let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| {
+                GateError::Unavailable(format!(
+                    "the write is stored in the JetStream stream {:?} at seq {} but this replica has not \
+                     applied it within {APPLY_WAIT:?} (it is behind or cut off from NATS); it will apply \
+                     everywhere, and retrying is safe",
+                    self.stream.name(),
+                    published
+                ))
+            })?;
+        drop(waiting);
+        self.wait_for_replicas(published, acked).await;
+        Ok((published, applied))
+    }
+
+    /// Publishes with retries under one message id (a retry of a publish that was stored is dropped as a
+    /// duplicate by the stream), for up to `PUBLISH_RETRY_FOR`.
+    async fn publish_retrying(&self, mutation: &Mutation, id: &str) -> Result<u64, GateError> {
+        let give_up = Instant::now() + PUBLISH_RETRY_FOR;
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            let started = Instant::now();
+            match self.stream.publish(mutation, id).await {
+                Ok(published) => {
+                    self.metrics
+                        .publish_ack
+                        .record(started.elapsed().as_secs_f64());
+                    return Ok(published.seq);
+                }
+                Err(StreamError::Publish(reason)) if Instant::now() + pause < give_up => {
+                    tracing::debug!(%reason, "publish failed; retrying");
+                    self.metrics.publish_retries.increment(1);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                }
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
+    }
+
+    /// Waits until every recently heard replica has applied `seq`, or the read lease has passed since
+    /// `acked` (a replica that stopped reporting can hold no lease that old).
+    async fn wait_for_replicas(&self, seq: u64, acked: Instant) {
+        let recent = self.options.read_lease * RECENT_LEASES;
+        let deadline = tokio::time::Instant::from_std(acked + self.options.read_lease);
+        loop {
+            let changed = self.peers.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if self.peers.all_applied(seq, recent) {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    self.metrics.acked_by_lease.increment(1);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A write's place among those waiting to be applied, removed when the write stops waiting.
+struct Waiting<'a> {
+    waiting: &'a Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+    id: String,
+}
+
+impl<'a> Waiting<'a> {
+    fn register(
+        waiting: &'a Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+        id: String,
+        sender: oneshot::Sender<Option<Applied>>,
+    ) -> Self {
+        waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), sender);
+        Self { waiting, id }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+fn unavailable(error: StreamError) -> GateError {
+    GateError::Unavailable(format!("NATS: {error}"))
+}

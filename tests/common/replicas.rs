@@ -1,0 +1,241 @@
+//! Replicas as real `existence-gate` processes sharing one JetStream stream: started with `--nats` on free
+//! loopback ports, stopped (SIGSTOP), continued, killed (-9) and restarted the way an operator would.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use existence_gate::proto::admin_client::AdminClient;
+use existence_gate::proto::existence_gate_client::ExistenceGateClient;
+use existence_gate::proto::{self, Answer, Basis, MayExistRequest, StatsRequest};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use super::{try_http_get, wait_until, PATIENCE};
+
+/// A replica process.
+pub struct Replica {
+    child: Child,
+    /// Its `--replica-id`.
+    pub id: String,
+    /// Where it serves gRPC.
+    pub grpc_addr: SocketAddr,
+    /// Where it serves HTTP.
+    pub http_addr: SocketAddr,
+    channel: Channel,
+}
+
+/// How to start a replica.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// `--nats`.
+    pub nats: String,
+    /// The configuration file.
+    pub config: PathBuf,
+    /// `--replica-id`.
+    pub id: String,
+    /// More flags.
+    pub args: Vec<String>,
+}
+
+impl Launch {
+    /// A replica `id` of the stream on `nats` with the configuration in `config`.
+    pub fn new(nats: &str, config: &Path, id: &str) -> Self {
+        Self {
+            nats: nats.to_string(),
+            config: config.to_path_buf(),
+            id: id.to_string(),
+            args: Vec::new(),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_existence-gate"));
+        command
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--nats", &self.nats, "--replica-id", &self.id])
+            .arg("--config")
+            .arg(&self.config)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Starts the process and waits until it serves its ports (not until it is caught up).
+    pub async fn start(&self) -> Replica {
+        let mut child = self.command().spawn().expect("the binary starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addresses = tokio::time::timeout(PATIENCE, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let (Some(grpc), Some(http)) =
+                    (field(&line, "grpc_addr="), field(&line, "http_addr="))
+                {
+                    return (grpc, http);
+                }
+            }
+            panic!("replica {} exited before serving", self.id);
+        })
+        .await
+        .expect("the replica serves its ports");
+        // Keep draining its output so that logging never blocks it.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let channel = Channel::from_shared(format!("http://{}", addresses.0))
+            .unwrap()
+            .connect_lazy();
+        Replica {
+            child,
+            id: self.id.clone(),
+            grpc_addr: addresses.0,
+            http_addr: addresses.1,
+            channel,
+        }
+    }
+
+    /// Runs the process to its exit, expecting it to fail: its standard error.
+    pub async fn refused(&self) -> String {
+        let output = tokio::time::timeout(PATIENCE, self.command().output())
+            .await
+            .expect("the replica exits")
+            .unwrap();
+        assert!(!output.status.success(), "replica {} started", self.id);
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+}
+
+fn field(line: &str, name: &str) -> Option<SocketAddr> {
+    line.split(name)
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+impl Replica {
+    /// A contract client.
+    pub fn client(&self) -> ExistenceGateClient<Channel> {
+        ExistenceGateClient::new(self.channel.clone())
+    }
+
+    /// An admin client.
+    pub fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel.clone())
+    }
+
+    /// Its gRPC health.
+    pub async fn health(&self) -> Option<ServingStatus> {
+        let reply = HealthClient::new(self.channel.clone())
+            .check(HealthCheckRequest::default())
+            .await
+            .ok()?;
+        Some(reply.into_inner().status())
+    }
+
+    /// Waits until it reports `SERVING` (caught up, with a read lease).
+    pub async fn serving(&self) {
+        wait_until(
+            PATIENCE,
+            &format!("replica {} to serve", self.id),
+            async || (self.health().await == Some(ServingStatus::Serving)).then_some(()),
+        )
+        .await;
+    }
+
+    /// `/readyz`: status and body.
+    pub async fn readiness(&self) -> (u16, String) {
+        try_http_get(self.http_addr, "/readyz").await.unwrap()
+    }
+
+    /// One `/metrics` sample: the value of the series starting with `series`.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, body) = try_http_get(self.http_addr, "/metrics").await.unwrap();
+        body.lines()
+            .find(|line| line.starts_with(series))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// `MayExist` in `namespace`: answer, basis and observed seq.
+    pub async fn lookup(&self, namespace: &str, key: &[u8]) -> (Answer, Basis, u64) {
+        let reply = self
+            .client()
+            .may_exist(MayExistRequest {
+                namespace: namespace.to_string(),
+                key: key.to_vec().into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (reply.answer(), reply.basis(), reply.observed_seq)
+    }
+
+    /// Each namespace's (name, digest seq, digest) from `Admin.Stats`.
+    pub async fn digests(&self) -> Vec<(String, u64, u64)> {
+        let stats = self
+            .admin()
+            .stats(StatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        stats
+            .namespaces
+            .into_iter()
+            .map(|n: proto::NamespaceStats| (n.namespace, n.state_digest_seq, n.state_digest))
+            .collect()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// Sends `signal` (e.g. "STOP", "CONT", "KILL") to the process.
+    pub fn signal(&self, signal: &str) {
+        let sent = std::process::Command::new("kill")
+            .args([format!("-{signal}"), self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal} {}", self.pid());
+    }
+
+    /// Kills it with SIGKILL and waits for it to die.
+    pub async fn kill(mut self) {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+    }
+}
+
+/// Writes `toml` to `config.toml` in `dir`.
+pub fn config_file(dir: &Path, toml: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// `n` replicas "r0".."r{n-1}" of the stream on `nats`, started together and serving.
+pub async fn start_serving(nats: &str, config: &Path, n: usize) -> Vec<Replica> {
+    let started = futures_util::future::join_all(
+        (0..n).map(|i| async move { Launch::new(nats, config, &format!("r{i}")).start().await }),
+    )
+    .await;
+    for replica in &started {
+        replica.serving().await;
+    }
+    started
+}

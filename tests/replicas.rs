@@ -1,0 +1,398 @@
+//! Replicas sharing one JetStream stream, as real processes against a real nats-server: an acknowledged
+//! `Add` is never answered `ABSENT` by any replica (a stalled one included), `SUPERSEDED` is decided alike
+//! everywhere, replicas agree bit for bit, subscriptions move between replicas exactly, `REDUNDANT` floods
+//! never reach the stream, and a setup that cannot work says why.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::nats::Nats;
+use common::replicas::{config_file, start_serving, Launch, Replica};
+use common::{wait_until, PATIENCE};
+use existence_gate::proto::{
+    AbsenceKind, AddRequest, Answer, Basis, InvalidationCause, MayExistRequest,
+    RecordAbsentRequest, RecordOutcome, SubscribeInvalidationsRequest,
+};
+
+const CONFIG: &str = r#"
+[namespaces.users]
+expected_keys = 100000
+[namespaces.orders]
+expected_keys = 100000
+"#;
+
+/// A stream on a fresh JetStream server, a configuration file, and `n` replicas serving.
+async fn deployment(n: usize) -> Option<(Nats, tempfile::TempDir, Vec<Replica>)> {
+    let nats = Nats::start().await?;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), CONFIG);
+    let replicas = start_serving(&nats.url, &config, n).await;
+    Some((nats, dir, replicas))
+}
+
+async fn add(replica: &Replica, namespace: &str, keys: &[&str]) -> u64 {
+    replica
+        .client()
+        .add(AddRequest {
+            namespace: namespace.to_string(),
+            keys: keys.iter().map(|k| k.as_bytes().to_vec().into()).collect(),
+        })
+        .await
+        .unwrap_or_else(|status| panic!("Add through {}: {status:?}", replica.id))
+        .into_inner()
+        .seq
+}
+
+async fn record_absent(
+    replica: &Replica,
+    namespace: &str,
+    key: &str,
+    observed_seq: u64,
+) -> (RecordOutcome, u64) {
+    let reply = replica
+        .client()
+        .record_absent(RecordAbsentRequest {
+            namespace: namespace.to_string(),
+            key: key.as_bytes().to_vec().into(),
+            kind: AbsenceKind::Missing as i32,
+            observed_seq,
+            ttl_seconds: 0,
+        })
+        .await
+        .unwrap_or_else(|status| panic!("RecordAbsent through {}: {status:?}", replica.id))
+        .into_inner();
+    (reply.outcome(), reply.seq)
+}
+
+/// Keys absent from every filter answer `ABSENT` on a serving replica: answers of `MAY_EXIST` elsewhere in
+/// these tests are not a replica failing open everywhere.
+async fn assert_answers_absent(replica: &Replica) {
+    let (answer, basis, _) = replica.lookup("users", b"never-added").await;
+    assert_eq!(
+        (answer, basis),
+        (Answer::Absent, Basis::Filter),
+        "{}",
+        replica.id
+    );
+}
+
+/// Test 1: keys added through any replica answer `MAY_EXIST` on all three right after the acknowledgement.
+#[tokio::test]
+async fn an_acknowledged_add_is_seen_by_every_replica_at_once() {
+    let Some((_nats, _dir, replicas)) = deployment(3).await else {
+        return;
+    };
+    for replica in &replicas {
+        assert_answers_absent(replica).await;
+    }
+    for round in 0..30 {
+        let writer = &replicas[round % 3];
+        let key = format!("user-{round}");
+        add(writer, "users", &[&key]).await;
+        for reader in &replicas {
+            let (answer, _, _) = reader.lookup("users", key.as_bytes()).await;
+            assert_eq!(
+                answer,
+                Answer::MayExist,
+                "{key} added through {} read on {}",
+                writer.id,
+                reader.id
+            );
+        }
+    }
+}
+
+/// Test 2: a stalled replica (SIGSTOP) does not hold writes past the lease, and once continued its first
+/// answers for keys added meanwhile are never `ABSENT`.
+#[tokio::test]
+async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
+    let Some((_nats, _dir, replicas)) = deployment(3).await else {
+        return;
+    };
+    let (a, b) = (&replicas[0], &replicas[1]);
+    assert_answers_absent(b).await;
+    let by_lease_before = a.metric("existence_replica_acked_by_lease_total").await;
+    b.signal("STOP");
+    let keys: Vec<String> = (0..20).map(|i| format!("while-stopped-{i}")).collect();
+    for key in &keys {
+        add(a, "users", &[key]).await;
+    }
+    assert!(
+        a.metric("existence_replica_acked_by_lease_total").await > by_lease_before,
+        "with B stalled, A acknowledged by the lease rule, not by waiting for B"
+    );
+    // The lookups are sent while B is still stopped, so that they wait in its socket beside the stream's
+    // messages: B's very first answers, before it has applied anything.
+    let channel = b.client();
+    let first_answers = tokio::spawn(futures_util::future::join_all(
+        keys.clone().into_iter().map(move |key| {
+            let mut client = channel.clone();
+            async move {
+                let request = MayExistRequest {
+                    namespace: "users".to_string(),
+                    key: key.clone().into_bytes().into(),
+                };
+                let reply = client.may_exist(request).await.unwrap().into_inner();
+                (key, reply.answer(), reply.basis())
+            }
+        }),
+    ));
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    b.signal("CONT");
+    for (key, answer, basis) in first_answers.await.unwrap() {
+        assert_eq!(
+            answer,
+            Answer::MayExist,
+            "{key} on B after SIGCONT ({basis:?})"
+        );
+    }
+    b.serving().await;
+    for key in &keys {
+        let (answer, basis, _) = b.lookup("users", key.as_bytes()).await;
+        assert_eq!((answer, basis), (Answer::MayExist, Basis::Filter), "{key}");
+    }
+}
+
+/// Test 3: a `RecordAbsent` on A observed before a concurrent `Add` of the same key on B stores nothing on
+/// any replica, whichever reached the stream first.
+#[tokio::test]
+async fn an_absence_racing_an_add_of_its_key_is_superseded_everywhere() {
+    let Some((_nats, _dir, replicas)) = deployment(3).await else {
+        return;
+    };
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let keys: Vec<String> = (0..40).map(|i| format!("raced-{i}")).collect();
+    for key in &keys {
+        // In the filter already (so A's check cannot answer REDUNDANT), observed, then raced.
+        add(&replicas[2], "users", &[key]).await;
+        let (_, _, observed) = a.lookup("users", key.as_bytes()).await;
+        // Whichever is stored first: SUPERSEDED when the Add is, or RECORDED and then cleared by it.
+        let raced = [key.as_str()];
+        let (added, _) = tokio::join!(
+            add(b, "users", &raced),
+            record_absent(a, "users", key, observed)
+        );
+        assert!(added > observed);
+    }
+    for replica in &replicas {
+        for key in &keys {
+            let (answer, basis, _) = replica.lookup("users", key.as_bytes()).await;
+            assert_eq!(
+                (answer, basis),
+                (Answer::MayExist, Basis::Filter),
+                "{key} on {}",
+                replica.id
+            );
+        }
+    }
+}
+
+/// The digests of every replica once they all cover the same seqs.
+async fn agreed_digests(replicas: &[Replica]) -> Vec<(String, u64, u64)> {
+    wait_until(
+        PATIENCE,
+        "the replicas to reach the same seqs",
+        async || {
+            let mut all = Vec::new();
+            for replica in replicas {
+                all.push(replica.digests().await);
+            }
+            let seqs = |d: &Vec<(String, u64, u64)>| {
+                d.iter()
+                    .map(|(n, s, _)| (n.clone(), *s))
+                    .collect::<Vec<_>>()
+            };
+            all.iter().all(|d| seqs(d) == seqs(&all[0])).then(|| all)
+        },
+    )
+    .await
+    .into_iter()
+    .reduce(|first, other| {
+        assert_eq!(
+            first, other,
+            "replicas at the same seqs hold the same state"
+        );
+        first
+    })
+    .unwrap()
+}
+
+/// Test 4: after mixed load through every replica, each namespace's state digest is equal on all of them.
+#[tokio::test]
+async fn replicas_under_load_agree_bit_for_bit() {
+    let Some((_nats, _dir, replicas)) = deployment(3).await else {
+        return;
+    };
+    let load = replicas.iter().enumerate().map(|(r, replica)| async move {
+        for i in 0..40 {
+            let namespace = if i % 2 == 0 { "users" } else { "orders" };
+            let keys: Vec<String> = (0..10).map(|k| format!("{r}-{i}-{k}")).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let seq = add(replica, namespace, &keys).await;
+            // Absences of added keys (stored unless superseded) and of others (redundant or stored).
+            record_absent(replica, namespace, keys[0], seq).await;
+            record_absent(replica, namespace, &format!("gone-{r}-{i}"), 0).await;
+        }
+    });
+    futures_util::future::join_all(load).await;
+    let digests = agreed_digests(&replicas).await;
+    let seqs: BTreeMap<_, _> = digests.iter().map(|(n, s, _)| (n.as_str(), *s)).collect();
+    assert!(seqs["users"] > 1 && seqs["orders"] > 1, "{digests:?}");
+}
+
+/// Test 7: a subscriber that moves to another replica with its last seq misses nothing and sees nothing
+/// twice.
+#[tokio::test]
+async fn a_subscription_moves_between_replicas_without_gap_or_duplicate() {
+    let Some((_nats, _dir, replicas)) = deployment(2).await else {
+        return;
+    };
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let subscribe = |replica: &Replica, after_seq: u64| {
+        let mut client = replica.client();
+        async move {
+            client
+                .subscribe_invalidations(SubscribeInvalidationsRequest {
+                    namespace: "users".to_string(),
+                    after_seq,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let first_seq = add(a, "users", &["k0"]).await;
+    let mut on_a = subscribe(a, first_seq - 1).await;
+    let mut seqs = Vec::new();
+    for i in 1..10 {
+        add(&replicas[i % 2], "users", &[&format!("k{i}")]).await;
+    }
+    let mut last = 0;
+    for _ in 0..5 {
+        let event = on_a.message().await.unwrap().unwrap();
+        assert_eq!(event.cause(), InvalidationCause::Added);
+        seqs.push(event.seq);
+        last = event.seq;
+    }
+    drop(on_a);
+    let mut on_b = subscribe(b, last).await;
+    for i in 10..15 {
+        add(&replicas[i % 2], "users", &[&format!("k{i}")]).await;
+    }
+    while seqs.len() < 15 {
+        let event = on_b.message().await.unwrap().unwrap();
+        assert_eq!(event.cause(), InvalidationCause::Added, "{event:?}");
+        seqs.push(event.seq);
+    }
+    let mut expected = seqs.clone();
+    expected.sort_unstable();
+    expected.dedup();
+    assert_eq!(seqs, expected, "in order, no duplicate");
+    assert_eq!(seqs[0], first_seq, "nothing missed at the start");
+}
+
+/// The stream's last sequence, read by a plain NATS client.
+async fn stream_last_seq(nats: &Nats) -> u64 {
+    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let mut stream = async_nats::jetstream::new(client)
+        .get_stream("existence")
+        .await
+        .unwrap();
+    stream.info().await.unwrap().state.last_sequence
+}
+
+/// Test 8: a flood of `RecordAbsent` for random keys adds no stream message for the `REDUNDANT` ones.
+#[tokio::test]
+async fn a_flood_of_redundant_absences_never_reaches_the_stream() {
+    let Some((nats, _dir, replicas)) = deployment(3).await else {
+        return;
+    };
+    add(&replicas[0], "users", &["exists"]).await;
+    let before = stream_last_seq(&nats).await;
+    let flood = replicas.iter().map(|replica| async move {
+        let mut outcomes = BTreeMap::new();
+        for _ in 0..200 {
+            let key = format!("random-{:016x}", rand::random::<u64>());
+            let (outcome, _) = record_absent(replica, "users", &key, 0).await;
+            *outcomes.entry(outcome as i32).or_insert(0) += 1;
+        }
+        outcomes
+    });
+    let outcomes = futures_util::future::join_all(flood).await;
+    let redundant: i32 = outcomes
+        .iter()
+        .map(|o| {
+            o.get(&(RecordOutcome::Redundant as i32))
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    let stored: i32 = outcomes
+        .iter()
+        .map(|o| {
+            o.get(&(RecordOutcome::Recorded as i32))
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(
+        redundant > 550,
+        "random keys are nearly all REDUNDANT: {outcomes:?}"
+    );
+    assert_eq!(
+        stream_last_seq(&nats).await - before,
+        stored as u64,
+        "only the recorded ones (filter false positives) were published"
+    );
+}
+
+/// Test 9: NATS unreachable, a stream of that name with other subjects, a namespace sized otherwise than
+/// the stream records — each refused at start with what to fix.
+#[tokio::test]
+async fn a_setup_that_cannot_work_is_refused_with_the_reason() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), CONFIG);
+
+    let unreachable = Launch::new("nats://127.0.0.1:1", &config, "lonely")
+        .refused()
+        .await;
+    assert!(
+        unreachable.contains("cannot reach NATS at nats://127.0.0.1:1"),
+        "{unreachable}"
+    );
+
+    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
+    async_nats::jetstream::new(client)
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "taken".to_string(),
+            subjects: vec!["orders.>".to_string()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut taken = Launch::new(&nats.url, &config, "intruder");
+    taken.args = vec!["--nats-stream".to_string(), "taken".to_string()];
+    let refused = taken.refused().await;
+    assert!(
+        refused.contains("\"taken\" exists with subjects") && refused.contains("--nats-stream"),
+        "{refused}"
+    );
+
+    let first = Launch::new(&nats.url, &config, "first").start().await;
+    first.serving().await;
+    let resized = config_file(
+        dir.path(),
+        "[namespaces.users]\nexpected_keys = 5000\n[namespaces.orders]\nexpected_keys = 100000\n",
+    );
+    let refused = Launch::new(&nats.url, &resized, "resized").refused().await;
+    assert!(
+        refused.contains("namespace \"users\" is sized differently here"),
+        "{refused}"
+    );
+}
