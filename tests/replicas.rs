@@ -205,7 +205,7 @@ async fn agreed_digests(replicas: &[Replica]) -> Vec<(String, u64, u64)> {
                     .map(|(n, s, _)| (n.clone(), *s))
                     .collect::<Vec<_>>()
             };
-            all.iter().all(|d| seqs(d) == seqs(&all[0])).then(|| all)
+            all.iter().all(|d| seqs(d) == seqs(&all[0])).then_some(all)
         },
     )
     .await

@@ -381,11 +381,9 @@ impl ExistenceGate for GateService {
             Rpc::Add,
             request,
             |r| &mut r.namespace,
-            |gate, request| Ok(add_response(gate.add(&request.namespace, request.keys))?),
+            |gate, request| add_response(gate.add(&request.namespace, request.keys)),
             |replica, request| async move {
-                Ok(add_response(
-                    replica.add(&request.namespace, request.keys).await,
-                )?)
+                add_response(replica.add(&request.namespace, request.keys).await)
             },
         )
         .await
