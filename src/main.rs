@@ -256,9 +256,8 @@ enum Sync {
 
 impl ServeArgs {
     fn durability(&self) -> Option<DurabilityOptions> {
-        // A replica's log is the stream; it rebuilds its state from the stream at start.
-        let local = !self.in_memory && self.replication.nats.is_empty();
-        local.then(|| DurabilityOptions {
+        // A replica keeps only snapshots in its data directory: its log is the stream.
+        (!self.in_memory).then(|| DurabilityOptions {
             sync: match self.sync {
                 Sync::Always => SyncMode::Always,
                 Sync::Interval => SyncMode::Interval(self.sync_interval),

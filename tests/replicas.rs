@@ -6,6 +6,8 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use common::nats::Nats;
 use common::replicas::{config_file, start_serving, Launch, Replica};
@@ -294,14 +296,19 @@ async fn a_subscription_moves_between_replicas_without_gap_or_duplicate() {
     assert_eq!(seqs[0], first_seq, "nothing missed at the start");
 }
 
-/// The stream's last sequence, read by a plain NATS client.
-async fn stream_last_seq(nats: &Nats) -> u64 {
+/// The stream's state, read by a plain NATS client.
+async fn stream_state(nats: &Nats) -> async_nats::jetstream::stream::State {
     let client = async_nats::connect(nats.url.as_str()).await.unwrap();
     let mut stream = async_nats::jetstream::new(client)
         .get_stream("existence")
         .await
         .unwrap();
-    stream.info().await.unwrap().state.last_sequence
+    stream.info().await.unwrap().state.clone()
+}
+
+/// The stream's last sequence.
+async fn stream_last_seq(nats: &Nats) -> u64 {
+    stream_state(nats).await.last_sequence
 }
 
 /// Test 8: a flood of `RecordAbsent` for random keys adds no stream message for the `REDUNDANT` ones.
@@ -395,4 +402,88 @@ async fn a_setup_that_cannot_work_is_refused_with_the_reason() {
         refused.contains("namespace \"users\" is sized differently here"),
         "{refused}"
     );
+}
+
+/// Test 5: a replica killed under load and wiped starts from the shared snapshot and the stream after it,
+/// reports `SERVING` only once caught up, and then holds what the others hold.
+#[tokio::test]
+async fn a_wiped_replica_bootstraps_from_the_shared_snapshot_and_the_stream_tail() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), CONFIG);
+    let launches: Vec<Launch> = (0..3)
+        .map(|i| {
+            let mut launch = Launch::new(&nats.url, &config, &format!("r{i}"));
+            launch.args = vec!["--snapshot-interval".to_string(), "300ms".to_string()];
+            launch
+        })
+        .collect();
+    let mut replicas = Vec::new();
+    for launch in &launches {
+        replicas.push(launch.start().await);
+    }
+    for replica in &replicas {
+        replica.serving().await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = [replicas[0].client(), replicas[1].client()];
+    let load = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            let mut acknowledged = Vec::new();
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let key = format!("loaded-{i}");
+                let request = AddRequest {
+                    namespace: if i % 2 == 0 { "users" } else { "orders" }.to_string(),
+                    keys: vec![key.clone().into_bytes().into()],
+                };
+                if writers[i % 2].clone().add(request).await.is_ok() {
+                    acknowledged.push(key);
+                }
+            }
+            acknowledged
+        }
+    });
+    wait_until(
+        PATIENCE,
+        "a shared snapshot and a purged stream",
+        async || {
+            let state = stream_state(&nats).await;
+            (state.messages < state.last_sequence).then_some(())
+        },
+    )
+    .await;
+    let wiped = replicas.pop().unwrap();
+    wiped.kill().await;
+    std::fs::remove_dir_all(&launches[2].data_dir).unwrap();
+    let stream_before_restart = stream_last_seq(&nats).await;
+    let restarted = launches[2].start().await;
+    restarted.serving().await;
+    assert!(
+        restarted.metric("existence_replica_start_seq").await > 0.0,
+        "started from the shared snapshot"
+    );
+    assert!(
+        restarted.metric("existence_replica_applied_seq").await >= stream_before_restart as f64,
+        "SERVING only once caught up with the stream"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let acknowledged = load.await.unwrap();
+    assert!(acknowledged.len() > 10, "{} adds", acknowledged.len());
+    for (i, key) in acknowledged.iter().enumerate() {
+        let namespace = if key.trim_start_matches("loaded-").parse::<usize>().unwrap() % 2 == 0 {
+            "users"
+        } else {
+            "orders"
+        };
+        let (answer, _, _) = restarted.lookup(namespace, key.as_bytes()).await;
+        assert_eq!(answer, Answer::MayExist, "acknowledged add {i} ({key})");
+    }
+    replicas.push(restarted);
+    agreed_digests(&replicas).await;
 }

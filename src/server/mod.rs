@@ -37,6 +37,7 @@ use crate::service::lifecycle::{Lifecycle, Phase};
 use crate::service::listener::Acceptor;
 use crate::service::shutdown::Shutdown;
 use crate::storage::replica::Replica;
+use crate::storage::replica_snapshots::ReplicaSnapshots;
 use crate::storage::segment_file::{RealFiles, SegmentFiles};
 use crate::storage::{self, DataDir, PersistenceError, SyncMode};
 use background::{final_snapshot, maintenance, Background};
@@ -200,39 +201,51 @@ pub async fn start(
     let prometheus = crate::service::metrics::install_recorder();
     let (grpc_listener, grpc_addr) = bind(options.listen).await?;
     let (http_listener, http_addr) = bind(options.http_listen).await?;
-    let data_dir = open_data_dir(options.durability.as_ref())?;
-    let stream = match &options.replication {
+    let joined = match &options.replication {
         Some(replication) => Some(replicated::join(replication, &options.config).await?),
         None => None,
     };
-    let hasher = match (&stream, &data_dir) {
-        (Some(stream), _) => KeyHasher::from_seed(stream.seed()),
+    let seed = joined.as_ref().map(|(stream, _)| stream.seed());
+    let data_dir = open_data_dir(options.durability.as_ref(), seed)?;
+    let hasher = match (seed, &data_dir) {
+        (Some(seed), _) => KeyHasher::from_seed(seed),
         (None, Some(dir)) => KeyHasher::from_seed(dir.seed()),
         (None, None) => KeyHasher::random(),
     };
     let lease = Arc::new(ReadLease::new());
     let mut gate = Gate::new(&options.config, hasher, clock);
-    if stream.is_some() {
+    if joined.is_some() {
         gate = gate.with_read_lease(Arc::clone(&lease));
     }
     let gate = Arc::new(gate);
-    let replica = stream
-        .zip(options.replication.as_ref())
-        .map(|(stream, replication)| {
-            Replica::new(
+    let (replicated, data_dir) = match (joined, &options.replication) {
+        (Some((stream, store)), Some(replication)) => {
+            let snapshots = ReplicaSnapshots::new(data_dir.map(Arc::new), store, stream.seed());
+            let replica = Replica::new(
                 stream,
                 Arc::clone(&gate),
                 lease,
                 replication.replica.clone(),
-                0,
-            )
-        });
+            );
+            let snapshot_interval = options
+                .durability
+                .as_ref()
+                .map_or(Duration::MAX, |d| d.snapshot_interval);
+            let replicated = replicated::Replicated {
+                replica,
+                snapshots,
+                snapshot_interval,
+            };
+            (Some(replicated), None)
+        }
+        _ => (None, data_dir),
+    };
     let (health, health_service) = tonic_health::server::health_reporter();
-    let lifecycle = Lifecycle::new(Shutdown::default(), options.durability.is_some(), health).await;
+    let lifecycle = Lifecycle::new(Shutdown::default(), data_dir.is_some(), health).await;
     let grpc = grpc_port::serve(
         &options,
         &gate,
-        replica.as_ref(),
+        replicated.as_ref().map(|r| &r.replica),
         &lifecycle,
         health_service,
         grpc_listener,
@@ -258,8 +271,12 @@ pub async fn start(
         lifecycle: Arc::clone(&lifecycle),
         background: background.clone(),
     };
-    match (replica, data_dir, options.durability) {
-        (Some(replica), ..) => replicated::run(&replica, &gate, &lifecycle, &background),
+    match (replicated, data_dir, options.durability) {
+        (Some(replicated), ..) => background.spawn(replicated.run(
+            Arc::clone(&gate),
+            Arc::clone(&lifecycle),
+            background.clone(),
+        )),
         (None, Some(dir), Some(durability)) => background.spawn(load.recover(dir, durability)),
         _ => lifecycle.ready(&gate, Arc::new(VolatileLog), None).await,
     }
@@ -276,10 +293,17 @@ pub async fn start(
     })
 }
 
-/// The data directory, opened and locked, when state is durable.
-fn open_data_dir(durability: Option<&DurabilityOptions>) -> Result<Option<DataDir>, ServerError> {
+/// The data directory, opened and locked, when state is durable; a replica's must hold the stream's `seed`.
+fn open_data_dir(
+    durability: Option<&DurabilityOptions>,
+    seed: Option<[u8; 32]>,
+) -> Result<Option<DataDir>, ServerError> {
+    let open = |path: &std::path::Path| match seed {
+        Some(seed) => DataDir::open_for_replica(path, seed),
+        None => DataDir::open(path),
+    };
     durability
-        .map(|durability| DataDir::open(&durability.data_dir).map_err(ServerError::Persistence))
+        .map(|durability| open(&durability.data_dir).map_err(ServerError::Persistence))
         .transpose()
 }
 

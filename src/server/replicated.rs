@@ -10,8 +10,11 @@ use super::ServerError;
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::service::lifecycle::Lifecycle;
+use crate::service::shutdown::Shutdown;
 use crate::storage::replica::{Replica, ReplicaOptions};
-use crate::storage::stream::{MutationStream, StreamOptions};
+use crate::storage::replica_snapshots::ReplicaSnapshots;
+use crate::storage::snapshot_store::SnapshotStore;
+use crate::storage::stream::{MutationStream, StreamError, StreamOptions};
 
 /// How a replica reaches the stream and takes part.
 #[derive(Debug, Clone)]
@@ -25,51 +28,113 @@ pub struct ReplicationOptions {
 /// How often health follows the replica's lag and lease.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Opens the stream (creating it if this is the first replica) and checks that every configured namespace
-/// is sized as the stream records; fails with what to fix.
+/// Opens the stream (creating it if this is the first replica) and its snapshot bucket, and checks that
+/// every configured namespace is sized as the stream records; fails with what to fix.
 pub(super) async fn join(
     options: &ReplicationOptions,
     config: &GateConfig,
-) -> Result<MutationStream, ServerError> {
+) -> Result<(MutationStream, SnapshotStore), ServerError> {
+    let failed = |e: StreamError| ServerError::Replication(e.to_string());
     let stream = MutationStream::open(&options.stream)
         .await
-        .map_err(|e| ServerError::Replication(e.to_string()))?;
+        .map_err(failed)?;
     for (name, settings) in &config.namespaces {
         stream
             .agree_sizing(name, &settings.filter_spec())
             .await
-            .map_err(|e| ServerError::Replication(e.to_string()))?;
+            .map_err(failed)?;
     }
+    let store = SnapshotStore::open(&stream, options.stream.replicas)
+        .await
+        .map_err(failed)?;
     tracing::info!(
         stream = stream.name(),
+        bucket = store.bucket(),
         servers = options.stream.servers.join(","),
         replica = options.replica.id,
         "joined the replicated stream"
     );
-    Ok(stream)
+    Ok((stream, store))
 }
 
-/// Starts the replica's loops; the lifecycle turns ready once it has caught up and holds a lease.
-pub(super) fn run(
-    replica: &Arc<Replica>,
-    gate: &Arc<Gate>,
-    lifecycle: &Arc<Lifecycle>,
-    background: &Background,
-) {
-    let stop = || {
-        let shutdown = lifecycle.shutdown().clone();
-        async move { shutdown.wait().await }
-    };
-    background.spawn(Arc::clone(replica).apply(stop()));
-    background.spawn(Arc::clone(replica).keep_lease(stop()));
-    background.spawn(Arc::clone(replica).hear_peers(stop()));
-    background.spawn(follow_health(
-        Arc::clone(replica),
-        Arc::clone(gate),
-        Arc::clone(lifecycle),
-    ));
+/// A replica ready to load: what its loops need.
+pub(super) struct Replicated {
+    pub(super) replica: Arc<Replica>,
+    pub(super) snapshots: ReplicaSnapshots,
+    /// How often it takes a snapshot (with a data directory).
+    pub(super) snapshot_interval: Duration,
 }
 
+impl Replicated {
+    /// Loads the newest snapshot, then starts the replica's loops; the lifecycle turns ready once it has
+    /// caught up and holds a lease (or failed, if the snapshot cannot be loaded).
+    pub(super) async fn run(
+        self,
+        gate: Arc<Gate>,
+        lifecycle: Arc<Lifecycle>,
+        background: Background,
+    ) {
+        let (covered, origin) = match self.snapshots.load(&gate).await {
+            Ok(loaded) => loaded,
+            Err(reason) => return lifecycle.fail(reason),
+        };
+        tracing::info!(
+            covered,
+            ?origin,
+            "state loaded; applying the stream after it"
+        );
+        metrics::gauge!("existence_replica_start_seq").set(covered as f64);
+        self.replica.start_after(covered);
+        let stop = || {
+            let shutdown = lifecycle.shutdown().clone();
+            async move { shutdown.wait().await }
+        };
+        let replica = &self.replica;
+        background.spawn(Arc::clone(replica).apply(stop()));
+        background.spawn(Arc::clone(replica).keep_lease(stop()));
+        background.spawn(Arc::clone(replica).hear_peers(stop()));
+        background.spawn(follow_health(
+            Arc::clone(replica),
+            Arc::clone(&gate),
+            Arc::clone(&lifecycle),
+        ));
+        if self.snapshots.takes_snapshots() {
+            background.spawn(take_snapshots(self, gate, lifecycle.shutdown().clone()));
+        }
+    }
+}
+
+/// Every snapshot interval: a local snapshot covering what the replica had applied, shared by one replica.
+async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutdown) {
+    let namespaces: Vec<String> = gate
+        .namespaces()
+        .iter()
+        .map(|n| n.name().to_string())
+        .collect();
+    let mut ticks = tokio::time::interval(replicated.snapshot_interval);
+    ticks.tick().await;
+    let mut last = 0;
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return,
+            _ = ticks.tick() => {}
+        }
+        let replica = &replicated.replica;
+        let covered = replica.applied_seq();
+        if covered == last || !gate.is_ready() {
+            continue;
+        }
+        let share = replica
+            .shares_snapshots()
+            .then(|| (replica.stream(), namespaces.clone()));
+        match replicated.snapshots.take(&gate, covered, share).await {
+            Ok(_) => last = covered,
+            Err(error) => {
+                tracing::error!(%error, covered, "snapshot failed; the stream still holds everything")
+            }
+        }
+    }
+}
 /// Keeps health in step with the replica: ready the first time it is neither behind nor without a lease,
 /// then lagging whenever it is either.
 async fn follow_health(replica: Arc<Replica>, gate: Arc<Gate>, lifecycle: Arc<Lifecycle>) {

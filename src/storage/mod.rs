@@ -16,8 +16,10 @@
 pub mod codec;
 pub mod frame;
 pub mod replica;
+pub mod replica_snapshots;
 pub mod segment_file;
 pub mod snapshot;
+pub mod snapshot_store;
 pub mod stream;
 pub mod wal;
 
@@ -118,8 +120,8 @@ pub fn sync_dir(dir: &Path) -> Result<(), PersistenceError> {
 
 const IDENTITY_MAGIC: &[u8; 8] = b"EXGID001";
 
-/// Reads the deployment's hash seed, choosing and storing one at first start.
-fn identity(dir: &Path) -> Result<[u8; 32], PersistenceError> {
+/// Reads the deployment's hash seed, storing `first` at first start.
+fn identity(dir: &Path, first: [u8; 32]) -> Result<[u8; 32], PersistenceError> {
     let path = dir.join("identity");
     match std::fs::read(&path) {
         Ok(bytes) => {
@@ -143,7 +145,7 @@ fn identity(dir: &Path) -> Result<[u8; 32], PersistenceError> {
             }
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let seed = KeyHasher::random().seed();
+            let seed = first;
             let mut bytes = Vec::new();
             frame::encode(&[&IDENTITY_MAGIC[..], &seed[..]].concat(), &mut bytes);
             let temp = dir.join("identity.tmp");
@@ -168,8 +170,34 @@ pub struct DataDir {
 }
 
 impl DataDir {
-    /// Creates (if needed), locks and reads the identity of `path`.
+    /// Creates (if needed), locks and reads the identity of `path` (a new random seed at first start).
     pub fn open(path: &Path) -> Result<Self, PersistenceError> {
+        Self::open_with(path, KeyHasher::random().seed())
+    }
+
+    /// Opens `path` for a replica of a stream whose hash seed is `seed`: a new directory takes it; one of
+    /// another deployment (another seed), or holding a single server's write-ahead log, is refused.
+    pub fn open_for_replica(path: &Path, seed: [u8; 32]) -> Result<Self, PersistenceError> {
+        let dir = Self::open_with(path, seed)?;
+        if dir.seed != seed {
+            return Err(PersistenceError::Mismatch(format!(
+                "the data directory {} belongs to another deployment (its hash seed is not the stream's): \
+                 point --data-dir at an empty directory, or at this replica's own",
+                path.display()
+            )));
+        }
+        if !wal::segments(path)?.is_empty() {
+            return Err(PersistenceError::Mismatch(format!(
+                "the data directory {} holds a single server's write-ahead log; a replica's log is the \
+                 stream: point --data-dir at an empty directory (the single server's state is not carried \
+                 over: add its keys through a replica, or rebuild)",
+                path.display()
+            )));
+        }
+        Ok(dir)
+    }
+
+    fn open_with(path: &Path, first_seed: [u8; 32]) -> Result<Self, PersistenceError> {
         std::fs::create_dir_all(path).map_err(|e| PersistenceError::io(path, "create", e))?;
         let lock_path = path.join("LOCK");
         let lock = OpenOptions::new()
@@ -182,7 +210,7 @@ impl DataDir {
             .map_err(|_| PersistenceError::Locked(path.to_path_buf()))?;
         remove_temporary_files(path)?;
         Ok(Self {
-            seed: identity(path)?,
+            seed: identity(path, first_seed)?,
             path: path.to_path_buf(),
             _lock: lock,
         })
@@ -400,7 +428,7 @@ impl Snapshotter {
     }
 }
 
-fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), PersistenceError> {
+pub(crate) fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), PersistenceError> {
     for entry in std::fs::read_dir(dir)
         .map_err(|e| PersistenceError::io(dir, "list", e))?
         .flatten()

@@ -137,6 +137,18 @@ impl Peers {
         heard.values().all(|(applied, _)| *applied >= seq)
     }
 
+    /// The smallest id heard from within `recent`.
+    fn first_recent(&self, recent: Duration) -> Option<String> {
+        let now = Instant::now();
+        let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
+        heard
+            .iter()
+            .filter(|(_, (_, at))| now.duration_since(*at) < recent)
+            .map(|(id, _)| id)
+            .min()
+            .cloned()
+    }
+
     fn count(&self) -> usize {
         self.heard.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
@@ -205,15 +217,15 @@ impl std::fmt::Debug for Replica {
 }
 
 impl Replica {
-    /// A replica of `stream` applying into `gate` (built with `lease`), having applied nothing after
-    /// `applied_seq` (0, or the seq a restored snapshot covers).
+    /// A replica of `stream` applying into `gate` (built with `lease`), having applied nothing yet (see
+    /// [`start_after`](Self::start_after)).
     pub fn new(
         stream: MutationStream,
         gate: Arc<Gate>,
         lease: Arc<ReadLease>,
         options: ReplicaOptions,
-        applied_seq: u64,
     ) -> Arc<Self> {
+        let applied_seq = 0;
         Arc::new(Self {
             stream,
             gate,
@@ -230,6 +242,21 @@ impl Replica {
             stopped: Mutex::new(None),
             metrics: ReplicaMetrics::new(),
         })
+    }
+
+    /// Starts from a restored snapshot covering stream seq `seq` (before [`apply`](Self::apply) runs).
+    pub fn start_after(&self, seq: u64) {
+        self.applied.send_replace(seq);
+        self.stream_seq.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// Whether this replica shares snapshots now: its id sorts first among the replicas heard from recently
+    /// (see `replica_snapshots`).
+    pub fn shares_snapshots(&self) -> bool {
+        let recent = self.options.read_lease * RECENT_LEASES;
+        self.peers
+            .first_recent(recent)
+            .is_none_or(|first| first >= self.options.id)
     }
 
     /// The stream seq applied through.
@@ -295,8 +322,19 @@ impl Replica {
     }
 
     fn apply_one(&self, read: Streamed) -> Result<(), StreamError> {
-        if read.seq <= self.applied_seq() {
+        let applied = self.applied_seq();
+        if read.seq <= applied {
             return Ok(());
+        }
+        if read.seq > applied + 1 {
+            // Every stream seq is a message until a purge: mutations this replica never applied are gone.
+            return Err(StreamError::Setup(format!(
+                "the JetStream stream {:?} jumps from seq {applied} to {}: the mutations between were purged \
+                 (covered by a shared snapshot) before this replica applied them; restart it to load the \
+                 newest snapshot",
+                self.stream.name(),
+                read.seq
+            )));
         }
         let outcome = match read.mutation {
             Some(mutation) => {

@@ -469,6 +469,30 @@ impl MutationStream {
         Ok(messages.map(move |message| decode(&name, &control, message)))
     }
 
+    /// The JetStream context, for the object store of snapshots.
+    pub(super) fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
+    /// Removes `namespace`'s mutations below `seq` from the stream (a retained snapshot covers them). The
+    /// stream's own records (identity, sizing) stay.
+    pub async fn purge_below(&self, namespace: &str, seq: u64) -> Result<u64, StreamError> {
+        let purged = self
+            .stream
+            .purge()
+            .filter(self.subject(namespace))
+            .sequence(seq)
+            .await
+            .map_err(|e| {
+                StreamError::Publish(format!(
+                    "cannot purge namespace {namespace:?} below seq {seq} from the JetStream stream {:?}: \
+                     {e}",
+                    self.name
+                ))
+            })?;
+        Ok(purged.purged)
+    }
+
     /// Whether the client is connected to a NATS server now (it reconnects by itself when not).
     pub fn connected(&self) -> bool {
         self.jetstream.client().connection_state() == async_nats::connection::State::Connected

@@ -38,6 +38,8 @@ pub struct Launch {
     pub config: PathBuf,
     /// `--replica-id`.
     pub id: String,
+    /// `--data-dir`: `data-<id>` beside the configuration file.
+    pub data_dir: PathBuf,
     /// More flags.
     pub args: Vec<String>,
 }
@@ -49,6 +51,7 @@ impl Launch {
             nats: nats.to_string(),
             config: config.to_path_buf(),
             id: id.to_string(),
+            data_dir: config.with_file_name(format!("data-{id}")),
             args: Vec::new(),
         }
     }
@@ -66,6 +69,8 @@ impl Launch {
             .args(["--nats", &self.nats, "--replica-id", &self.id])
             .arg("--config")
             .arg(&self.config)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
             .args(&self.args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")

@@ -1,0 +1,190 @@
+//! Where a replica's state starts from and what it leaves for others: the newest snapshot, local (its data
+//! directory) or shared (the stream's object store bucket), and the snapshots it takes.
+//!
+//! Start: the newer of the local and the shared snapshot is loaded (a wiped replica has only the shared one;
+//! a restarted one usually has its own, and downloads only if the bucket holds a newer one), then the
+//! replica applies the stream after the seq it covers. Without either, it applies the stream from its start.
+//!
+//! Every `--snapshot-interval`, a replica with a data directory writes a snapshot covering the stream seq it
+//! had applied when it began (a fast restart needs nothing else). One replica also shares it: the one whose
+//! `--replica-id` sorts first among those heard from recently — every replica computes the same choice from
+//! the same reports, and when that one stops reporting the next one takes over; two that briefly both think
+//! it theirs upload two snapshots, which is harmless. The sharer keeps the newest [`KEEP`] snapshots in the
+//! bucket and purges the stream's mutations below the oldest of them, so the stream holds what a new replica
+//! needs after any retained snapshot, and no more. A replica that was stopped for so long that mutations it
+//! had not applied were purged notices the gap in stream seqs and stops (see `Replica::apply`); restarted,
+//! it loads the newest shared snapshot.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::snapshot;
+use super::snapshot_store::SnapshotStore;
+use super::stream::MutationStream;
+use super::DataDir;
+use crate::core::gate::Gate;
+
+/// Snapshots kept in the bucket: the newest, and one before it for a replica still downloading that one
+/// while a newer one is shared.
+pub const KEEP: usize = 2;
+
+/// Where a loaded state came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// No snapshot: the stream from its start.
+    Empty,
+    /// The replica's own data directory.
+    Local(PathBuf),
+    /// The shared bucket (downloaded).
+    Shared(u64),
+}
+
+/// A replica's snapshots: its data directory (if it keeps one) and the shared bucket.
+#[derive(Debug)]
+pub struct ReplicaSnapshots {
+    dir: Option<Arc<DataDir>>,
+    store: SnapshotStore,
+    seed: [u8; 32],
+}
+
+impl ReplicaSnapshots {
+    /// The snapshots of a replica with `dir` (or none), sharing through `store`, under hash seed `seed`.
+    pub fn new(dir: Option<Arc<DataDir>>, store: SnapshotStore, seed: [u8; 32]) -> Self {
+        Self { dir, store, seed }
+    }
+
+    /// Whether this replica keeps snapshots of its own.
+    pub fn takes_snapshots(&self) -> bool {
+        self.dir.is_some()
+    }
+
+    /// Loads the newest snapshot, local or shared, into `gate`; returns the stream seq it covers (0 for
+    /// none) and where it came from.
+    pub async fn load(&self, gate: &Arc<Gate>) -> Result<(u64, Origin), String> {
+        let local = match &self.dir {
+            Some(dir) => snapshot::newest(dir.path()).map_err(|e| e.to_string())?,
+            None => None,
+        };
+        let shared = self
+            .store
+            .covered()
+            .await
+            .map_err(|e| e.to_string())?
+            .last()
+            .copied();
+        let local_seq = local.as_ref().map_or(0, |(seq, _)| *seq);
+        match (local, shared) {
+            (_, Some(seq)) if seq > local_seq => {
+                let path = self.download(seq).await?;
+                self.restore(gate, &path).await?;
+                if self.dir.is_none() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                Ok((seq, Origin::Shared(seq)))
+            }
+            (Some((seq, path)), _) => {
+                self.restore(gate, &path).await?;
+                Ok((seq, Origin::Local(path)))
+            }
+            (None, _) => Ok((0, Origin::Empty)),
+        }
+    }
+
+    /// Downloads the shared snapshot covering `seq` beside the local ones (or into the temporary directory).
+    async fn download(&self, seq: u64) -> Result<PathBuf, String> {
+        let (dir, name) = match &self.dir {
+            Some(dir) => (dir.path().to_path_buf(), None),
+            None => (std::env::temp_dir(), Some(std::process::id())),
+        };
+        let path = match name {
+            Some(pid) => dir.join(format!("existence-gate-{pid}-snapshot-{seq}.snap")),
+            None => snapshot::snapshot_path(&dir, seq),
+        };
+        let temp = path.with_extension("snap.tmp");
+        let bytes = self
+            .store
+            .download(seq, &temp)
+            .await
+            .map_err(|e| e.to_string())?;
+        std::fs::rename(&temp, &path)
+            .map_err(|e| format!("cannot move {} into place: {e}", temp.display()))?;
+        tracing::info!(
+            seq,
+            bytes,
+            bucket = self.store.bucket(),
+            "downloaded the shared snapshot"
+        );
+        Ok(path)
+    }
+
+    /// Reads the snapshot at `path` and restores every namespace of it into `gate`.
+    async fn restore(&self, gate: &Arc<Gate>, path: &Path) -> Result<(), String> {
+        let (gate, path, seed) = (Arc::clone(gate), path.to_path_buf(), self.seed);
+        tokio::task::spawn_blocking(move || {
+            let image = snapshot::read(&path).map_err(|e| e.to_string())?;
+            if image.seed != seed {
+                return Err(format!(
+                    "{} was written under another hash seed than the stream's: it belongs to another \
+                     deployment; remove it",
+                    path.display()
+                ));
+            }
+            image
+                .namespaces
+                .into_iter()
+                .try_for_each(|namespace| snapshot::restore(&gate, namespace))
+                .map_err(|reason| format!("{}: {reason}", path.display()))
+        })
+        .await
+        .map_err(|panic| format!("restoring the snapshot failed: {panic}"))?
+    }
+
+    /// Writes a local snapshot of `gate` covering stream seq `covered`, removing older local ones; if `share`,
+    /// uploads it, keeps the newest [`KEEP`] in the bucket and purges `namespaces`' mutations below the
+    /// oldest kept. Returns the seq below which the stream was purged, if it was.
+    pub async fn take(
+        &self,
+        gate: &Arc<Gate>,
+        covered: u64,
+        share: Option<(&MutationStream, Vec<String>)>,
+    ) -> Result<Option<u64>, String> {
+        let Some(dir) = &self.dir else {
+            return Ok(None);
+        };
+        let (writer_gate, writer_dir, seed) = (Arc::clone(gate), Arc::clone(dir), self.seed);
+        let written = tokio::task::spawn_blocking(move || {
+            let written = snapshot::write(writer_dir.path(), covered, &writer_gate, seed)?;
+            super::remove_older_snapshots(writer_dir.path(), covered)?;
+            Ok::<_, super::PersistenceError>(written)
+        })
+        .await
+        .map_err(|panic| format!("the snapshot task failed: {panic}"))?
+        .map_err(|e| e.to_string())?;
+        tracing::info!(covered, bytes = written.bytes, "snapshot written");
+        let Some((stream, namespaces)) = share else {
+            return Ok(None);
+        };
+        self.store
+            .upload(covered, &written.path)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(oldest) = self.store.retain(KEEP).await.map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let mut purged = 0;
+        for namespace in &namespaces {
+            purged += stream
+                .purge_below(namespace, oldest + 1)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        tracing::info!(
+            covered,
+            bucket = self.store.bucket(),
+            purged_below = oldest + 1,
+            purged,
+            "snapshot shared"
+        );
+        Ok(Some(oldest + 1))
+    }
+}
