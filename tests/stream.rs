@@ -408,3 +408,47 @@ async fn unusable_options_and_an_unreachable_nats_are_named() {
         .unwrap_err();
     assert!(refused.to_string().contains("not a url"), "{refused}");
 }
+
+/// Purging a namespace below a seq removes only that namespace's mutations below it: other namespaces'
+/// mutations and the stream's own records (identity, sizing) stay.
+#[tokio::test]
+async fn a_purge_removes_only_one_namespace_below_the_seq() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let stream = open(&nats).await;
+    let mut seqs = Vec::new();
+    for (namespace, key) in [
+        ("users", "a"),
+        ("orders", "b"),
+        ("users", "c"),
+        ("orders", "d"),
+    ] {
+        let published = stream.publish(&add(namespace, key), key).await.unwrap();
+        seqs.push(published.seq);
+    }
+    assert_eq!(
+        stream.purge_below("users", 1).await.unwrap(),
+        0,
+        "nothing is below seq 1"
+    );
+    let purged = stream.purge_below("users", seqs[2]).await.unwrap();
+    assert_eq!(
+        purged, 1,
+        "only users' first mutation is below seq {}",
+        seqs[2]
+    );
+    let left: Vec<Mutation> = read(&stream, 0, 3).await;
+    let keys: Vec<_> = left
+        .iter()
+        .map(|m| match m {
+            Mutation::Add { keys, .. } => keys[0].clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(keys, ["b", "c", "d"]);
+    assert!(
+        try_open(&nats).await.is_ok(),
+        "the identity record is still there"
+    );
+}

@@ -18,7 +18,8 @@ use crate::core::invalidations::Subscription;
 use crate::core::lease::ReadLease;
 use crate::core::log::{Log, LogError, Mutation};
 use crate::core::namespace::{
-    Absence, AbsenceReport, Added, Applied, Namespace, Rebuild, Recorded, WriteError, WritesStopped,
+    Absence, AbsenceReport, Added, Applied, Namespace, NamespaceImage, Rebuild, Recorded,
+    WriteError, WritesStopped,
 };
 
 /// How a log numbers one namespace's mutations.
@@ -457,6 +458,17 @@ impl Gate {
         namespace
             .apply(mutation)
             .map(Some)
+            .map_err(|stopped| stopped.to_string())
+    }
+
+    /// Every namespace's state, copied (see [`NamespaceImage::detached`]), sorted by name. Consistent as of
+    /// each namespace's seq only if nothing is applied meanwhile: the caller holds the log still.
+    pub fn export_detached(&self) -> Result<Vec<NamespaceImage>, String> {
+        let now = self.clock.now_ms();
+        self.namespaces()
+            .iter()
+            .map(|n| n.export(now).map(NamespaceImage::detached))
+            .collect::<Result<_, _>>()
             .map_err(|stopped| stopped.to_string())
     }
 

@@ -58,6 +58,11 @@ impl ReadLease {
             .fetch_max(self.nanos_since_origin(until), Ordering::AcqRel);
     }
 
+    /// Whether the lease was ever granted.
+    pub fn ever_held(&self) -> bool {
+        self.until_ns.load(Ordering::Acquire) != 0
+    }
+
     /// How long the lease still holds after `at` (zero if it does not hold).
     pub fn remaining_at(&self, at: Instant) -> Duration {
         let until = self.until_ns.load(Ordering::Acquire);

@@ -108,6 +108,20 @@ pub enum Absence {
     },
 }
 
+impl NamespaceImage {
+    /// The image with its filter layers copied: it no longer shares them with the live filter, so later
+    /// writes do not change it. For a snapshot that must be exactly the state as of `seq` (a replica's, whose
+    /// digest must equal the others'), taken while nothing is applied; the cost is a copy of the filter.
+    pub fn detached(mut self) -> Self {
+        for (_, layers) in &mut self.windows {
+            for layer in layers.iter_mut() {
+                *layer = Arc::new(layer.copy());
+            }
+        }
+        self
+    }
+}
+
 /// What applying one mutation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {

@@ -12,7 +12,7 @@ use crate::core::gate::Gate;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::shutdown::Shutdown;
 use crate::storage::replica::{Replica, ReplicaOptions};
-use crate::storage::replica_snapshots::ReplicaSnapshots;
+use crate::storage::replica_snapshots::{ReplicaSnapshots, Sharing};
 use crate::storage::snapshot_store::SnapshotStore;
 use crate::storage::stream::{MutationStream, StreamError, StreamOptions};
 
@@ -74,6 +74,15 @@ impl Replicated {
         lifecycle: Arc<Lifecycle>,
         background: Background,
     ) {
+        let stop = || {
+            let shutdown = lifecycle.shutdown().clone();
+            async move { shutdown.wait().await }
+        };
+        let replica = &self.replica;
+        // Reporting starts before loading: while it loads, this replica reports seq 0, which holds back
+        // every purge, so the stream still holds what follows the snapshot it is loading.
+        background.spawn(Arc::clone(replica).keep_lease(stop()));
+        background.spawn(Arc::clone(replica).hear_peers(stop()));
         let (covered, origin) = match self.snapshots.load(&gate).await {
             Ok(loaded) => loaded,
             Err(reason) => return lifecycle.fail(reason),
@@ -84,15 +93,8 @@ impl Replicated {
             "state loaded; applying the stream after it"
         );
         metrics::gauge!("existence_replica_start_seq").set(covered as f64);
-        self.replica.start_after(covered);
-        let stop = || {
-            let shutdown = lifecycle.shutdown().clone();
-            async move { shutdown.wait().await }
-        };
-        let replica = &self.replica;
+        replica.start_after(covered);
         background.spawn(Arc::clone(replica).apply(stop()));
-        background.spawn(Arc::clone(replica).keep_lease(stop()));
-        background.spawn(Arc::clone(replica).hear_peers(stop()));
         background.spawn(follow_health(
             Arc::clone(replica),
             Arc::clone(&gate),
@@ -111,6 +113,9 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
         .iter()
         .map(|n| n.name().to_string())
         .collect();
+    // A replica heard from within three snapshot intervals holds purges back to what it has applied: one
+    // that is slow (or was stopped briefly) must not find mutations it has not applied purged.
+    let purge_horizon = replicated.snapshot_interval.saturating_mul(3);
     let mut ticks = tokio::time::interval(replicated.snapshot_interval);
     ticks.tick().await;
     let mut last = 0;
@@ -120,18 +125,30 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
             _ = ticks.tick() => {}
         }
         let replica = &replicated.replica;
-        let covered = replica.applied_seq();
-        if covered == last || !gate.is_ready() {
+        if replica.applied_seq() == last || !gate.is_ready() {
             continue;
         }
-        let share = replica
-            .shares_snapshots()
-            .then(|| (replica.stream(), namespaces.clone()));
-        match replicated.snapshots.take(&gate, covered, share).await {
-            Ok(_) => last = covered,
-            Err(error) => {
-                tracing::error!(%error, covered, "snapshot failed; the stream still holds everything")
+        let exporter = Arc::clone(&gate);
+        let cut = replica
+            .while_still(move |applied| exporter.export_detached().map(|images| (applied, images)))
+            .await;
+        let share = replica.shares_snapshots().then(|| Sharing {
+            stream: replica.stream(),
+            namespaces: namespaces.clone(),
+            applied_everywhere: replica.applied_everywhere(purge_horizon),
+        });
+        let taken = match cut.and_then(|cut| cut) {
+            Ok((covered, images)) => {
+                last = covered;
+                replicated
+                    .snapshots
+                    .take(covered, images, gate.hash_check(), share)
+                    .await
             }
+            Err(error) => Err(error),
+        };
+        if let Err(error) = taken {
+            tracing::error!(%error, "snapshot failed; the stream still holds everything");
         }
     }
 }

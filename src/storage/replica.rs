@@ -60,6 +60,8 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(800);
 const APPLY_BATCH: usize = 256;
 /// A replica whose report arrived within this many lease lengths is waited for by writers.
 const RECENT_LEASES: u32 = 2;
+/// A replica not heard from for this long is forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
 /// Lease samples kept while the applier catches up to them.
 const PENDING_SAMPLES: usize = 16;
 
@@ -117,40 +119,51 @@ struct Sample {
 struct Peers {
     heard: Mutex<HashMap<String, (u64, Instant)>>,
     changed: Notify,
+    /// Since when the reports have been heard without a break.
+    listening_since: Mutex<Option<Instant>>,
 }
 
 impl Peers {
     fn heard(&self, report: AppliedReport) {
         let now = Instant::now();
         let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = heard.entry(report.replica).or_insert((0, now));
-        *entry = (entry.0.max(report.seq), now);
+        // Overwritten, not raised: one replica's reports arrive in order, and a restarted replica reports
+        // from where it starts again (0 while it loads, which must hold back purges).
+        heard.insert(report.replica, (report.seq, now));
+        heard.retain(|_, (_, at)| now.duration_since(*at) < FORGET_AFTER);
         drop(heard);
         self.changed.notify_waiters();
     }
 
-    /// Whether every replica heard within `recent` has applied `seq`; forgets those not heard for longer.
-    fn all_applied(&self, seq: u64, recent: Duration) -> bool {
-        let now = Instant::now();
-        let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-        heard.retain(|_, (_, at)| now.duration_since(*at) < recent);
-        heard.values().all(|(applied, _)| *applied >= seq)
-    }
-
-    /// The smallest id heard from within `recent`.
-    fn first_recent(&self, recent: Duration) -> Option<String> {
+    /// The replicas heard from within `within`: (id, applied seq).
+    fn within(&self, within: Duration) -> Vec<(String, u64)> {
         let now = Instant::now();
         let heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
         heard
             .iter()
-            .filter(|(_, (_, at))| now.duration_since(*at) < recent)
-            .map(|(id, _)| id)
-            .min()
-            .cloned()
+            .filter(|(_, (_, at))| now.duration_since(*at) < within)
+            .map(|(id, (applied, _))| (id.clone(), *applied))
+            .collect()
     }
 
-    fn count(&self) -> usize {
-        self.heard.lock().unwrap_or_else(|e| e.into_inner()).len()
+    /// Whether every replica heard from within `recent` has applied `seq`.
+    fn all_applied(&self, seq: u64, recent: Duration) -> bool {
+        self.within(recent)
+            .iter()
+            .all(|(_, applied)| *applied >= seq)
+    }
+
+    /// The least applied seq heard from within `recent`.
+    fn slowest(&self, recent: Duration) -> Option<u64> {
+        self.within(recent)
+            .into_iter()
+            .map(|(_, applied)| applied)
+            .min()
+    }
+
+    /// The smallest id heard from within `recent`.
+    fn first_recent(&self, recent: Duration) -> Option<String> {
+        self.within(recent).into_iter().map(|(id, _)| id).min()
     }
 }
 
@@ -204,6 +217,10 @@ pub struct Replica {
     id_prefix: String,
     next_id: AtomicU64,
     stopped: Mutex<Option<String>>,
+    /// Since when the lease has not held (`None` while it holds).
+    lease_lost_at: Mutex<Option<Instant>>,
+    /// Held while a batch is applied: a snapshot holding it sees the state as of exactly the applied seq.
+    applying: Arc<tokio::sync::Mutex<()>>,
     metrics: ReplicaMetrics,
 }
 
@@ -240,6 +257,8 @@ impl Replica {
             peers: Peers::default(),
             next_id: AtomicU64::new(0),
             stopped: Mutex::new(None),
+            lease_lost_at: Mutex::new(None),
+            applying: Arc::default(),
             metrics: ReplicaMetrics::new(),
         })
     }
@@ -250,6 +269,23 @@ impl Replica {
         self.stream_seq.fetch_max(seq, Ordering::AcqRel);
     }
 
+    /// The least seq applied by every replica heard from within `within` (this one included); 0 until this
+    /// replica has listened to the others for that long (before, it may not have heard them all).
+    pub fn applied_everywhere(&self, within: Duration) -> u64 {
+        let listening = *self
+            .peers
+            .listening_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if listening.is_none_or(|since| since.elapsed() < within) {
+            return 0;
+        }
+        self.peers
+            .slowest(within)
+            .unwrap_or(0)
+            .min(self.applied_seq())
+    }
+
     /// Whether this replica shares snapshots now: its id sorts first among the replicas heard from recently
     /// (see `replica_snapshots`).
     pub fn shares_snapshots(&self) -> bool {
@@ -257,6 +293,22 @@ impl Replica {
         self.peers
             .first_recent(recent)
             .is_none_or(|first| first >= self.options.id)
+    }
+
+    /// Runs `read` on the blocking pool while no mutation is applied, with the seq applied through: what it
+    /// reads of the gate is the state as of exactly that seq, in every namespace (writes wait meanwhile).
+    pub async fn while_still<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(u64) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let still = Arc::clone(&self.applying).lock_owned().await;
+        let applied = self.applied_seq();
+        let read = tokio::task::spawn_blocking(move || {
+            let _still = still;
+            read(applied)
+        });
+        read.await
+            .map_err(|panic| format!("reading the state failed: {panic}"))
     }
 
     /// The stream seq applied through.
@@ -312,29 +364,57 @@ impl Replica {
         let follow = self.stream.follow(self.applied_seq()).await?;
         let mut batches = std::pin::pin!(follow.ready_chunks(APPLY_BATCH));
         while let Some(batch) = batches.next().await {
-            for read in batch {
-                self.apply_one(read?)?;
-            }
+            let applying = self.applying.lock().await;
+            let gap = self.apply_in_order(batch)?;
+            drop(applying);
             self.grant_lease();
             self.report().await;
+            if let Some(missing) = gap {
+                return Err(self.explain_gap(missing).await);
+            }
         }
         Ok(())
     }
 
-    fn apply_one(&self, read: Streamed) -> Result<(), StreamError> {
-        let applied = self.applied_seq();
-        if read.seq <= applied {
-            return Ok(());
+    /// Applies `batch` in order; stops at a gap in stream seqs, returning the first seq missing.
+    fn apply_in_order(
+        &self,
+        batch: Vec<Result<Streamed, StreamError>>,
+    ) -> Result<Option<u64>, StreamError> {
+        for read in batch {
+            let read = read?;
+            let next = self.applied_seq() + 1;
+            if read.seq > next {
+                return Ok(Some(next));
+            }
+            self.apply_one(read)?;
         }
-        if read.seq > applied + 1 {
-            // Every stream seq is a message until a purge: mutations this replica never applied are gone.
-            return Err(StreamError::Setup(format!(
-                "the JetStream stream {:?} jumps from seq {applied} to {}: the mutations between were purged \
-                 (covered by a shared snapshot) before this replica applied them; restart it to load the \
-                 newest snapshot",
+        Ok(None)
+    }
+
+    /// Why the stream skipped from before `missing`: if the stream still holds it, the consumer lost it
+    /// (following again from the applied seq reads it); if not, it was purged before this replica applied it,
+    /// and only a newer snapshot can replace it.
+    async fn explain_gap(&self, missing: u64) -> StreamError {
+        match self.stream.holds(missing).await {
+            Ok(true) => StreamError::Read(format!(
+                "the stream's consumer skipped seq {missing}, which the stream holds; reading it again"
+            )),
+            Ok(false) => StreamError::Setup(format!(
+                "the JetStream stream {:?} no longer holds seq {missing}: the mutations after seq {} were \
+                 purged (covered by a shared snapshot) before this replica applied them; restart it to load \
+                 the newest snapshot",
                 self.stream.name(),
-                read.seq
-            )));
+                missing - 1
+            )),
+            Err(error) => error,
+        }
+    }
+
+    /// Applies the message after the applied seq (an earlier one, read again, is skipped).
+    fn apply_one(&self, read: Streamed) -> Result<(), StreamError> {
+        if read.seq <= self.applied_seq() {
+            return Ok(());
         }
         let outcome = match read.mutation {
             Some(mutation) => {
@@ -434,6 +514,11 @@ impl Replica {
             };
             match reports {
                 Ok(reports) => {
+                    *self
+                        .peers
+                        .listening_since
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
                     let mut reports = std::pin::pin!(reports);
                     loop {
                         tokio::select! {
@@ -444,6 +529,11 @@ impl Replica {
                             },
                         }
                     }
+                    *self
+                        .peers
+                        .listening_since
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = None;
                 }
                 Err(error) => tracing::warn!(%error, "cannot hear the other replicas; retrying"),
             }
@@ -471,7 +561,11 @@ impl Replica {
         self.metrics.lag_seqs.set((stream - applied) as f64);
         self.metrics.lag_seconds.set(lag_time.as_secs_f64());
         self.metrics.lease_held.set(f64::from(u8::from(held)));
-        self.metrics.peers.set(self.peers.count() as f64);
+        self.metrics.peers.set(
+            self.peers
+                .within(self.options.read_lease * RECENT_LEASES)
+                .len() as f64,
+        );
         if let Some(reason) = self
             .stopped
             .lock()
@@ -487,7 +581,20 @@ impl Replica {
                 max: self.options.max_lag,
             });
         }
-        (!held).then_some(Lagging::NoLease { applied, stream })
+        (!held && !self.lease_blip(held)).then_some(Lagging::NoLease { applied, stream })
+    }
+
+    /// Whether a lease that held before has been lost for less than one lease length: the renewal is late
+    /// (a busy machine), which lookups answer by failing open, but which is not worth turning a load
+    /// balancer away for. Before the first lease there is no blip: the replica is not caught up.
+    fn lease_blip(&self, held: bool) -> bool {
+        let mut lost_at = self.lease_lost_at.lock().unwrap_or_else(|e| e.into_inner());
+        if held {
+            *lost_at = None;
+            return false;
+        }
+        let since = *lost_at.get_or_insert_with(Instant::now);
+        self.lease.ever_held() && since.elapsed() < self.options.read_lease
     }
 
     /// `Add`: published, applied here, and acknowledged under the safety rule.

@@ -23,10 +23,13 @@ use super::snapshot_store::SnapshotStore;
 use super::stream::MutationStream;
 use super::DataDir;
 use crate::core::gate::Gate;
+use crate::core::namespace::NamespaceImage;
 
 /// Snapshots kept in the bucket: the newest, and one before it for a replica still downloading that one
 /// while a newer one is shared.
 pub const KEEP: usize = 2;
+/// Downloads tried again after a failure before a replica gives up starting.
+const DOWNLOAD_ATTEMPTS: u32 = 3;
 
 /// Where a loaded state came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +40,17 @@ pub enum Origin {
     Local(PathBuf),
     /// The shared bucket (downloaded).
     Shared(u64),
+}
+
+/// What sharing a snapshot needs besides it.
+#[derive(Debug)]
+pub struct Sharing<'a> {
+    /// The stream to purge.
+    pub stream: &'a MutationStream,
+    /// The namespaces whose mutations are purged (the stream's own records stay).
+    pub namespaces: Vec<String>,
+    /// The least seq every replica heard from recently has applied.
+    pub applied_everywhere: u64,
 }
 
 /// A replica's snapshots: its data directory (if it keeps one) and the shared bucket.
@@ -65,17 +79,9 @@ impl ReplicaSnapshots {
             Some(dir) => snapshot::newest(dir.path()).map_err(|e| e.to_string())?,
             None => None,
         };
-        let shared = self
-            .store
-            .covered()
-            .await
-            .map_err(|e| e.to_string())?
-            .last()
-            .copied();
         let local_seq = local.as_ref().map_or(0, |(seq, _)| *seq);
-        match (local, shared) {
-            (_, Some(seq)) if seq > local_seq => {
-                let path = self.download(seq).await?;
+        match (local, self.download_newer(local_seq).await?) {
+            (_, Some((seq, path))) => {
                 self.restore(gate, &path).await?;
                 if self.dir.is_none() {
                     let _ = std::fs::remove_file(&path);
@@ -87,6 +93,32 @@ impl ReplicaSnapshots {
                 Ok((seq, Origin::Local(path)))
             }
             (None, _) => Ok((0, Origin::Empty)),
+        }
+    }
+
+    /// Downloads the newest shared snapshot if it covers more than `than`. A download that fails because a
+    /// replica sharing a newer snapshot deleted it meanwhile is retried with the newer one.
+    async fn download_newer(&self, than: u64) -> Result<Option<(u64, PathBuf)>, String> {
+        let mut attempts = 0;
+        loop {
+            let newest = self
+                .store
+                .covered()
+                .await
+                .map_err(|e| e.to_string())?
+                .last()
+                .copied();
+            let Some(seq) = newest.filter(|seq| *seq > than) else {
+                return Ok(None);
+            };
+            match self.download(seq).await {
+                Ok(path) => return Ok(Some((seq, path))),
+                Err(error) if attempts < DOWNLOAD_ATTEMPTS => {
+                    tracing::warn!(%error, "downloading the shared snapshot again");
+                    attempts += 1;
+                }
+                Err(error) => return Err(error),
+            }
         }
     }
 
@@ -139,21 +171,25 @@ impl ReplicaSnapshots {
         .map_err(|panic| format!("restoring the snapshot failed: {panic}"))?
     }
 
-    /// Writes a local snapshot of `gate` covering stream seq `covered`, removing older local ones; if `share`,
-    /// uploads it, keeps the newest [`KEEP`] in the bucket and purges `namespaces`' mutations below the
-    /// oldest kept. Returns the seq below which the stream was purged, if it was.
+    /// Writes a local snapshot of `images` (every namespace exactly as of stream seq `covered`, see
+    /// [`Gate::export_detached`]), removing older local ones; if `share`, uploads it, keeps the newest
+    /// [`KEEP`] in the bucket and purges the stream below the oldest kept — or below what the slowest
+    /// replica heard from has applied, if that is less: a live replica must never find a gap. Returns the
+    /// seq below which the stream was purged, if it was.
     pub async fn take(
         &self,
-        gate: &Arc<Gate>,
         covered: u64,
-        share: Option<(&MutationStream, Vec<String>)>,
+        images: Vec<NamespaceImage>,
+        hash_check: u64,
+        share: Option<Sharing<'_>>,
     ) -> Result<Option<u64>, String> {
         let Some(dir) = &self.dir else {
             return Ok(None);
         };
-        let (writer_gate, writer_dir, seed) = (Arc::clone(gate), Arc::clone(dir), self.seed);
+        let (writer_dir, seed) = (Arc::clone(dir), self.seed);
         let written = tokio::task::spawn_blocking(move || {
-            let written = snapshot::write(writer_dir.path(), covered, &writer_gate, seed)?;
+            let dir = writer_dir.path();
+            let written = snapshot::write_images(dir, covered, images, hash_check, seed)?;
             super::remove_older_snapshots(writer_dir.path(), covered)?;
             Ok::<_, super::PersistenceError>(written)
         })
@@ -161,30 +197,30 @@ impl ReplicaSnapshots {
         .map_err(|panic| format!("the snapshot task failed: {panic}"))?
         .map_err(|e| e.to_string())?;
         tracing::info!(covered, bytes = written.bytes, "snapshot written");
-        let Some((stream, namespaces)) = share else {
+        let Some(sharing) = share else {
             return Ok(None);
         };
-        self.store
-            .upload(covered, &written.path)
+        let oldest = self
+            .store
+            .share(covered, &written.path, KEEP)
             .await
             .map_err(|e| e.to_string())?;
-        let Some(oldest) = self.store.retain(KEEP).await.map_err(|e| e.to_string())? else {
-            return Ok(None);
-        };
+        let below = oldest.min(sharing.applied_everywhere) + 1;
         let mut purged = 0;
-        for namespace in &namespaces {
-            purged += stream
-                .purge_below(namespace, oldest + 1)
+        for namespace in &sharing.namespaces {
+            purged += sharing
+                .stream
+                .purge_below(namespace, below)
                 .await
                 .map_err(|e| e.to_string())?;
         }
         tracing::info!(
             covered,
             bucket = self.store.bucket(),
-            purged_below = oldest + 1,
+            purged_below = below,
             purged,
             "snapshot shared"
         );
-        Ok(Some(oldest + 1))
+        Ok(Some(below))
     }
 }

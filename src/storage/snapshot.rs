@@ -99,16 +99,61 @@ pub struct Written {
     pub bytes: u64,
 }
 
-/// Writes the gate's state as the snapshot covering segments up to `covered`, atomically.
+/// What a snapshot holds besides its header.
+pub struct Contents<I> {
+    /// The hasher's check value.
+    pub hash_check: u64,
+    /// How many namespaces `images` yields.
+    pub count: usize,
+    /// The namespaces' images, in order.
+    pub images: I,
+}
+
+/// Writes the gate's state as the snapshot covering segments up to `covered`, atomically. Each namespace is
+/// exported as it is written, sharing its filter with the live one (see the module docs on consistency).
 pub fn write(
     dir: &Path,
     covered: u64,
     gate: &Gate,
     seed: [u8; 32],
 ) -> Result<Written, PersistenceError> {
+    let (namespaces, now) = (gate.namespaces(), gate.now_ms());
+    let contents = Contents {
+        hash_check: gate.hash_check(),
+        count: namespaces.len(),
+        images: namespaces
+            .iter()
+            .map(|n| n.export(now).map_err(std::io::Error::other)),
+    };
+    write_contents(dir, covered, contents, seed)
+}
+
+/// Writes `images` as the snapshot covering `covered`, atomically: for images taken as one consistent cut
+/// beforehand (a replica's, see [`NamespaceImage::detached`]).
+pub fn write_images(
+    dir: &Path,
+    covered: u64,
+    images: Vec<NamespaceImage>,
+    hash_check: u64,
+    seed: [u8; 32],
+) -> Result<Written, PersistenceError> {
+    let contents = Contents {
+        hash_check,
+        count: images.len(),
+        images: images.into_iter().map(Ok),
+    };
+    write_contents(dir, covered, contents, seed)
+}
+
+fn write_contents(
+    dir: &Path,
+    covered: u64,
+    contents: Contents<impl Iterator<Item = std::io::Result<NamespaceImage>>>,
+    seed: [u8; 32],
+) -> Result<Written, PersistenceError> {
     let path = snapshot_path(dir, covered);
     let temp = path.with_extension("snap.tmp");
-    let written = write_temp(&temp, covered, gate, seed).and_then(|bytes| {
+    let written = write_temp(&temp, covered, contents, seed).and_then(|bytes| {
         std::fs::rename(&temp, &path).map_err(|e| PersistenceError::io(&path, "publish", e))?;
         Ok(bytes)
     });
@@ -139,7 +184,7 @@ pub fn estimated_bytes(gate: &Gate) -> u64 {
 fn write_temp(
     temp: &Path,
     covered: u64,
-    gate: &Gate,
+    contents: Contents<impl Iterator<Item = std::io::Result<NamespaceImage>>>,
     seed: [u8; 32],
 ) -> Result<u64, PersistenceError> {
     let file = OpenOptions::new()
@@ -154,7 +199,7 @@ fn write_temp(
         framed: Vec::new(),
         bytes: 0,
     };
-    write_frames(&mut writer, covered, gate, seed)
+    write_frames(&mut writer, covered, contents, seed)
         .map_err(|e| PersistenceError::io(temp, "write", e))?;
     let file = writer
         .out
@@ -168,21 +213,20 @@ fn write_temp(
 fn write_frames(
     writer: &mut FrameWriter,
     covered: u64,
-    gate: &Gate,
+    contents: Contents<impl Iterator<Item = std::io::Result<NamespaceImage>>>,
     seed: [u8; 32],
 ) -> std::io::Result<()> {
-    let namespaces = gate.namespaces();
-    let now = gate.now_ms();
+    let count = contents.count as u32;
     writer.frame(|p| {
         p.extend_from_slice(HEADER_MAGIC);
         p.extend_from_slice(&VERSION.to_le_bytes());
         p.extend_from_slice(&seed);
-        p.extend_from_slice(&gate.hash_check().to_le_bytes());
+        p.extend_from_slice(&contents.hash_check.to_le_bytes());
         p.extend_from_slice(&covered.to_le_bytes());
-        p.extend_from_slice(&(namespaces.len() as u32).to_le_bytes());
+        p.extend_from_slice(&count.to_le_bytes());
     })?;
-    for namespace in &namespaces {
-        let image = namespace.export(now).map_err(std::io::Error::other)?;
+    for image in contents.images {
+        let image = image?;
         writer.frame(|p| {
             put_string(p, &image.name);
             p.extend_from_slice(&image.fingerprint.to_le_bytes());
@@ -210,7 +254,7 @@ fn write_frames(
     }
     writer.frame(|p| {
         p.extend_from_slice(FOOTER_MAGIC);
-        p.extend_from_slice(&(namespaces.len() as u32).to_le_bytes());
+        p.extend_from_slice(&count.to_le_bytes());
     })
 }
 

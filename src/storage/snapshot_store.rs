@@ -6,22 +6,32 @@
 //! The files are the local snapshot format ([`super::snapshot`]) unchanged: checksummed frames, the hash seed
 //! in the header (checked against the stream's before anything is restored), each namespace's seq, sizing
 //! fingerprint, filter bits, tombstones and memory of recent adds. A snapshot covering seq S holds every
-//! mutation up to S (it may hold parts of later ones, which applying them again does not change).
+//! mutation up to S, and nothing after.
+//!
+//! Which snapshots the bucket holds is kept in the stream, as the record `STREAM.$snapshots` (the covered
+//! seqs, oldest first), not read by listing the bucket: a listing is an ordered consumer that waits for the
+//! metadata it counted when it began, and another replica's upload or deletion meanwhile can leave it
+//! waiting for ever. The record is replaced only if it is still the one read (an expected last subject
+//! sequence), so replicas sharing at once each add their snapshot; objects are uploaded before the record
+//! names them and deleted after it stops naming them.
 
 use std::path::Path;
 
-use async_nats::jetstream::object_store::{self, ObjectStore};
-use futures_util::StreamExt;
+use bytes::Bytes;
 
 use super::stream::{MutationStream, StreamError};
+use async_nats::jetstream::object_store::{self, ObjectStore};
 
 /// The prefix of every snapshot object's name; the covered seq follows, zero-padded to sort.
 const PREFIX: &str = "snapshot-";
+/// The stream record naming the snapshots the bucket holds.
+const INDEX: &str = "snapshots";
 
 /// The snapshot bucket of one stream.
 #[derive(Clone)]
 pub struct SnapshotStore {
     store: ObjectStore,
+    stream: MutationStream,
     bucket: String,
 }
 
@@ -56,7 +66,11 @@ impl SnapshotStore {
                     ))
                 })?,
         };
-        Ok(Self { store, bucket })
+        Ok(Self {
+            store,
+            stream: stream.clone(),
+            bucket,
+        })
     }
 
     /// The bucket's name.
@@ -64,28 +78,24 @@ impl SnapshotStore {
         &self.bucket
     }
 
-    /// The seqs covered by the snapshots the bucket holds, oldest first.
-    pub async fn covered(&self) -> Result<Vec<u64>, StreamError> {
-        let failed = |e: &dyn std::fmt::Display| {
-            StreamError::Read(format!(
-                "cannot list the snapshots in {:?}: {e}",
-                self.bucket
-            ))
+    /// The index record: the covered seqs, oldest first, and the record's stream seq (0: none yet).
+    async fn index(&self) -> Result<(Vec<u64>, u64), StreamError> {
+        let Some((at, payload)) = self.stream.record(INDEX).await? else {
+            return Ok((Vec::new(), 0));
         };
-        let mut list = self.store.list().await.map_err(|e| failed(&e))?;
-        let mut seqs = Vec::new();
-        while let Some(info) = list.next().await {
-            let info = info.map_err(|e| failed(&e))?;
-            let seq = info.name.strip_prefix(PREFIX).and_then(|s| s.parse().ok());
-            if let (false, Some(seq)) = (info.deleted, seq) {
-                seqs.push(seq);
-            }
-        }
-        seqs.sort_unstable();
-        Ok(seqs)
+        let seqs = payload
+            .chunks_exact(8)
+            .map(|seq| u64::from_le_bytes(seq.try_into().expect("8 bytes")))
+            .collect();
+        Ok((seqs, at))
     }
 
-    /// Copies the snapshot covering `seq` into the file `to`.
+    /// The seqs covered by the snapshots the bucket holds, oldest first.
+    pub async fn covered(&self) -> Result<Vec<u64>, StreamError> {
+        Ok(self.index().await?.0)
+    }
+
+    /// Copies the snapshot covering `seq` into the file `to`; returns its size.
     pub async fn download(&self, seq: u64, to: &Path) -> Result<u64, StreamError> {
         let name = object_name(seq);
         let failed = |e: &dyn std::fmt::Display| {
@@ -104,39 +114,45 @@ impl SnapshotStore {
         Ok(bytes)
     }
 
-    /// Uploads the snapshot file `from`, covering `seq`.
-    pub async fn upload(&self, seq: u64, from: &Path) -> Result<(), StreamError> {
+    /// Uploads the snapshot file `from`, covering `seq`, names it in the index with at most `keep - 1` older
+    /// ones, and deletes the objects the index stopped naming. Returns the oldest seq still covered.
+    pub async fn share(&self, seq: u64, from: &Path, keep: usize) -> Result<u64, StreamError> {
         let name = object_name(seq);
-        let failed = |e: &dyn std::fmt::Display| {
-            StreamError::Publish(format!(
-                "cannot upload {} as {name} to {:?}: {e}",
-                from.display(),
-                self.bucket
-            ))
-        };
-        let mut file = tokio::fs::File::open(from).await.map_err(|e| failed(&e))?;
+        let mut file = tokio::fs::File::open(from)
+            .await
+            .map_err(|e| upload_failed(&name, &self.bucket, &e))?;
         self.store
             .put(name.as_str(), &mut file)
             .await
-            .map_err(|e| failed(&e))?;
-        Ok(())
-    }
-
-    /// Deletes all but the newest `keep` snapshots; returns the oldest seq still covered, if any.
-    pub async fn retain(&self, keep: usize) -> Result<Option<u64>, StreamError> {
-        let covered = self.covered().await?;
-        let cut = covered.len().saturating_sub(keep);
-        for seq in &covered[..cut] {
-            self.store.delete(object_name(*seq)).await.map_err(|e| {
-                StreamError::Publish(format!(
-                    "cannot delete {} from {:?}: {e}",
-                    object_name(*seq),
-                    self.bucket
-                ))
-            })?;
+            .map_err(|e| upload_failed(&name, &self.bucket, &e))?;
+        let (dropped, kept) = loop {
+            let (before, at) = self.index().await?;
+            let mut kept = before.clone();
+            kept.push(seq);
+            kept.sort_unstable();
+            kept.dedup();
+            let dropped: Vec<u64> = kept.drain(..kept.len().saturating_sub(keep)).collect();
+            let payload: Vec<u8> = kept.iter().flat_map(|s| s.to_le_bytes()).collect();
+            if self
+                .stream
+                .replace_record(INDEX, Bytes::from(payload), at)
+                .await?
+            {
+                break (dropped, kept);
+            }
+        };
+        for old in dropped {
+            // Another replica sharing at once may have deleted it already.
+            if let Err(error) = self.store.delete(object_name(old)).await {
+                tracing::debug!(%error, old, "an old snapshot was not deleted");
+            }
         }
-        Ok(covered.get(cut).copied())
+        Ok(kept[0])
     }
+}
+
+fn upload_failed(name: &str, bucket: &str, e: &dyn std::fmt::Display) -> StreamError {
+    StreamError::Publish(format!("cannot upload {name} to {bucket:?}: {e}"))
 }
 
 fn object_name(seq: u64) -> String {

@@ -291,6 +291,51 @@ impl MutationStream {
         Ok(())
     }
 
+    /// The newest of the stream's own records `name` (subject `NAME.$name`): its stream seq and payload.
+    pub async fn record(&self, name: &str) -> Result<Option<(u64, Bytes)>, StreamError> {
+        let subject = format!("{}.${name}", self.name);
+        let found = self.last_on(&subject).await?;
+        Ok(found.map(|message| (message.sequence, message.payload)))
+    }
+
+    /// Replaces record `name` with `payload` if its newest is still the one at stream seq `expected` (0:
+    /// none yet); `false` if another replica replaced it first (read it again and retry).
+    pub async fn replace_record(
+        &self,
+        name: &str,
+        payload: Bytes,
+        expected: u64,
+    ) -> Result<bool, StreamError> {
+        let subject = format!("{}.${name}", self.name);
+        let message = jetstream::message::PublishMessage::build()
+            .payload(payload)
+            .expected_last_subject_sequence(expected);
+        let acked = match self.jetstream.send_publish(subject.clone(), message).await {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(false),
+            Err(e) => Err(StreamError::Publish(format!(
+                "cannot write {subject} into the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
+    }
+
+    /// Whether the stream still holds the message at `seq` (it was not purged).
+    pub async fn holds(&self, seq: u64) -> Result<bool, StreamError> {
+        match self.stream.get_raw_message(seq).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(e) => Err(StreamError::Read(format!(
+                "cannot read message {seq} of the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
+    }
+
     /// The last message on `subject`, if there is one.
     async fn last_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
         match self.stream.get_last_raw_message_by_subject(subject).await {
@@ -477,6 +522,11 @@ impl MutationStream {
     /// Removes `namespace`'s mutations below `seq` from the stream (a retained snapshot covers them). The
     /// stream's own records (identity, sizing) stay.
     pub async fn purge_below(&self, namespace: &str, seq: u64) -> Result<u64, StreamError> {
+        if seq <= 1 {
+            // Nothing is below seq 1 — and the server reads a purge "below" 0 or 1 as no bound at all, and
+            // would remove every mutation of the namespace.
+            return Ok(0);
+        }
         let purged = self
             .stream
             .purge()

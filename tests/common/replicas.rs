@@ -97,8 +97,18 @@ impl Launch {
         })
         .await
         .expect("the replica serves its ports");
-        // Keep draining its output so that logging never blocks it.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // Keep draining its output so that logging never blocks it; shown when EXISTENCE_GATE_TEST_LOGS=1.
+        let (id, show) = (
+            self.id.clone(),
+            std::env::var_os("EXISTENCE_GATE_TEST_LOGS").is_some(),
+        );
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if show {
+                    eprintln!("[{id}] {line}");
+                }
+            }
+        });
         let channel = Channel::from_shared(format!("http://{}", addresses.0))
             .unwrap()
             .connect_lazy();

@@ -266,6 +266,24 @@ impl BloomLayer {
         crate::core::prefetch::prefetch(self.block(hash));
     }
 
+    /// A copy of this layer as it is now, which later inserts into this one do not change.
+    pub fn copy(&self) -> Self {
+        let blocks = self
+            .blocks
+            .iter()
+            .map(|block| {
+                Block(std::array::from_fn(|i| {
+                    AtomicU64::new(block.0[i].load(Ordering::Relaxed))
+                }))
+            })
+            .collect();
+        Self {
+            blocks,
+            geometry: self.geometry,
+            inserted: AtomicU64::new(self.inserted()),
+        }
+    }
+
     /// Copies of the raw bit words, block after block (what a snapshot stores).
     pub fn words(&self) -> impl Iterator<Item = u64> + '_ {
         self.blocks
