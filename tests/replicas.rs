@@ -29,7 +29,7 @@ async fn deployment(n: usize) -> Option<(Nats, tempfile::TempDir, Vec<Replica>)>
     let nats = Nats::start().await?;
     let dir = tempfile::tempdir().unwrap();
     let config = config_file(dir.path(), CONFIG);
-    let replicas = start_serving(&nats.url, &config, n).await;
+    let replicas = start_serving(&nats.url, &config, n, &[]).await;
     Some((nats, dir, replicas))
 }
 

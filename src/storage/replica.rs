@@ -56,6 +56,9 @@ const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(8);
 /// The pause before the first retry of a publish; doubled up to `MAX_RETRY_PAUSE`.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(800);
+/// How long the applier waits for a message, while the stream is known to hold more, before it follows
+/// the stream again with a new consumer.
+const STALL: Duration = Duration::from_secs(2);
 /// Messages the applier takes from the stream at once when they are waiting (one report per batch).
 const APPLY_BATCH: usize = 256;
 /// A replica whose report arrived within this many lease lengths is waited for by writers.
@@ -98,7 +101,8 @@ impl std::fmt::Display for Lagging {
             Self::NoLease { applied, stream } => write!(
                 f,
                 "no read lease (applied through seq {applied}, stream last seen at {stream}): lookups fail \
-                 open until it confirms it has the stream's end; is NATS reachable?"
+                 open until the replica confirms it has applied the stream's end (still catching up, NATS \
+                 unreachable, or too busy to renew the lease)"
             ),
             Self::Stopped(reason) => write!(f, "stopped applying the stream: {reason}"),
         }
@@ -189,7 +193,7 @@ impl ReplicaMetrics {
             lease_held: gauge!("existence_replica_lease_held"),
             peers: gauge!("existence_replica_peers"),
             applied: counter!("existence_replica_applied_total"),
-            publish_ack: histogram!("existence_replica_publish_ack_seconds"),
+            publish_ack: histogram!("existence_replica_publish_ack_duration_seconds"),
             acked_by_lease: counter!("existence_replica_acked_by_lease_total"),
             publish_retries: counter!("existence_replica_publish_retries_total"),
         }
@@ -363,7 +367,15 @@ impl Replica {
     async fn follow_once(&self) -> Result<(), StreamError> {
         let follow = self.stream.follow(self.applied_seq()).await?;
         let mut batches = std::pin::pin!(follow.ready_chunks(APPLY_BATCH));
-        while let Some(batch) = batches.next().await {
+        loop {
+            let batch = match tokio::time::timeout(STALL, batches.next()).await {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return Ok(()),
+                Err(_) => {
+                    self.check_not_stalled()?;
+                    continue;
+                }
+            };
             let applying = self.applying.lock().await;
             let gap = self.apply_in_order(batch)?;
             drop(applying);
@@ -373,7 +385,20 @@ impl Replica {
                 return Err(self.explain_gap(missing).await);
             }
         }
-        Ok(())
+    }
+
+    /// After `STALL` without a message: an error (so the stream is followed again with a new consumer) if
+    /// the stream is known to hold more than was applied. A consumer whose server died (a NATS leader lost)
+    /// can otherwise stay silent for many heartbeats.
+    fn check_not_stalled(&self) -> Result<(), StreamError> {
+        let (applied, stream) = (self.applied_seq(), self.stream_seq.load(Ordering::Acquire));
+        if stream <= applied {
+            return Ok(());
+        }
+        Err(StreamError::Read(format!(
+            "the stream's consumer delivered nothing for {STALL:?} while the stream holds seq {stream} and \
+             this replica has applied {applied}"
+        )))
     }
 
     /// Applies `batch` in order; stops at a gap in stream seqs, returning the first seq missing.

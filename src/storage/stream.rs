@@ -51,6 +51,8 @@ use crate::core::log::Mutation;
 /// How long a first connection may take before the replica gives up with an error (it does not wait
 /// forever for a NATS that may never come: the operator sees why it did not start).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests that open the stream, tried before giving up when they time out.
+const SETUP_ATTEMPTS: u32 = 5;
 /// How long a retried publish with the same `Nats-Msg-Id` is recognised as a duplicate.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// The subject token of the deployment identity.
@@ -165,10 +167,33 @@ impl MutationStream {
     /// Connects to NATS and opens the stream, creating it (file storage, `options.replicas` replicas) if it
     /// does not exist. A stream of that name whose subjects are not `NAME.>` belongs to something else and
     /// is refused rather than written into.
+    ///
+    /// A cluster still electing the stream's leader (replicas starting at once create an R3 stream
+    /// together) can time out a request: opening is then tried again, `SETUP_ATTEMPTS` times in all, a
+    /// second apart.
     pub async fn open(options: &StreamOptions) -> Result<Self, StreamError> {
         validate_stream_name(&options.stream)?;
         let client = connect(options).await?;
         let jetstream = jetstream::new(client);
+        let mut attempt = 1;
+        loop {
+            match Self::open_on(&jetstream, options).await {
+                Err(StreamError::Setup(e) | StreamError::Read(e))
+                    if e.contains("timed out") && attempt < SETUP_ATTEMPTS =>
+                {
+                    tracing::warn!(error = %e, attempt, "opening the stream timed out; trying again");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                opened => return opened,
+            }
+        }
+    }
+
+    async fn open_on(
+        jetstream: &jetstream::Context,
+        options: &StreamOptions,
+    ) -> Result<Self, StreamError> {
         let subjects = format!("{}.>", options.stream);
         let config = stream::Config {
             name: options.stream.clone(),
@@ -179,17 +204,14 @@ impl MutationStream {
             allow_direct: true,
             ..Default::default()
         };
-        let stream = jetstream
-            .get_or_create_stream(config)
-            .await
-            .map_err(|e| {
-                StreamError::Setup(format!(
-                    "cannot open or create the JetStream stream {:?} on {}: {e} (is JetStream enabled on \
-                     the servers, and may this account create streams?)",
-                    options.stream,
-                    options.servers.join(",")
-                ))
-            })?;
+        let stream = jetstream.get_or_create_stream(config).await.map_err(|e| {
+            StreamError::Setup(format!(
+                "cannot open or create the JetStream stream {:?} on {}: {e} (is JetStream enabled on the \
+                 servers, and may this account create streams?)",
+                options.stream,
+                options.servers.join(",")
+            ))
+        })?;
         let found = &stream.cached_info().config.subjects;
         if found != std::slice::from_ref(&subjects) {
             return Err(StreamError::Setup(format!(
@@ -199,7 +221,7 @@ impl MutationStream {
             )));
         }
         let mut opened = Self {
-            jetstream,
+            jetstream: jetstream.clone(),
             stream,
             name: options.stream.clone(),
             seed: [0; 32],

@@ -17,6 +17,15 @@ pub struct Nats {
     _store: tempfile::TempDir,
 }
 
+/// Three JetStream servers in one cluster (streams may have three replicas), stopped when dropped.
+pub struct Cluster {
+    /// The servers, by name: `n0`, `n1`, `n2`.
+    servers: Vec<(String, Child)>,
+    /// Their client URLs, comma-separated (as `--nats` takes them).
+    pub urls: String,
+    _store: tempfile::TempDir,
+}
+
 /// The nats-server binary, or `None` (with a note on stderr) when it is not installed and not required.
 fn binary() -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|paths| {
@@ -81,6 +90,97 @@ impl Nats {
         )
         .await;
         Some(nats)
+    }
+}
+
+impl Cluster {
+    /// Starts three clustered JetStream servers and waits until they take JetStream requests (a meta
+    /// leader is elected); `None` if nats-server is not installed (and not required).
+    pub async fn start() -> Option<Self> {
+        let binary = binary()?;
+        let store = tempfile::tempdir().expect("a temporary directory");
+        let (clients, routes): (Vec<u16>, Vec<u16>) =
+            (0..3).map(|_| (free_port(), free_port())).unzip();
+        let route_urls: Vec<String> = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect();
+        let servers = (0..3)
+            .map(|i| {
+                let name = format!("n{i}");
+                let child = Command::new(&binary)
+                    .args([
+                        "-a",
+                        "127.0.0.1",
+                        "-p",
+                        &clients[i].to_string(),
+                        "-js",
+                        "-sd",
+                    ])
+                    .arg(store.path().join(&name))
+                    .args(["--server_name", &name, "--cluster_name", "existence-test"])
+                    .args([
+                        "--cluster",
+                        &route_urls[i],
+                        "--routes",
+                        &route_urls.join(","),
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("starting nats-server");
+                (name, child)
+            })
+            .collect();
+        let urls: Vec<String> = clients
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect();
+        let cluster = Self {
+            servers,
+            urls: urls.join(","),
+            _store: store,
+        };
+        wait_until(
+            PATIENCE,
+            "the cluster to elect a JetStream leader",
+            async || {
+                let client = async_nats::connect(urls[0].as_str()).await.ok()?;
+                let probe = async_nats::jetstream::new(client)
+                    .get_stream("readiness-probe")
+                    .await;
+                match probe.map_err(|e| e.kind()) {
+                    Err(GetStreamErrorKind::JetStream(e))
+                        if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                    {
+                        Some(())
+                    }
+                    _ => None,
+                }
+            },
+        )
+        .await;
+        Some(cluster)
+    }
+
+    /// Kills the server called `name` (SIGKILL).
+    pub fn kill(&mut self, name: &str) {
+        let (_, child) = self
+            .servers
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no server {name}"));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.servers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

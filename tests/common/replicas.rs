@@ -72,7 +72,11 @@ impl Launch {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.args)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("EXISTENCE_GATE_TEST_RUST_LOG")
+                    .unwrap_or_else(|_| "info".to_string()),
+            )
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -85,6 +89,7 @@ impl Launch {
     pub async fn start(&self) -> Replica {
         let mut child = self.command().spawn().expect("the binary starts");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut stderr = child.stderr.take().unwrap();
         let addresses = tokio::time::timeout(PATIENCE, async {
             while let Some(line) = lines.next_line().await.unwrap() {
                 if let (Some(grpc), Some(http)) =
@@ -93,7 +98,9 @@ impl Launch {
                     return (grpc, http);
                 }
             }
-            panic!("replica {} exited before serving", self.id);
+            let mut why = String::new();
+            let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut why).await;
+            panic!("replica {} exited before serving: {why}", self.id);
         })
         .await
         .expect("the replica serves its ports");
@@ -243,11 +250,14 @@ pub fn config_file(dir: &Path, toml: &str) -> PathBuf {
     path
 }
 
-/// `n` replicas "r0".."r{n-1}" of the stream on `nats`, started together and serving.
-pub async fn start_serving(nats: &str, config: &Path, n: usize) -> Vec<Replica> {
-    let started = futures_util::future::join_all(
-        (0..n).map(|i| async move { Launch::new(nats, config, &format!("r{i}")).start().await }),
-    )
+/// `n` replicas "r0".."r{n-1}" of the stream on `nats` with more flags `args`, started together and
+/// serving.
+pub async fn start_serving(nats: &str, config: &Path, n: usize, args: &[&str]) -> Vec<Replica> {
+    let started = futures_util::future::join_all((0..n).map(|i| async move {
+        let mut launch = Launch::new(nats, config, &format!("r{i}"));
+        launch.args = args.iter().map(|a| a.to_string()).collect();
+        launch.start().await
+    }))
     .await;
     for replica in &started {
         replica.serving().await;
