@@ -19,9 +19,11 @@
 
 mod baseline;
 mod drive;
+mod keys;
 mod overload;
 mod procs;
 mod report;
+mod text;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,6 +41,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use drive::{Op, Sample};
+use keys::{key_bytes, keys, mix, pack};
 use procs::Server;
 use report::{Report, Row, Target};
 
@@ -153,32 +156,6 @@ expected_keys = {}
     )
 }
 
-/// A bijective 64-bit mix (SplitMix64's finaliser).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// The `i`-th 16-byte key (the size of a UUID): random-looking, distinct for distinct `i`.
-fn key_bytes(i: u64) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&mix(i).to_le_bytes());
-    bytes[8..].copy_from_slice(&mix(i ^ 0x5555_5555_5555_5555).to_le_bytes());
-    bytes
-}
-
-/// Keys `indexes` as slices of one buffer (one allocation for all of them).
-fn keys(indexes: impl Iterator<Item = u64>) -> Vec<Bytes> {
-    let mut buffer = Vec::new();
-    indexes.for_each(|i| buffer.extend_from_slice(&key_bytes(i)));
-    let buffer = Bytes::from(buffer);
-    (0..buffer.len() / 16)
-        .map(|k| buffer.slice(k * 16..k * 16 + 16))
-        .collect()
-}
-
 /// The `j`-th key of a lookup: even `j` are added keys of `default`, odd `j` keys never added.
 fn lookup_index(j: u64) -> u64 {
     if j & 1 == 0 {
@@ -186,16 +163,6 @@ fn lookup_index(j: u64) -> u64 {
     } else {
         ABSENT + j
     }
-}
-
-/// Keys concatenated, each preceded by its varint length (`BatchMayExistRequest.packed_keys`).
-fn pack(keys: &[Bytes]) -> Bytes {
-    let mut packed = Vec::with_capacity(keys.len() * 17);
-    for key in keys {
-        prost::encoding::encode_varint(key.len() as u64, &mut packed);
-        packed.extend_from_slice(key);
-    }
-    packed.into()
 }
 
 type Clients = Arc<Vec<ExistenceGateClient<Channel>>>;
