@@ -40,7 +40,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-use drive::{Op, Sample};
+use drive::{Op, Sample, Until};
 use keys::{key_bytes, keys, mix, pack};
 use procs::Server;
 use report::{Report, Row, Target};
@@ -527,24 +527,15 @@ async fn fill(
     }
 }
 
-/// Calls `op` `count` times from `CONNECTIONS × IN_FLIGHT` tasks (not measured: it prepares state).
+/// Calls `op` `count` times from `CONNECTIONS × IN_FLIGHT` tasks (not measured: it prepares state); every
+/// call must succeed.
 async fn repeat(op: &Op, count: u64, what: &'static str) {
-    let next = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..CONNECTIONS * IN_FLIGHT)
-        .map(|t| {
-            let (op, next) = (Arc::clone(op), Arc::clone(&next));
-            tokio::spawn(async move {
-                while next.fetch_add(1, Ordering::Relaxed) < count {
-                    if let Err(error) = op(t % CONNECTIONS, 0).await {
-                        panic!("{what}: {error}");
-                    }
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("a task panicked");
-    }
+    let until = Until::Calls(count);
+    let done = drive::closed_loop_until(CONNECTIONS, IN_FLIGHT, until, &[], op).await;
+    assert_eq!(
+        done.errors, 0,
+        "{what}: calls failed (the first failure is printed above)"
+    );
 }
 
 /// One `GET /metrics` of the server at `addr`, read to the end.

@@ -66,6 +66,11 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) as f64 / TICKS_PER_SECOND
 }
 
+/// User + system CPU seconds of the processes `pids` together (a server made of several processes).
+pub fn total_cpu_seconds(pids: &[u32]) -> f64 {
+    pids.iter().map(|&pid| cpu_seconds(pid)).sum()
+}
+
 /// CPU seconds of this (the client) process.
 pub fn own_cpu_seconds() -> f64 {
     cpu_seconds(std::process::id())
