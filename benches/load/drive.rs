@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -128,6 +129,15 @@ where
     Arc::new(move |connection, n| Box::pin(f(connection, n)))
 }
 
+/// When a closed-loop run stops sending calls (those in flight then finish).
+#[derive(Debug, Clone, Copy)]
+pub enum Until {
+    /// Once this long has passed since the first call.
+    Elapsed(Duration),
+    /// Once this many calls have been sent: a run of fixed work, whose length is the measurement.
+    Calls(u64),
+}
+
 /// Runs `op` closed-loop for `duration` from `connections × in_flight` tasks and measures `server_pid`.
 /// `op(connection, n)` sends one call on `connection`; `n` numbers calls uniquely across tasks.
 pub async fn closed_loop(
@@ -137,34 +147,56 @@ pub async fn closed_loop(
     server_pid: u32,
     op: &Op,
 ) -> Sample {
-    let tasks = (connections * in_flight) as u64;
-    let server_before = procs::cpu_seconds(server_pid);
+    let until = Until::Elapsed(duration);
+    closed_loop_until(connections, in_flight, until, &[server_pid], op).await
+}
+
+/// Runs `op` closed-loop from `connections × in_flight` tasks until `until`, and measures the processes
+/// `servers` together (a server of several processes). `op(connection, n)` sends one call on `connection`;
+/// `n` numbers calls from 0 in the order they are sent.
+pub async fn closed_loop_until(
+    connections: usize,
+    in_flight: usize,
+    until: Until,
+    servers: &[u32],
+    op: &Op,
+) -> Sample {
+    let tasks = connections * in_flight;
+    let server_before = procs::total_cpu_seconds(servers);
     let client_before = procs::own_cpu_seconds();
     let machine_before = procs::machine_cpu_seconds();
     let started = Instant::now();
-    let deadline = started + duration;
+    let next = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..tasks)
         .map(|task| {
-            let op = Arc::clone(op);
+            let (op, next, failed) = (Arc::clone(op), Arc::clone(&next), Arc::clone(&failed));
             tokio::spawn(async move {
                 let mut sample = Sample::default();
-                let mut n = task;
-                while Instant::now() < deadline {
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let more = match until {
+                        Until::Elapsed(duration) => started.elapsed() < duration,
+                        Until::Calls(calls) => n < calls,
+                    };
+                    if !more {
+                        break;
+                    }
                     let sent = Instant::now();
-                    match op((task as usize) % connections, n).await {
+                    match op(task % connections, n).await {
                         Ok(keys) => {
                             sample.latencies.push(sent.elapsed().as_nanos() as u64);
                             sample.calls += 1;
                             sample.keys += keys;
                         }
                         Err(error) => {
-                            if sample.errors == 0 && task == 0 {
+                            // The run's first failure: the rest are counted.
+                            if !failed.swap(true, Ordering::Relaxed) {
                                 eprintln!("  call failed: {error}");
                             }
                             sample.errors += 1;
                         }
                     }
-                    n += tasks;
                 }
                 sample
             })
@@ -175,7 +207,7 @@ pub async fn closed_loop(
         total.merge(handle.await.expect("a load task panicked"));
     }
     total.wall = started.elapsed().as_secs_f64();
-    total.server_cpu = procs::cpu_seconds(server_pid) - server_before;
+    total.server_cpu = procs::total_cpu_seconds(servers) - server_before;
     total.client_cpu = procs::own_cpu_seconds() - client_before;
     total.machine_cpu = procs::machine_cpu_seconds() - machine_before;
     total

@@ -19,9 +19,11 @@
 
 mod baseline;
 mod drive;
+mod keys;
 mod overload;
 mod procs;
 mod report;
+mod text;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,7 +40,8 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-use drive::{Op, Sample};
+use drive::{Op, Sample, Until};
+use keys::{key_bytes, keys, mix, pack};
 use procs::Server;
 use report::{Report, Row, Target};
 
@@ -153,32 +156,6 @@ expected_keys = {}
     )
 }
 
-/// A bijective 64-bit mix (SplitMix64's finaliser).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// The `i`-th 16-byte key (the size of a UUID): random-looking, distinct for distinct `i`.
-fn key_bytes(i: u64) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&mix(i).to_le_bytes());
-    bytes[8..].copy_from_slice(&mix(i ^ 0x5555_5555_5555_5555).to_le_bytes());
-    bytes
-}
-
-/// Keys `indexes` as slices of one buffer (one allocation for all of them).
-fn keys(indexes: impl Iterator<Item = u64>) -> Vec<Bytes> {
-    let mut buffer = Vec::new();
-    indexes.for_each(|i| buffer.extend_from_slice(&key_bytes(i)));
-    let buffer = Bytes::from(buffer);
-    (0..buffer.len() / 16)
-        .map(|k| buffer.slice(k * 16..k * 16 + 16))
-        .collect()
-}
-
 /// The `j`-th key of a lookup: even `j` are added keys of `default`, odd `j` keys never added.
 fn lookup_index(j: u64) -> u64 {
     if j & 1 == 0 {
@@ -186,16 +163,6 @@ fn lookup_index(j: u64) -> u64 {
     } else {
         ABSENT + j
     }
-}
-
-/// Keys concatenated, each preceded by its varint length (`BatchMayExistRequest.packed_keys`).
-fn pack(keys: &[Bytes]) -> Bytes {
-    let mut packed = Vec::with_capacity(keys.len() * 17);
-    for key in keys {
-        prost::encoding::encode_varint(key.len() as u64, &mut packed);
-        packed.extend_from_slice(key);
-    }
-    packed.into()
 }
 
 type Clients = Arc<Vec<ExistenceGateClient<Channel>>>;
@@ -560,24 +527,15 @@ async fn fill(
     }
 }
 
-/// Calls `op` `count` times from `CONNECTIONS × IN_FLIGHT` tasks (not measured: it prepares state).
+/// Calls `op` `count` times from `CONNECTIONS × IN_FLIGHT` tasks (not measured: it prepares state); every
+/// call must succeed.
 async fn repeat(op: &Op, count: u64, what: &'static str) {
-    let next = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..CONNECTIONS * IN_FLIGHT)
-        .map(|t| {
-            let (op, next) = (Arc::clone(op), Arc::clone(&next));
-            tokio::spawn(async move {
-                while next.fetch_add(1, Ordering::Relaxed) < count {
-                    if let Err(error) = op(t % CONNECTIONS, 0).await {
-                        panic!("{what}: {error}");
-                    }
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("a task panicked");
-    }
+    let until = Until::Calls(count);
+    let done = drive::closed_loop_until(CONNECTIONS, IN_FLIGHT, until, &[], op).await;
+    assert_eq!(
+        done.errors, 0,
+        "{what}: calls failed (the first failure is printed above)"
+    );
 }
 
 /// One `GET /metrics` of the server at `addr`, read to the end.

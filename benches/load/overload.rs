@@ -122,7 +122,7 @@ fn short_key_requests() -> Arc<Vec<BatchMayExistRequest>> {
                 BatchMayExistRequest {
                     namespace: "default".to_string(),
                     keys: Vec::new(),
-                    packed_keys: crate::pack(&keys),
+                    packed_keys: crate::keys::pack(&keys),
                 }
             })
             .collect(),
@@ -275,7 +275,7 @@ fn markdown(
          (`taskset`), the load generator in the harness process pinned to cpu {CLIENT_CPU}; `BatchMayExist` \
          calls of {OVERLOAD_BATCH} two-byte keys with `packed_keys` over {OVERLOAD_CONNECTIONS} connections, open loop at {FACTOR}x the capacity \
          measured first; the run took {:.0} s.\n",
-        crate::report::today(),
+        crate::text::today(),
         took.as_secs_f64()
     );
     let _ = writeln!(

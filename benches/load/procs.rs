@@ -1,7 +1,9 @@
 //! The processes under test — the gate's release binary, the trivial tonic baseline (this bench binary
-//! re-run as `baseline-server`) and Redis — and what `/proc` says about them: CPU time and resident memory.
+//! re-run as `baseline-server`), Redis, or any server started from a command line — and what `/proc` says
+//! about them: CPU time and resident memory.
 
-use std::io::{BufRead, BufReader};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -64,6 +66,11 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) as f64 / TICKS_PER_SECOND
 }
 
+/// User + system CPU seconds of the processes `pids` together (a server made of several processes).
+pub fn total_cpu_seconds(pids: &[u32]) -> f64 {
+    pids.iter().map(|&pid| cpu_seconds(pid)).sum()
+}
+
 /// CPU seconds of this (the client) process.
 pub fn own_cpu_seconds() -> f64 {
     cpu_seconds(std::process::id())
@@ -105,26 +112,62 @@ fn address_field(line: &str, name: &str) -> Option<SocketAddr> {
 
 /// Waits for a line of `child`'s stdout containing every one of `markers` and returns the values of
 /// `grpc_addr=` and `http_addr=` (seen on that or an earlier line); the rest of the output is drained in the
-/// background so the child never blocks on a full pipe.
+/// background so the child never blocks on a full pipe. Every line goes to `log` if given.
 fn wait_for_address(
     child: &mut Child,
     markers: &[&str],
     what: &str,
+    mut log: Option<File>,
 ) -> (SocketAddr, Option<SocketAddr>) {
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut lines = BufReader::new(stdout).lines();
+    let mut keep = move |line: &str| {
+        if let Some(log) = &mut log {
+            let _ = writeln!(log, "{line}");
+        }
+    };
     let (mut addr, mut http_addr) = (None, None);
     for line in lines.by_ref() {
         let line = line.unwrap_or_else(|e| panic!("reading {what}'s output: {e}"));
+        keep(&line);
         addr = address_field(&line, "grpc_addr").or(addr);
         http_addr = address_field(&line, "http_addr").or(http_addr);
         if let Some(addr) = addr.filter(|_| markers.iter().all(|m| line.contains(m))) {
-            std::thread::spawn(move || lines.for_each(drop));
+            std::thread::spawn(move || {
+                lines.for_each(|line| {
+                    if let Ok(line) = line {
+                        keep(&line);
+                    }
+                })
+            });
             return (addr, http_addr);
         }
     }
     let status = child.wait().ok();
     panic!("{what} exited before it was serving (status {status:?})");
+}
+
+/// Starts `command`, which prints `grpc_addr=HOST:PORT` (and `http_addr=`, if it has that port) when it
+/// serves, and returns once a line also holds every one of `markers`; its output goes to `log` if given.
+pub fn start_serving(
+    name: &'static str,
+    mut command: Command,
+    markers: &[&str],
+    log: Option<File>,
+) -> Server {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {name} ({command:?}): {e}"));
+    let (addr, http_addr) = wait_for_address(&mut child, markers, name, log);
+    Server {
+        name,
+        addr,
+        http_addr,
+        child,
+    }
 }
 
 /// Where `cargo bench` put the gate's binary (built with the bench profile, i.e. optimised like release).
@@ -136,7 +179,7 @@ pub fn gate_binary() -> PathBuf {
     let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/existence-gate");
     assert!(
         release.exists(),
-        "the gate's binary is missing: run `cargo build --release` (or `cargo bench --bench load`, which builds it)"
+        "the gate's binary is missing: run `cargo build --release` (or `cargo bench`, which builds it)"
     );
     release
 }
@@ -153,7 +196,7 @@ pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
         }
         None => Command::new(binary),
     };
-    let mut child = command
+    command
         .args([
             "serve",
             "--listen",
@@ -164,53 +207,53 @@ pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
             "--config",
         ])
         .arg(config)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        .env("RUST_LOG", "info");
     // In memory, the state is loaded (empty) before the "serving" line is logged.
-    let (addr, http_addr) = wait_for_address(&mut child, &["serving"], "the gate");
-    Server {
-        name: "gate",
-        addr,
-        http_addr,
-        child,
-    }
+    start_serving("gate", command, &["serving"], None)
 }
 
 /// Starts the trivial tonic server: this binary, re-run with `baseline-server`.
 pub fn start_baseline() -> Server {
     let exe = std::env::current_exe().expect("the harness knows its own path");
-    let mut child = Command::new(exe)
-        .arg("baseline-server")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("cannot re-run the harness as the baseline server");
-    let (addr, _) = wait_for_address(&mut child, &[], "the baseline server");
-    Server {
-        name: "trivial tonic",
-        addr,
-        http_addr: None,
-        child,
-    }
+    let mut command = Command::new(exe);
+    command.arg("baseline-server");
+    start_serving("trivial tonic", command, &[], None)
 }
 
 /// A port that was free a moment ago.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
 }
 
+/// Starts `command`, which listens on `port` of the loopback address, and returns once it accepts
+/// connections; `None` when it cannot be started (not installed).
+pub fn start_on_port(name: &'static str, mut command: Command, port: u16) -> Option<Server> {
+    let child = command.stdin(Stdio::null()).spawn().ok()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{name} did not listen on {addr} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(Server {
+        name,
+        addr,
+        http_addr: None,
+        child,
+    })
+}
+
 /// Starts `redis-server` on a loopback port without persistence; `None` when it is not installed.
 pub fn start_redis() -> Option<Server> {
     let port = free_port();
-    let child = Command::new("redis-server")
+    let mut command = Command::new("redis-server");
+    command
         .args([
             "--port",
             &port.to_string(),
@@ -225,26 +268,9 @@ pub fn start_redis() -> Option<Server> {
             "--loglevel",
             "warning",
         ])
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .ok()?;
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let started = Instant::now();
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "redis-server did not listen on {addr} within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(Server {
-        name: "redis",
-        addr,
-        http_addr: None,
-        child,
-    })
+        .stderr(Stdio::inherit());
+    start_on_port("redis", command, port)
 }
 
 /// One line describing `redis-server`'s version.

@@ -10,6 +10,7 @@ use existence_gate::proto::NamespaceStats;
 use plotters::prelude::*;
 
 use crate::drive::{percentile_us, Sample, Timed};
+use crate::text::{latency, load_average, machine, si, today};
 
 /// One line of the main table, its figures computed when it is made.
 pub struct Row {
@@ -205,79 +206,6 @@ pub struct Report {
     pub targets: Vec<Target>,
     /// How long the run took.
     pub elapsed: Duration,
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// `Y-M-D` of a day count since 1970-01-01 (proleptic Gregorian).
-fn civil_date(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
-
-pub fn today() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, m, d) = civil_date((secs / 86_400) as i64);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
-fn machine() -> String {
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let memory_gib = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
-    let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
-    format!("{cores} cores ({cpu}), {memory_gib:.0} GiB, Linux {kernel}")
-}
-
-fn load_average() -> String {
-    read("/proc/loadavg")
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// A rate with an SI suffix.
-fn si(value: f64) -> String {
-    if value >= 1e9 {
-        format!("{:.2}G", value / 1e9)
-    } else if value >= 1e6 {
-        format!("{:.2}M", value / 1e6)
-    } else if value >= 1e3 {
-        format!("{:.1}k", value / 1e3)
-    } else {
-        format!("{value:.0}")
-    }
-}
-
-/// A latency given in µs, with its unit.
-fn latency(us: f64) -> String {
-    if us >= 10_000.0 {
-        format!("{:.1} ms", us / 1e3)
-    } else if us >= 100.0 {
-        format!("{us:.0} µs")
-    } else {
-        format!("{us:.1} µs")
-    }
 }
 
 impl Report {
