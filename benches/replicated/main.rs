@@ -424,8 +424,8 @@ impl WriteMetrics {
         let total = |series| deployment::total_metric(&deployment.replicas, series);
         Self {
             acked_by_lease: total("existence_replica_acked_by_lease_total").await,
-            publish_ack_sum: total("existence_replica_publish_ack_seconds_sum").await,
-            publish_ack_count: total("existence_replica_publish_ack_seconds_count").await,
+            publish_ack_sum: total("existence_replica_publish_ack_duration_seconds_sum").await,
+            publish_ack_count: total("existence_replica_publish_ack_duration_seconds_count").await,
         }
     }
 }

@@ -212,7 +212,7 @@ impl Report {
              16-byte keys, each call new ones, to `default` through all three replicas: {in_flight} calls in \
              flight ({} connections per replica, one call on each), {calls} calls per deployment in {} \
              stretches alternating R1 and R3, after 50 unmeasured calls. Publish ack is the mean time from \
-             publish to JetStream's acknowledgement (`existence_replica_publish_ack_seconds`); \"acked by \
+             publish to JetStream's acknowledgement (`existence_replica_publish_ack_duration_seconds`); \"acked by \
              lease\" counts Adds answered because the lease passed rather than because every replica had \
              applied them (`existence_replica_acked_by_lease_total`).\n",
             in_flight / REPLICAS,
