@@ -11,7 +11,7 @@
 //! may step, and the safety argument needs only that clocks on different machines run at the same *rate*.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Until when this replica may answer `ABSENT`.
 #[derive(Debug)]
@@ -62,17 +62,12 @@ impl ReadLease {
     pub fn ever_held(&self) -> bool {
         self.until_ns.load(Ordering::Acquire) != 0
     }
-
-    /// How long the lease still holds after `at` (zero if it does not hold).
-    pub fn remaining_at(&self, at: Instant) -> Duration {
-        let until = self.until_ns.load(Ordering::Acquire);
-        Duration::from_nanos(until.saturating_sub(self.nanos_since_origin(at)))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_lease_holds_until_its_end_and_is_never_shortened() {
@@ -86,14 +81,6 @@ mod tests {
         assert!(
             lease.holds_at(start + Duration::from_millis(99)),
             "an older grant arriving late does not shorten the lease"
-        );
-        assert_eq!(
-            lease.remaining_at(start + Duration::from_millis(60)),
-            Duration::from_millis(40)
-        );
-        assert_eq!(
-            lease.remaining_at(start + Duration::from_millis(160)),
-            Duration::ZERO
         );
     }
 }

@@ -139,6 +139,14 @@ impl Peers {
         self.changed.notify_waiters();
     }
 
+    /// Records since when reports are heard without a break (`None`: they are not).
+    fn listening(&self, since: Option<Instant>) {
+        *self
+            .listening_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = since;
+    }
+
     /// The replicas heard from within `within`: (id, applied seq).
     fn within(&self, within: Duration) -> Vec<(String, u64)> {
         let now = Instant::now();
@@ -462,15 +470,16 @@ impl Replica {
         Ok(())
     }
 
-    /// Tells the other replicas how far this one has applied.
-    async fn report(&self) {
-        if let Err(error) = self
+    /// Tells the other replicas how far this one has applied; whether the report was sent.
+    async fn report(&self) -> bool {
+        let sent = self
             .stream
             .report_applied(&self.options.id, self.applied_seq())
-            .await
-        {
+            .await;
+        if let Err(error) = &sent {
             tracing::debug!(%error, "an applied-seq report was not sent");
         }
+        sent.is_ok()
     }
 
     /// Grants the lease of the newest sample the applier has reached.
@@ -506,12 +515,7 @@ impl Replica {
 
     async fn sample(&self) {
         let sent = Instant::now();
-        if let Err(error) = self
-            .stream
-            .report_applied(&self.options.id, self.applied_seq())
-            .await
-        {
-            tracing::debug!(%error, "no lease sample: the report was not sent");
+        if !self.report().await {
             return;
         }
         match self.stream.last_seq().await {
@@ -539,11 +543,7 @@ impl Replica {
             };
             match reports {
                 Ok(reports) => {
-                    *self
-                        .peers
-                        .listening_since
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                    self.peers.listening(Some(Instant::now()));
                     let mut reports = std::pin::pin!(reports);
                     loop {
                         tokio::select! {
@@ -554,11 +554,7 @@ impl Replica {
                             },
                         }
                     }
-                    *self
-                        .peers
-                        .listening_since
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = None;
+                    self.peers.listening(None);
                 }
                 Err(error) => tracing::warn!(%error, "cannot hear the other replicas; retrying"),
             }
@@ -606,7 +602,9 @@ impl Replica {
                 max: self.options.max_lag,
             });
         }
-        (!held && !self.lease_blip(held)).then_some(Lagging::NoLease { applied, stream })
+        // Called whether or not the lease holds: that is what ends a blip.
+        let blip = self.lease_blip(held);
+        (!held && !blip).then_some(Lagging::NoLease { applied, stream })
     }
 
     /// Whether a lease that held before has been lost for less than one lease length: the renewal is late
