@@ -808,9 +808,10 @@ async fn readiness_reports_writes_refused_and_a_full_disk_recovers() {
     server.stop().await.unwrap();
 }
 
-/// The frames of a format-3 snapshot of one namespace as format 1 or 2 wrote them: without the recent-adds
-/// frames, which follow the empty tombstone chunk (the first 4-byte frame of zeros) up to and including the
-/// empty recent-adds chunk (the next one), and with `version` in the header.
+/// The frames of a format-4 snapshot of one namespace without a rebuild as format 1, 2 or 3 wrote them:
+/// without the rebuild header (all zeros, after the empty recent-adds chunk), before format 3 also without
+/// the recent-adds frames, which follow the empty tombstone chunk (the first 4-byte frame of zeros) up to
+/// and including the empty recent-adds chunk (the next one); and with `version` in the header.
 fn as_older_snapshot(bytes: &[u8], version: u32) -> Vec<u8> {
     use existence_gate::storage::frame::{self, Next};
     let mut reader = frame::Reader::new(bytes, bytes.len() as u64);
@@ -821,22 +822,23 @@ fn as_older_snapshot(bytes: &[u8], version: u32) -> Vec<u8> {
             payload[8..12].copy_from_slice(&version.to_le_bytes());
         }
         let recent_adds = empty_chunks == 1;
+        let rebuild = empty_chunks == 2 && payload == [0; 28];
         if payload == [0; 4] {
             empty_chunks += 1;
         }
-        if !recent_adds {
+        if !(recent_adds && version < 3 || rebuild) {
             frame::encode(&payload, &mut out);
         }
     }
     out
 }
 
-/// Snapshots of format 1 (seqs counted from 0) and 2 (no memory of recent adds) still load: a format-1
-/// namespace's seq is read one higher, so that it lines up with the format-1 log records replayed after
-/// it, and either brings a floor at its seq for `SUPERSEDED`. A newer format is refused by name, not as
-/// damage.
+/// Snapshots of format 1 (seqs counted from 0), 2 (no memory of recent adds) and 3 (no rebuild) still
+/// load: a format-1 namespace's seq is read one higher, so that it lines up with the format-1 log records
+/// replayed after it, and formats 1 and 2 bring a floor at its seq for `SUPERSEDED`. A newer format is
+/// refused by name, not as damage.
 #[test]
-fn snapshots_of_formats_1_and_2_load_and_a_newer_one_is_refused_by_name() {
+fn snapshots_of_formats_1_to_3_load_and_a_newer_one_is_refused_by_name() {
     use existence_gate::storage::snapshot;
     let temp = tempfile::tempdir().unwrap();
     let config = GateConfig::from_toml("[namespaces.default]\nexpected_keys = 1000").unwrap();
@@ -868,10 +870,13 @@ fn snapshots_of_formats_1_and_2_load_and_a_newer_one_is_refused_by_name() {
         );
         assert_eq!(older.tombstones, current.tombstones);
     }
+    let format_3 = read_as(3).unwrap();
+    assert_eq!(format_3.recent_adds, current.recent_adds);
+    assert!(format_3.rebuild.is_none() && current.rebuild.is_none());
     let path = temp.path().join("newer.snap");
     let mut newer = bytes.clone();
     let length = u32::from_le_bytes(newer[..4].try_into().unwrap()) as usize;
-    newer[16..20].copy_from_slice(&4u32.to_le_bytes());
+    newer[16..20].copy_from_slice(&5u32.to_le_bytes());
     let mut header = Vec::new();
     existence_gate::storage::frame::encode(&newer[8..8 + length], &mut header);
     newer[..8 + length].copy_from_slice(&header);
@@ -881,8 +886,96 @@ fn snapshots_of_formats_1_and_2_load_and_a_newer_one_is_refused_by_name() {
         .expect("a newer format is refused")
         .to_string();
     assert!(
-        refused.contains("written by a newer existence-gate (snapshot format 4")
+        refused.contains("written by a newer existence-gate (snapshot format 5")
             && !refused.contains("damaged"),
         "{refused}"
+    );
+}
+
+/// A replica's snapshot taken half-way through a rebuild carried by its stream holds the filter being
+/// rebuilt: a gate restored from it applies the rest of the rebuild and ends in the same state as the gate
+/// that took it.
+#[test]
+fn a_snapshot_carries_a_logged_rebuild_in_progress() {
+    use existence_gate::core::answer::Answer;
+    use existence_gate::core::gate::Gate;
+    use existence_gate::core::hashing::KeyHasher;
+    use existence_gate::core::log::{Mutation, RebuildStep, VolatileLog};
+    use existence_gate::storage::snapshot;
+    let config = GateConfig::from_toml("[namespaces.default]\nexpected_keys = 1000").unwrap();
+    let gate = || {
+        let gate = Gate::new(
+            &config,
+            KeyHasher::from_seed([3; 32]),
+            Arc::new(SystemClock),
+        );
+        gate.open(Arc::new(VolatileLog));
+        gate
+    };
+    let step = |seq, step| Mutation::Rebuild {
+        namespace: Arc::from("default"),
+        seq,
+        at_ms: 1_000_000,
+        step,
+    };
+    let keys = |prefix: &str| -> Vec<Bytes> {
+        (0..100)
+            .map(|i| Bytes::from(format!("{prefix}-{i}")))
+            .collect()
+    };
+    let taker = gate();
+    taker.add("default", keys("deleted")).unwrap();
+    taker.replay_one(step(3, RebuildStep::Begin)).unwrap();
+    let first = RebuildStep::Keys {
+        began: 3,
+        keys: keys("kept"),
+    };
+    taker.replay_one(step(4, first)).unwrap();
+
+    let temp = tempfile::tempdir().unwrap();
+    let written = snapshot::write(temp.path(), 1, &taker, [3; 32]).unwrap();
+    let mut image = snapshot::read(&written.path).unwrap();
+    let namespace = image.namespaces.remove(0);
+    let rebuild = namespace
+        .rebuild
+        .as_ref()
+        .expect("the rebuild is in the snapshot");
+    assert_eq!((rebuild.began, rebuild.keys), (3, 100));
+    let restored = gate();
+    snapshot::restore(&restored, namespace).unwrap();
+
+    let rest = [
+        step(
+            5,
+            RebuildStep::Keys {
+                began: 3,
+                keys: keys("late"),
+            },
+        ),
+        step(6, RebuildStep::Commit { began: 3 }),
+    ];
+    for gate in [&taker, &restored] {
+        gate.replay(rest.clone()).unwrap();
+    }
+    let digest = |gate: &Gate| {
+        gate.namespace("default")
+            .unwrap()
+            .state_digest(2_000_000)
+            .unwrap()
+    };
+    assert_eq!(digest(&taker), digest(&restored));
+    let passing = |gate: &Gate, prefix| {
+        keys(prefix)
+            .iter()
+            .filter(|k| gate.may_exist("default", k).unwrap().0.answer == Answer::MayExist)
+            .count()
+    };
+    assert_eq!(
+        (passing(&restored, "kept"), passing(&restored, "late")),
+        (100, 100)
+    );
+    assert!(
+        passing(&restored, "deleted") < 10,
+        "the commit swapped the rebuilt filter in"
     );
 }

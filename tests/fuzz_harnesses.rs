@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use existence_gate::core::config::GateConfig;
-use existence_gate::core::log::Mutation;
+use existence_gate::core::log::{Mutation, RebuildStep};
 use existence_gate::core::tombstones::AbsenceKind;
 use existence_gate::storage::{codec, frame, snapshot};
 use proptest::prelude::*;
@@ -121,10 +121,10 @@ fn mutation() -> impl Strategy<Value = Mutation> {
                 keys
             }),
         (
-            name,
+            name.clone(),
             any::<u64>(),
             any::<u64>(),
-            key,
+            key.clone(),
             any::<bool>(),
             any::<u64>(),
             any::<u64>()
@@ -146,6 +146,24 @@ fn mutation() -> impl Strategy<Value = Mutation> {
                     }
                 }
             ),
+        (name, any::<u64>(), any::<u64>(), rebuild_step(key)).prop_map(
+            |(namespace, seq, at_ms, step)| Mutation::Rebuild {
+                namespace,
+                seq,
+                at_ms,
+                step
+            }
+        ),
+    ]
+}
+
+fn rebuild_step(key: impl Strategy<Value = Bytes>) -> impl Strategy<Value = RebuildStep> {
+    prop_oneof![
+        Just(RebuildStep::Begin),
+        (any::<u64>(), prop::collection::vec(key, 0..6))
+            .prop_map(|(began, keys)| RebuildStep::Keys { began, keys }),
+        any::<u64>().prop_map(|began| RebuildStep::Commit { began }),
+        any::<u64>().prop_map(|began| RebuildStep::Abort { began }),
     ]
 }
 

@@ -1,7 +1,7 @@
 //! Replicas sharing one JetStream stream, as real processes against a real nats-server: an acknowledged
 //! `Add` is never answered `ABSENT` by any replica (a stalled one included), `SUPERSEDED` is decided alike
 //! everywhere, replicas agree bit for bit, subscriptions move between replicas exactly, `REDUNDANT` floods
-//! never reach the stream, and a setup that cannot work says why.
+//! never reach the stream, a rebuild reaches every replica, and a setup that cannot work says why.
 
 mod common;
 
@@ -13,8 +13,9 @@ use common::nats::Nats;
 use common::replicas::{config_file, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::{
-    AbsenceKind, AddRequest, Answer, Basis, InvalidationCause, MayExistRequest,
-    RecordAbsentRequest, RecordOutcome, SubscribeInvalidationsRequest,
+    AbsenceKind, AddRequest, Answer, Basis, BatchMayExistRequest, InvalidationCause,
+    MayExistRequest, RebuildRequest, RebuildResponse, RecordAbsentRequest, RecordOutcome,
+    SubscribeInvalidationsRequest,
 };
 
 const CONFIG: &str = r#"
@@ -223,6 +224,145 @@ async fn agreed_digests(replicas: &[Replica]) -> Vec<(String, u64, u64)> {
         first
     })
     .unwrap()
+}
+
+fn named(prefix: &str, n: u32) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+fn bytes(keys: &[String]) -> Vec<bytes::Bytes> {
+    keys.iter().map(|k| k.as_bytes().to_vec().into()).collect()
+}
+
+/// How many of `keys` answer `MAY_EXIST` on `replica`.
+async fn passing(replica: &Replica, keys: &[String]) -> usize {
+    let reply = replica
+        .client()
+        .batch_may_exist(BatchMayExistRequest {
+            namespace: "users".to_string(),
+            keys: bytes(keys),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    reply.answers().filter(|a| *a == Answer::MayExist).count()
+}
+
+/// Sends `keys` to an open rebuild in chunks.
+async fn feed(sender: &tokio::sync::mpsc::Sender<RebuildRequest>, keys: &[String]) {
+    for chunk in keys.chunks(500) {
+        let message = RebuildRequest {
+            namespace: String::new(),
+            keys: bytes(chunk),
+        };
+        sender.send(message).await.unwrap();
+    }
+}
+
+/// Starts `Admin.Rebuild` of `users` through `replica`; returns the sender of its keys and the call. Returns
+/// once the rebuild has begun (`users`'s seq on `replica` moved past `seq`, the namespace's last seq before).
+async fn begin_rebuild(
+    replica: &Replica,
+    seq: u64,
+) -> (
+    tokio::sync::mpsc::Sender<RebuildRequest>,
+    tokio::task::JoinHandle<Result<tonic::Response<RebuildResponse>, tonic::Status>>,
+) {
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    let first = RebuildRequest {
+        namespace: "users".to_string(),
+        keys: Vec::new(),
+    };
+    sender.send(first).await.unwrap();
+    let mut admin = replica.admin();
+    let call = tokio::spawn(async move {
+        let keys = tokio_stream::wrappers::ReceiverStream::new(receiver);
+        admin.rebuild(keys).await
+    });
+    wait_until(PATIENCE, "the rebuild to begin", async || {
+        (replica.lookup("users", b"probe").await.2 > seq).then_some(())
+    })
+    .await;
+    (sender, call)
+}
+
+/// `Admin.Rebuild` through one replica swaps the filter on every replica at the same seq: keys streamed and
+/// keys added meanwhile (through another replica) stay, deleted ones go, digests agree. A rebuild whose
+/// caller goes away is aborted everywhere, so the next one starts at once instead of after the idle time.
+#[tokio::test]
+async fn a_rebuild_through_one_replica_reaches_every_replica() {
+    let Some((_nats, _dir, replicas)) = deployment(3).await else {
+        return;
+    };
+    let (deleted, live) = (named("deleted", 3_000), named("live", 3_000));
+    for chunk in deleted.chunks(1_000).chain(live.chunks(1_000)) {
+        add(&replicas[0], "users", chunk).await;
+    }
+    let seq = replicas[1].lookup("users", b"probe").await.2;
+
+    let (sender, call) = begin_rebuild(&replicas[1], seq).await;
+    let mut added_meanwhile = Vec::new();
+    for batch in 0..20 {
+        let keys = named(&format!("new{batch}"), 10);
+        add(&replicas[2], "users", &keys).await;
+        added_meanwhile.extend(keys);
+        feed(&sender, &live[batch * 150..(batch + 1) * 150]).await;
+    }
+    drop(sender);
+    let rebuilt = call.await.unwrap().unwrap().into_inner();
+    assert_eq!(rebuilt.keys, 3_000, "{rebuilt:?}");
+    agreed_digests(&replicas).await;
+    for replica in &replicas {
+        assert_eq!(passing(replica, &live).await, 3_000, "{}", replica.id);
+        assert_eq!(
+            passing(replica, &added_meanwhile).await,
+            200,
+            "{}",
+            replica.id
+        );
+        let still = passing(replica, &deleted).await;
+        assert!(still < 150, "{still} deleted keys pass on {}", replica.id);
+    }
+
+    let seq = replicas[0].lookup("users", b"probe").await.2;
+    let (sender, abandoned) = begin_rebuild(&replicas[0], seq).await;
+    feed(&sender, &named("unseen", 100)).await;
+    abandoned.abort();
+    let all: Vec<String> = live.iter().chain(&added_meanwhile).cloned().collect();
+    let again = wait_until(PATIENCE, "the next rebuild to be accepted", async || {
+        let keys = RebuildRequest {
+            namespace: "users".to_string(),
+            keys: bytes(&all),
+        };
+        match replicas[2]
+            .admin()
+            .rebuild(tokio_stream::iter([keys]))
+            .await
+        {
+            Ok(reply) => Some(reply.into_inner()),
+            Err(refused) if refused.code() == tonic::Code::FailedPrecondition => None,
+            Err(refused) => panic!("{refused:?}"),
+        }
+    })
+    .await;
+    assert_eq!(again.keys, 3_200);
+    agreed_digests(&replicas).await;
+    for replica in &replicas {
+        assert_eq!(passing(replica, &all).await, 3_200, "{}", replica.id);
+    }
+
+    // Replicas snapshot on their own: an operator asking for one is told so.
+    let refused = replicas[0]
+        .admin()
+        .snapshot(existence_gate::proto::SnapshotRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("--snapshot-interval"),
+        "{refused:?}"
+    );
 }
 
 /// Test 4: after mixed load through every replica, each namespace's state digest is equal on all of them.

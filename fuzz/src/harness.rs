@@ -24,8 +24,8 @@ use existence_gate::core::config::{parse_duration, GateConfig};
 use existence_gate::core::filter::Retention;
 use existence_gate::core::gate::{Gate, GateError};
 use existence_gate::core::hashing::KeyHasher;
-use existence_gate::core::log::{Mutation, VolatileLog};
-use existence_gate::core::namespace::{AbsenceReport, Rebuild, RecordOutcome};
+use existence_gate::core::log::{Mutation, RebuildStep, VolatileLog};
+use existence_gate::core::namespace::{AbsenceReport, Rebuild, RecordOutcome, WindowImage};
 use existence_gate::core::recent_adds::RecentAddsImage;
 use existence_gate::core::tombstones::AbsenceKind;
 use existence_gate::proto;
@@ -418,11 +418,37 @@ pub struct NamespaceSummary {
     pub fingerprint: u64,
     pub seq: u64,
     pub keys_added: u64,
-    /// `(id, layers)`.
-    pub windows: Vec<(u64, Vec<LayerSummary>)>,
+    pub windows: Vec<WindowSummary>,
     /// `(tag, strong hash, expires_at_ms, deleted)`, sorted.
     pub tombstones: Vec<(u32, [u64; 2], u64, bool)>,
     pub recent_adds: RecentAddsImage,
+    /// `(began, keys, last step ms, windows)` of a logged rebuild in progress.
+    pub rebuild: Option<(u64, u64, u64, Vec<WindowSummary>)>,
+}
+
+/// A window of a snapshot: `(id, layers)`.
+pub type WindowSummary = (u64, Vec<LayerSummary>);
+
+fn summarize_windows(windows: &[WindowImage]) -> Vec<WindowSummary> {
+    windows
+        .iter()
+        .map(|(id, layers)| {
+            let layers = layers
+                .iter()
+                .map(|l| {
+                    let g = l.geometry();
+                    (
+                        g.blocks,
+                        g.probes,
+                        g.capacity,
+                        l.inserted(),
+                        l.words().collect(),
+                    )
+                })
+                .collect();
+            (*id, layers)
+        })
+        .collect()
 }
 
 /// What a snapshot holds, comparable.
@@ -456,27 +482,16 @@ impl ImageSummary {
                     fingerprint: n.fingerprint,
                     seq: n.seq,
                     keys_added: n.keys_added,
-                    windows: n
-                        .windows
-                        .iter()
-                        .map(|(id, layers)| {
-                            let layers = layers
-                                .iter()
-                                .map(|l| {
-                                    let g = l.geometry();
-                                    (
-                                        g.blocks,
-                                        g.probes,
-                                        g.capacity,
-                                        l.inserted(),
-                                        l.words().collect(),
-                                    )
-                                })
-                                .collect();
-                            (*id, layers)
-                        })
-                        .collect(),
+                    windows: summarize_windows(&n.windows),
                     tombstones,
+                    rebuild: n.rebuild.as_ref().map(|r| {
+                        (
+                            r.began,
+                            r.keys,
+                            r.last_step_ms,
+                            summarize_windows(&r.windows),
+                        )
+                    }),
                 }
             })
             .collect();
@@ -1232,6 +1247,33 @@ fn sample_mutations() -> Vec<Mutation> {
             kind: AbsenceKind::Deleted,
             expires_at_ms: 0,
             observed_seq: 0,
+        },
+        Mutation::Rebuild {
+            namespace: Arc::from("default"),
+            seq: 44,
+            at_ms: START_MS,
+            step: RebuildStep::Begin,
+        },
+        Mutation::Rebuild {
+            namespace: Arc::from("default"),
+            seq: 45,
+            at_ms: START_MS,
+            step: RebuildStep::Keys {
+                began: 44,
+                keys: vec![key("user:1")],
+            },
+        },
+        Mutation::Rebuild {
+            namespace: Arc::from("default"),
+            seq: 46,
+            at_ms: START_MS,
+            step: RebuildStep::Commit { began: 44 },
+        },
+        Mutation::Rebuild {
+            namespace: Arc::from("default"),
+            seq: 47,
+            at_ms: START_MS,
+            step: RebuildStep::Abort { began: 44 },
         },
     ]
 }

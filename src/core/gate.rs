@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use metrics::Counter;
@@ -16,7 +17,7 @@ use crate::core::config::{GateConfig, Limits};
 use crate::core::hashing::KeyHasher;
 use crate::core::invalidations::Subscription;
 use crate::core::lease::ReadLease;
-use crate::core::log::{Log, LogError, Mutation};
+use crate::core::log::{Log, LogError, Mutation, RebuildStep};
 use crate::core::namespace::{
     Absence, AbsenceReport, Added, Applied, Namespace, NamespaceImage, Rebuild, Recorded,
     WriteError, WritesStopped,
@@ -378,6 +379,37 @@ impl Gate {
         namespace
             .prepare_absence(report, self.clock.now_ms())
             .map_err(|stopped| WriteError::from(stopped).into())
+    }
+
+    /// The `Begin` of a rebuild of `namespace` through a log that assigns its seq (see
+    /// [`RebuildStep`]); `CONFLICT` while another rebuild of it took a step within `idle`.
+    pub fn prepare_rebuild(&self, namespace: &str, idle: Duration) -> Result<Mutation, GateError> {
+        let namespace = self.namespace(namespace)?;
+        self.published_writes()?;
+        namespace
+            .prepare_rebuild(self.clock.now_ms(), idle)
+            .map_err(WriteError::from)?
+            .ok_or_else(|| {
+                GateError::Conflict(format!(
+                    "a rebuild of namespace {:?} is already running (it sent keys within the last {idle:?}); \
+                     wait for it to finish",
+                    namespace.name()
+                ))
+            })
+    }
+
+    /// A later step of a rebuild of `namespace` (`Keys`, `Commit`, `Abort`), its keys validated.
+    pub fn prepare_rebuild_step(
+        &self,
+        namespace: &str,
+        step: RebuildStep,
+    ) -> Result<Mutation, GateError> {
+        let namespace = self.namespace(namespace)?;
+        if let RebuildStep::Keys { keys, .. } = &step {
+            self.check_keys(keys)?;
+        }
+        self.published_writes()?;
+        Ok(namespace.rebuild_step(step, self.clock.now_ms()))
     }
 
     /// Subscribes to `namespace`'s invalidations after `after_seq`; returns the canonical name with it.

@@ -51,20 +51,62 @@ pub enum Mutation {
         /// applied, in log order, so every replica of one stream decides alike.
         observed_seq: u64,
     },
+    /// A step of a filter rebuild carried by a log that several replicas apply, so that each builds the same
+    /// filter beside its live one and swaps it in at the same point of the log. (A single node's rebuild
+    /// is not logged: it fills its filter in memory and takes a snapshot when it swaps.)
+    Rebuild {
+        /// Canonical namespace name.
+        namespace: Arc<str>,
+        /// The step's seq.
+        seq: u64,
+        /// Unix ms when the step was taken: picks the window of the keys it carries.
+        at_ms: u64,
+        /// What it does.
+        step: RebuildStep,
+    },
+}
+
+/// A step of a logged rebuild. A rebuild is named by the seq of its `Begin`; a later `Begin` of the same
+/// namespace replaces an open one, whose remaining steps then change nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RebuildStep {
+    /// Start an empty filter beside the live one; `Add`s applied from here on go to both.
+    Begin,
+    /// Keys that exist, for the rebuild that began at `began`.
+    Keys {
+        /// The seq of the rebuild's `Begin`.
+        began: u64,
+        /// The keys.
+        keys: Vec<Bytes>,
+    },
+    /// Swap the rebuilt filter in.
+    Commit {
+        /// The seq of the rebuild's `Begin`.
+        began: u64,
+    },
+    /// Drop the rebuilt filter: the live one stays.
+    Abort {
+        /// The seq of the rebuild's `Begin`.
+        began: u64,
+    },
 }
 
 impl Mutation {
     /// The namespace it changes.
     pub fn namespace(&self) -> &str {
         match self {
-            Self::Add { namespace, .. } | Self::RecordAbsent { namespace, .. } => namespace,
+            Self::Add { namespace, .. }
+            | Self::RecordAbsent { namespace, .. }
+            | Self::Rebuild { namespace, .. } => namespace,
         }
     }
 
     /// Its seq.
     pub fn seq(&self) -> u64 {
         match self {
-            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } => *seq,
+            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } | Self::Rebuild { seq, .. } => {
+                *seq
+            }
         }
     }
 
@@ -77,7 +119,9 @@ impl Mutation {
     /// The same mutation at `seq`: for a log that assigns seqs itself (a stream's sequence numbers).
     pub fn with_seq(mut self, new: u64) -> Self {
         match &mut self {
-            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } => *seq = new,
+            Self::Add { seq, .. } | Self::RecordAbsent { seq, .. } | Self::Rebuild { seq, .. } => {
+                *seq = new
+            }
         }
         self
     }

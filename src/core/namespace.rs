@@ -19,7 +19,7 @@ use crate::core::config::NamespaceSettings;
 use crate::core::filter::{BloomLayer, WindowedFilter};
 use crate::core::hashing::{KeyHash, KeyHasher};
 use crate::core::invalidations::{Hub, Invalidation, Subscription};
-use crate::core::log::{Log, LogError, Mutation, GENESIS_SEQ};
+use crate::core::log::{Log, LogError, Mutation, RebuildStep, GENESIS_SEQ};
 use crate::core::metrics::NamespaceMetrics;
 use crate::core::rate_limit::TokenBucket;
 use crate::core::recent_adds::{RecentAdds, RecentAddsImage};
@@ -92,6 +92,22 @@ pub struct NamespaceImage {
     pub tombstones: Vec<Tombstone>,
     /// The memory of recent adds behind `SUPERSEDED`, as of `seq`.
     pub recent_adds: RecentAddsImage,
+    /// The logged rebuild in progress, if one is.
+    pub rebuild: Option<RebuildImage>,
+}
+
+/// A logged rebuild in progress, as a snapshot holds it: a replica restored from the snapshot goes on with
+/// it when the rest of its steps arrive, exactly as the replicas that applied its first steps do. (A
+/// rebuild driven in this process is not in images: it ends with its caller.)
+pub struct RebuildImage {
+    /// The seq of its `Begin`.
+    pub began: u64,
+    /// Keys its steps fed it.
+    pub keys: u64,
+    /// Unix ms of its latest step.
+    pub last_step_ms: u64,
+    /// Its filter's windows, oldest first.
+    pub windows: Vec<WindowImage>,
 }
 
 /// What a reported absence comes to before it is logged.
@@ -113,7 +129,8 @@ impl NamespaceImage {
     /// writes do not change it. For a snapshot that must be exactly the state as of `seq` (a replica's, whose
     /// digest must equal the others'), taken while nothing is applied; the cost is a copy of the filter.
     pub fn detached(mut self) -> Self {
-        for (_, layers) in &mut self.windows {
+        let rebuilt = self.rebuild.iter_mut().flat_map(|r| &mut r.windows);
+        for (_, layers) in self.windows.iter_mut().chain(rebuilt) {
             for layer in layers.iter_mut() {
                 *layer = Arc::new(layer.copy());
             }
@@ -134,6 +151,19 @@ pub enum Applied {
     Recorded,
     /// A `RecordAbsent` stored nothing: its key may have been added after the answer it observed.
     Superseded,
+    /// A logged rebuild began, replacing the open one that began at seq `replaced`, if any.
+    RebuildBegun {
+        /// The `Begin` seq of the rebuild it replaced.
+        replaced: Option<u64>,
+    },
+    /// A logged rebuild's keys are in its filter.
+    RebuildFed,
+    /// A logged rebuild's filter is live.
+    Rebuilt(Rebuilt),
+    /// A logged rebuild was dropped; the live filter stays.
+    RebuildAborted,
+    /// The step's rebuild is not open (a later `Begin` replaced it, or it ended): it changed nothing.
+    RebuildGone,
 }
 
 /// Why a namespace refuses a write.
@@ -206,7 +236,25 @@ struct Writer {
     /// Tombstone admission rate.
     admission: TokenBucket,
     /// The filter being rebuilt beside the live one, if a rebuild runs: Adds go to both.
-    shadow: Option<Arc<WindowedFilter>>,
+    shadow: Option<Shadow>,
+}
+
+/// A filter being rebuilt beside the live one.
+struct Shadow {
+    filter: Arc<WindowedFilter>,
+    /// The seq of its logged `Begin`; `None` for a rebuild a [`Rebuild`] drives in this process.
+    began: Option<u64>,
+    /// Keys its logged steps fed it.
+    keys: u64,
+    /// Unix ms of its latest logged step.
+    last_step_ms: u64,
+}
+
+impl Writer {
+    /// The open logged rebuild that began at `began`.
+    fn logged_rebuild(&mut self, began: u64) -> Option<&mut Shadow> {
+        self.shadow.as_mut().filter(|s| s.began == Some(began))
+    }
 }
 
 /// A rebuild in progress: keys streamed from the source of truth fill a fresh filter, which replaces the
@@ -261,7 +309,7 @@ impl Drop for Rebuild {
             if writer
                 .shadow
                 .as_ref()
-                .is_some_and(|s| Arc::ptr_eq(s, &self.shadow))
+                .is_some_and(|s| Arc::ptr_eq(&s.filter, &self.shadow))
             {
                 writer.shadow = None;
             }
@@ -556,7 +604,7 @@ impl Namespace {
                     let hash = self.hasher.hash(key);
                     filter.insert(hash, at_ms);
                     if let Some(shadow) = &writer.shadow {
-                        shadow.insert(hash, at_ms);
+                        shadow.filter.insert(hash, at_ms);
                     }
                     writer.recent_adds.record(hash, seq);
                     cleared += u32::from(self.tombstones.remove(
@@ -608,6 +656,68 @@ impl Namespace {
                 self.latest_seq.store(seq, Ordering::Release);
                 Applied::Recorded
             }
+            Mutation::Rebuild {
+                seq, at_ms, step, ..
+            } => {
+                let applied = self.apply_rebuild_step(writer, seq, at_ms, step);
+                self.latest_seq.store(seq, Ordering::Release);
+                applied
+            }
+        }
+    }
+
+    /// A logged rebuild's step; steps of a rebuild that is not open change nothing.
+    fn apply_rebuild_step(
+        &self,
+        writer: &mut Writer,
+        seq: u64,
+        at_ms: u64,
+        step: RebuildStep,
+    ) -> Applied {
+        match step {
+            RebuildStep::Begin => {
+                let fresh = Shadow {
+                    filter: Arc::new(WindowedFilter::new(self.settings.filter_spec())),
+                    began: Some(seq),
+                    keys: 0,
+                    last_step_ms: at_ms,
+                };
+                let replaced = writer.shadow.replace(fresh).and_then(|old| old.began);
+                if let Some(replaced) = replaced {
+                    tracing::warn!(namespace = %self.name, replaced, began = seq, "a rebuild replaced the open one");
+                }
+                Applied::RebuildBegun { replaced }
+            }
+            RebuildStep::Keys { began, keys } => {
+                let Some(shadow) = writer.logged_rebuild(began) else {
+                    return Applied::RebuildGone;
+                };
+                for key in &keys {
+                    shadow.filter.insert(self.hasher.hash(key), at_ms);
+                }
+                shadow.keys += keys.len() as u64;
+                shadow.last_step_ms = at_ms;
+                Applied::RebuildFed
+            }
+            RebuildStep::Commit { began } => {
+                if writer.logged_rebuild(began).is_none() {
+                    return Applied::RebuildGone;
+                }
+                let shadow = writer.shadow.take().expect("checked open");
+                self.filter.store(Arc::clone(&shadow.filter));
+                Applied::Rebuilt(Rebuilt {
+                    keys: shadow.keys,
+                    filter_bytes: shadow.filter.bytes(),
+                    seq,
+                })
+            }
+            RebuildStep::Abort { began } => {
+                if writer.logged_rebuild(began).is_none() {
+                    return Applied::RebuildGone;
+                }
+                writer.shadow = None;
+                Applied::RebuildAborted
+            }
         }
     }
 
@@ -624,13 +734,44 @@ impl Namespace {
             return Ok(None);
         }
         let shadow = Arc::new(WindowedFilter::new(self.settings.filter_spec()));
-        writer.shadow = Some(Arc::clone(&shadow));
+        writer.shadow = Some(Shadow {
+            filter: Arc::clone(&shadow),
+            began: None,
+            keys: 0,
+            last_step_ms: 0,
+        });
         Ok(Some(Rebuild {
             namespace: Arc::clone(self),
             shadow,
             keys: 0,
             finished: false,
         }))
+    }
+
+    /// The `Begin` of a logged rebuild at `now_ms` (seq 0 until the log assigns it), or `None` while another
+    /// logged rebuild of this namespace took a step within `idle`: its driver is presumably alive, and one
+    /// rebuild runs at a time. One idle for longer is presumed abandoned (the replica driving it stopped);
+    /// the new `Begin` replaces it wherever it is applied.
+    pub fn prepare_rebuild(
+        &self,
+        now_ms: u64,
+        idle: Duration,
+    ) -> Result<Option<Mutation>, WritesStopped> {
+        let writer = self.writer()?;
+        let busy = writer.shadow.as_ref().is_some_and(|s| {
+            s.began.is_none() || now_ms.saturating_sub(s.last_step_ms) < idle.as_millis() as u64
+        });
+        Ok((!busy).then(|| self.rebuild_step(RebuildStep::Begin, now_ms)))
+    }
+
+    /// A step of a logged rebuild at `now_ms` (seq 0 until the log assigns it).
+    pub fn rebuild_step(&self, step: RebuildStep, now_ms: u64) -> Mutation {
+        Mutation::Rebuild {
+            namespace: Arc::clone(&self.name),
+            seq: 0,
+            at_ms: now_ms,
+            step,
+        }
     }
 
     /// Replaces the whole state with a snapshot's: filter windows, live tombstones, the memory of recent adds
@@ -643,11 +784,21 @@ impl Namespace {
             windows,
             tombstones,
             recent_adds,
+            rebuild,
             ..
         } = image;
         let mut writer = self.writer()?;
         let filter = WindowedFilter::from_windows(self.settings.filter_spec(), windows);
         self.filter.store(Arc::new(filter));
+        writer.shadow = rebuild.map(|r| Shadow {
+            filter: Arc::new(WindowedFilter::from_windows(
+                self.settings.filter_spec(),
+                r.windows,
+            )),
+            began: Some(r.began),
+            keys: r.keys,
+            last_step_ms: r.last_step_ms,
+        });
         for tombstone in &tombstones {
             self.tombstones.insert(
                 tombstone.key,
@@ -669,9 +820,13 @@ impl Namespace {
     /// The state a snapshot needs. Its seq is read under the writer lock, so every mutation logged before
     /// this call is included; later mutations may be partly included and are replayed from the log.
     pub fn export(&self, now_ms: u64) -> Result<NamespaceImage, WritesStopped> {
-        let (seq, recent_adds) = {
+        let (seq, recent_adds, rebuild) = {
             let writer = self.writer()?;
-            (self.latest_seq(), writer.recent_adds.export())
+            let rebuild = writer.shadow.as_ref().and_then(|s| {
+                let began = s.began?;
+                Some((began, s.keys, s.last_step_ms, Arc::clone(&s.filter)))
+            });
+            (self.latest_seq(), writer.recent_adds.export(), rebuild)
         };
         Ok(NamespaceImage {
             name: self.name.to_string(),
@@ -681,6 +836,12 @@ impl Namespace {
             windows: self.filter.load().export(),
             tombstones: self.tombstones.live(now_ms),
             recent_adds,
+            rebuild: rebuild.map(|(began, keys, last_step_ms, filter)| RebuildImage {
+                began,
+                keys,
+                last_step_ms,
+                windows: filter.export(),
+            }),
         })
     }
 
@@ -885,6 +1046,150 @@ mod tests {
         assert!(right.state_digest(2_000).is_err());
     }
 
+    fn step(seq: u64, step: RebuildStep) -> Mutation {
+        Mutation::Rebuild {
+            namespace: Arc::from("default"),
+            seq,
+            at_ms: 1_000,
+            step,
+        }
+    }
+
+    fn addition(seq: u64, keys: &[&str]) -> Mutation {
+        Mutation::Add {
+            namespace: Arc::from("default"),
+            seq,
+            at_ms: 1_000,
+            keys: keys.iter().map(|k| key(k)).collect(),
+        }
+    }
+
+    /// A logged rebuild ends with exactly the keys it was fed plus those added after its `Begin`, swapped
+    /// in at its `Commit`; a namespace restored from an image taken half-way carries on with it and ends
+    /// in the same state.
+    #[test]
+    fn a_logged_rebuild_swaps_at_its_commit_and_carries_on_after_a_restore() {
+        let live = namespace();
+        let applied = |namespace: &Namespace, mutation| namespace.apply(mutation).unwrap();
+        applied(&live, addition(2, &["gone", "kept"]));
+        assert_eq!(
+            applied(&live, step(3, RebuildStep::Begin)),
+            Applied::RebuildBegun { replaced: None }
+        );
+        applied(&live, addition(4, &["added-meanwhile"]));
+        let kept = RebuildStep::Keys {
+            began: 3,
+            keys: vec![key("kept")],
+        };
+        assert_eq!(applied(&live, step(5, kept)), Applied::RebuildFed);
+        assert_eq!(live.lookup(b"gone", 2_000).answer, Answer::MayExist);
+
+        let restored = namespace();
+        let image = live.export(2_000).unwrap().detached();
+        assert_eq!(
+            image.rebuild.as_ref().map(|r| (r.began, r.keys)),
+            Some((3, 1))
+        );
+        restored.restore(image, 2_000).unwrap();
+        let rest = [
+            step(
+                6,
+                RebuildStep::Keys {
+                    began: 3,
+                    keys: vec![key("fed-last")],
+                },
+            ),
+            step(7, RebuildStep::Commit { began: 3 }),
+        ];
+        for namespace in [&live, &restored] {
+            let outcomes: Vec<Applied> =
+                rest.iter().map(|m| applied(namespace, m.clone())).collect();
+            assert_eq!(
+                outcomes,
+                [
+                    Applied::RebuildFed,
+                    Applied::Rebuilt(Rebuilt {
+                        keys: 2,
+                        filter_bytes: live.filter.load().bytes(),
+                        seq: 7
+                    })
+                ]
+            );
+        }
+
+        // Built from scratch with exactly those keys, at the same seq: the same bits.
+        let expected = namespace();
+        applied(
+            &expected,
+            addition(2, &["kept", "added-meanwhile", "fed-last"]),
+        );
+        let late = RebuildStep::Abort { began: 3 };
+        assert_eq!(applied(&expected, step(7, late)), Applied::RebuildGone);
+        let digest = |namespace: &Namespace| namespace.state_digest(2_000).unwrap();
+        assert_eq!(digest(&live), digest(&expected));
+        assert_eq!(digest(&restored), digest(&expected));
+        assert!(live.export(2_000).unwrap().rebuild.is_none());
+        let stale = RebuildStep::Keys {
+            began: 3,
+            keys: vec![key("late")],
+        };
+        for namespace in [&live, &expected] {
+            assert_eq!(
+                applied(namespace, step(8, stale.clone())),
+                Applied::RebuildGone
+            );
+        }
+        assert_eq!(digest(&live), digest(&expected));
+    }
+
+    /// A later `Begin` replaces an open rebuild, whose steps then change nothing; a new `Begin` is prepared
+    /// only once the open one has been idle for the given time, and an abort leaves the live filter as it was.
+    #[test]
+    fn one_logged_rebuild_at_a_time_and_an_abort_keeps_the_live_filter() {
+        let live = namespace();
+        let applied = |mutation| live.apply(mutation).unwrap();
+        applied(addition(2, &["a", "b"]));
+        let before = live.state_digest(2_000).unwrap().digest;
+        let idle = Duration::from_secs(120);
+        assert!(live.prepare_rebuild(1_000, idle).unwrap().is_some());
+        applied(step(3, RebuildStep::Begin));
+        assert!(live
+            .prepare_rebuild(1_000 + 119_999, idle)
+            .unwrap()
+            .is_none());
+        assert!(live
+            .prepare_rebuild(1_000 + 120_000, idle)
+            .unwrap()
+            .is_some());
+        assert_eq!(
+            applied(step(4, RebuildStep::Begin)),
+            Applied::RebuildBegun { replaced: Some(3) }
+        );
+        let replaced = RebuildStep::Keys {
+            began: 3,
+            keys: vec![key("a")],
+        };
+        assert_eq!(applied(step(5, replaced)), Applied::RebuildGone);
+        assert_eq!(
+            applied(step(6, RebuildStep::Commit { began: 3 })),
+            Applied::RebuildGone
+        );
+        assert_eq!(
+            applied(step(7, RebuildStep::Abort { began: 4 })),
+            Applied::RebuildAborted
+        );
+        assert_eq!(live.latest_seq(), 7);
+        assert_eq!(live.lookup(b"a", 2_000).answer, Answer::MayExist);
+        let after = live.state_digest(2_000).unwrap();
+        assert_ne!(after.digest, before, "the digest covers the seq");
+        let expected = namespace();
+        expected.apply(addition(2, &["a", "b"])).unwrap();
+        expected
+            .apply(step(7, RebuildStep::Abort { began: 4 }))
+            .unwrap();
+        assert_eq!(after, expected.state_digest(2_000).unwrap());
+    }
+
     fn absence(seq: u64, k: &str, observed_seq: u64) -> Mutation {
         Mutation::RecordAbsent {
             namespace: Arc::from("default"),
@@ -897,22 +1202,13 @@ mod tests {
         }
     }
 
-    fn addition(seq: u64, k: &str) -> Mutation {
-        Mutation::Add {
-            namespace: Arc::from("default"),
-            seq,
-            at_ms: 1_000,
-            keys: vec![key(k)],
-        }
-    }
-
     /// Two replicas publish at once: an absence observed at seq 5 and an `Add` of the same key, which the
     /// stream orders first (seq 7). Applying the absence at seq 8 stores nothing, on every replica; an
     /// absence observed after the `Add` is stored.
     #[test]
     fn an_absence_applied_after_a_later_add_of_its_key_is_superseded() {
         let namespace = namespace();
-        namespace.apply(addition(7, "raced")).unwrap();
+        namespace.apply(addition(7, &["raced"])).unwrap();
         assert_eq!(
             namespace.apply(absence(8, "raced", 5)).unwrap(),
             Applied::Superseded
@@ -932,7 +1228,7 @@ mod tests {
     fn a_restored_namespace_decides_superseded_as_its_exporter() {
         let exporter = namespace();
         for (seq, k) in (2..40).zip((0..).map(|i| format!("k{i}"))) {
-            exporter.apply(addition(seq, &k)).unwrap();
+            exporter.apply(addition(seq, &[&k])).unwrap();
         }
         let image = exporter.export(1_000).unwrap();
         assert_eq!(image.seq, 39);

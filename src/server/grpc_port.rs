@@ -40,11 +40,10 @@ pub(super) fn serve(
     let gate_service = ExistenceGateServer::new(contract)
         .max_decoding_message_size(options.max_message_bytes)
         .max_encoding_message_size(options.max_message_bytes);
-    let admin_service = AdminServer::new(AdminService::new(
-        Arc::clone(gate),
-        access,
-        Arc::clone(lifecycle),
-    ))
+    let admin_service = AdminServer::new(
+        AdminService::new(Arc::clone(gate), access, Arc::clone(lifecycle))
+            .with_replica(replica.cloned()),
+    )
     .max_decoding_message_size(options.max_message_bytes);
     let reflection_failed =
         |e: tonic_reflection::server::Error| ServerError::Reflection(e.to_string());

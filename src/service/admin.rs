@@ -7,13 +7,15 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::core::gate::{Gate, GateError};
-use crate::core::namespace::WriteError;
+use crate::core::namespace::{Rebuilt, WriteError};
 use crate::proto;
 use crate::proto::admin_server::Admin;
 use crate::service::access::{self, Access};
 use crate::service::auth::{Role, Scope};
 use crate::service::grpc::{self, status};
 use crate::service::lifecycle::{Lifecycle, NotDurable};
+use crate::storage::replica::Replica;
+use crate::storage::replicated_rebuild::ReplicatedRebuild;
 use crate::storage::Persistence;
 
 /// The `Admin` service.
@@ -23,6 +25,8 @@ pub struct AdminService {
     access: Arc<Access>,
     /// Where the durable side is found, once loaded.
     lifecycle: Arc<Lifecycle>,
+    /// For a replica of a shared stream: where rebuilds are published.
+    replica: Option<Arc<Replica>>,
 }
 
 impl AdminService {
@@ -32,10 +36,50 @@ impl AdminService {
             gate,
             access,
             lifecycle,
+            replica: None,
         }
     }
 
+    /// The same service for a replica: rebuilds go through its stream to every replica.
+    pub fn with_replica(mut self, replica: Option<Arc<Replica>>) -> Self {
+        self.replica = replica;
+        self
+    }
+
+    /// Rebuilds here: keys fill a filter beside the live one, swapped in at the end; a snapshot then makes
+    /// it durable (until then a crash restores the old filter, which is still safe: it holds every key ever
+    /// added through the gate).
+    async fn rebuild_here(
+        &self,
+        first: proto::RebuildRequest,
+        mut stream: Streaming<proto::RebuildRequest>,
+    ) -> Result<Rebuilt, Status> {
+        let mut rebuild = self.gate.begin_rebuild(&first.namespace).map_err(status)?;
+        self.gate
+            .feed_rebuild(&mut rebuild, &first.keys)
+            .map_err(status)?;
+        // An error or cancellation drops `rebuild`, abandoning it; the live filter is untouched.
+        while let Some(keys) = next_keys(&mut stream, &first.namespace).await? {
+            self.gate
+                .feed_rebuild(&mut rebuild, &keys)
+                .map_err(status)?;
+        }
+        let rebuilt = rebuild
+            .finish()
+            .map_err(|stopped| status(GateError::from(WriteError::from(stopped))))?;
+        if !matches!(self.lifecycle.persistence(), Err(NotDurable::InMemory)) {
+            AdminService::snapshot(self).await?;
+        }
+        Ok(rebuilt)
+    }
+
     fn persistence(&self) -> Result<&Persistence, Status> {
+        if self.replica.is_some() {
+            return Err(Status::failed_precondition(
+                "a replica snapshots on its own, every --snapshot-interval (and one replica shares its \
+                 snapshots through the object store); Admin.Snapshot is for a single server",
+            ));
+        }
         self.lifecycle.persistence().map_err(|not| match not {
             NotDurable::NotLoaded => Status::unavailable(not.to_string()),
             NotDurable::InMemory => Status::failed_precondition(format!("{not} to snapshot")),
@@ -143,36 +187,50 @@ impl Admin for AdminService {
             Role::Admin,
             Scope::Namespace(&first.namespace),
         )?;
-        let mut rebuild = self.gate.begin_rebuild(&first.namespace).map_err(status)?;
-        self.gate
-            .feed_rebuild(&mut rebuild, &first.keys)
-            .map_err(status)?;
-        while let Some(message) = stream.next().await {
-            // An error or cancellation drops `rebuild`, abandoning it; the live filter is untouched.
-            let message = message?;
-            if !message.namespace.is_empty() && message.namespace != first.namespace {
-                return Err(Status::invalid_argument(format!(
-                    "Rebuild streams one namespace: {:?} after {:?}",
-                    message.namespace, first.namespace
-                )));
-            }
-            self.gate
-                .feed_rebuild(&mut rebuild, &message.keys)
-                .map_err(status)?;
-        }
-        let rebuilt = rebuild
-            .finish()
-            .map_err(|stopped| status(GateError::from(WriteError::from(stopped))))?;
-        tracing::info!(namespace = %first.namespace, keys = rebuilt.keys, bytes = rebuilt.filter_bytes, "filter rebuilt");
-        if !matches!(self.lifecycle.persistence(), Err(NotDurable::InMemory)) {
-            // The rebuilt filter exists only in memory until a snapshot holds it; a crash before that restores
-            // the old filter, which is still safe (it holds every key ever added through the gate).
-            AdminService::snapshot(self).await?;
-        }
+        let namespace = first.namespace.clone();
+        let rebuilt = match &self.replica {
+            Some(replica) => rebuild_replicated(Arc::clone(replica), first, stream).await?,
+            None => self.rebuild_here(first, stream).await?,
+        };
+        tracing::info!(%namespace, keys = rebuilt.keys, bytes = rebuilt.filter_bytes, seq = rebuilt.seq, "filter rebuilt");
         Ok(Response::new(proto::RebuildResponse {
             keys: rebuilt.keys,
             filter_bytes: rebuilt.filter_bytes,
             seq: rebuilt.seq,
         }))
     }
+}
+
+/// Rebuilds on every replica through the stream (see [`ReplicatedRebuild`]); an error or cancellation drops
+/// the rebuild, which publishes its abort.
+async fn rebuild_replicated(
+    replica: Arc<Replica>,
+    first: proto::RebuildRequest,
+    mut stream: Streaming<proto::RebuildRequest>,
+) -> Result<Rebuilt, Status> {
+    let mut rebuild = ReplicatedRebuild::begin(replica, &first.namespace)
+        .await
+        .map_err(status)?;
+    rebuild.feed(first.keys).await.map_err(status)?;
+    while let Some(keys) = next_keys(&mut stream, &first.namespace).await? {
+        rebuild.feed(keys).await.map_err(status)?;
+    }
+    rebuild.commit().await.map_err(status)
+}
+
+/// The keys of the next message of a rebuild of `namespace`; `None` at the end of the stream.
+async fn next_keys(
+    stream: &mut Streaming<proto::RebuildRequest>,
+    namespace: &str,
+) -> Result<Option<Vec<bytes::Bytes>>, Status> {
+    let Some(message) = stream.next().await.transpose()? else {
+        return Ok(None);
+    };
+    if !message.namespace.is_empty() && message.namespace != namespace {
+        return Err(Status::invalid_argument(format!(
+            "Rebuild streams one namespace: {:?} after {namespace:?}",
+            message.namespace
+        )));
+    }
+    Ok(Some(message.keys))
 }

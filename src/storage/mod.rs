@@ -17,6 +17,7 @@ pub mod codec;
 pub mod frame;
 pub mod replica;
 pub mod replica_snapshots;
+pub mod replicated_rebuild;
 pub mod segment_file;
 pub mod snapshot;
 pub mod snapshot_store;

@@ -662,24 +662,18 @@ impl Replica {
         })
     }
 
+    /// The gate it applies into.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
     /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule; returns its
     /// seq and what applying it did.
-    async fn publish_and_apply(
+    pub(super) async fn publish_and_apply(
         &self,
         mutation: Mutation,
     ) -> Result<(u64, Option<Applied>), GateError> {
-        if !self.stream.connected() {
-            return Err(GateError::Unavailable(format!(
-                "NATS is unreachable: the write was not published to the JetStream stream {:?}; retry \
-                 (lookups are still answered)",
-                self.stream.name()
-            )));
-        }
-        let id = format!(
-            "{}:{}",
-            self.id_prefix,
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        );
+        let id = self.message_id()?;
         let (applied_tx, applied_rx) = oneshot::channel();
         let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
         let published = self.publish_retrying(&mutation, &id).await?;
@@ -700,6 +694,29 @@ impl Replica {
         drop(waiting);
         self.wait_for_replicas(published, acked).await;
         Ok((published, applied))
+    }
+
+    /// Publishes `mutation` without waiting for any replica to apply it: for a step of a larger write whose
+    /// last step is waited for.
+    pub(super) async fn publish_unapplied(&self, mutation: &Mutation) -> Result<(), GateError> {
+        let id = self.message_id()?;
+        self.publish_retrying(mutation, &id).await.map(drop)
+    }
+
+    /// A message id no other write of any replica uses, or `UNAVAILABLE` while NATS is unreachable.
+    fn message_id(&self) -> Result<String, GateError> {
+        if !self.stream.connected() {
+            return Err(GateError::Unavailable(format!(
+                "NATS is unreachable: the write was not published to the JetStream stream {:?}; retry \
+                 (lookups are still answered)",
+                self.stream.name()
+            )));
+        }
+        Ok(format!(
+            "{}:{}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        ))
     }
 
     /// Publishes with retries under one message id (a retry of a publish that was stored is dropped as a

@@ -10,6 +10,8 @@
 //!   tombstones   chunks of (u32 tag, u64 × 2 strong hash, u64 expires_at_ms, u8 kind), then an empty chunk
 //!   recent adds  u64 floor; then chunks of (u32 cell, u64 seq) for the cells that are not 0, then an empty
 //!                chunk (format 3 on)
+//!   rebuild      u64 began (0 = none), u64 keys, u64 last step ms, u32 windows; then its windows as above
+//!                (format 4 on: a logged rebuild in progress, which replicas carry on after a restore)
 //! footer     "EXGSNEND", u32 namespaces
 //! ```
 //!
@@ -30,7 +32,7 @@ use super::{sync_dir, PersistenceError};
 use crate::core::filter::{BloomLayer, Geometry};
 use crate::core::gate::Gate;
 use crate::core::hashing::StrongKey;
-use crate::core::namespace::NamespaceImage;
+use crate::core::namespace::{NamespaceImage, RebuildImage, WindowImage};
 use crate::core::recent_adds::{RecentAdds, RecentAddsImage};
 use crate::core::tombstones::{Tombstone, TombstoneKey};
 
@@ -39,8 +41,9 @@ const FOOTER_MAGIC: &[u8; 8] = b"EXGSNEND";
 /// The format this build writes. Version 1 counted each namespace's seqs from 0, version 2 from
 /// [`GENESIS_SEQ`](crate::core::log::GENESIS_SEQ) = 1 (a version-1 seq is read as one higher); version 3
 /// adds each namespace's memory of recent adds, so that a restored namespace decides `SUPERSEDED` exactly as
-/// the one that wrote it (before, it was read back as a floor at the snapshot's seq). All are read.
-const VERSION: u32 = 3;
+/// the one that wrote it (before, it was read back as a floor at the snapshot's seq); version 4 adds the
+/// logged rebuild in progress, if any. All are read.
+const VERSION: u32 = 4;
 /// Recent-add cells per chunk frame.
 const CELLS_PER_CHUNK: usize = 1 << 16;
 /// Bit words per chunk frame (1 MiB).
@@ -234,15 +237,7 @@ fn write_frames(
             p.extend_from_slice(&image.keys_added.to_le_bytes());
             p.extend_from_slice(&(image.windows.len() as u32).to_le_bytes());
         })?;
-        for (id, layers) in &image.windows {
-            writer.frame(|p| {
-                p.extend_from_slice(&id.to_le_bytes());
-                p.extend_from_slice(&(layers.len() as u32).to_le_bytes());
-            })?;
-            for layer in layers {
-                write_layer(writer, layer)?;
-            }
-        }
+        write_windows(writer, &image.windows)?;
         write_chunked(writer, &image.tombstones, TOMBSTONES_PER_CHUNK, |p, t| {
             p.extend_from_slice(&t.key.tag.to_le_bytes());
             p.extend_from_slice(&t.key.strong.0[0].to_le_bytes());
@@ -251,11 +246,38 @@ fn write_frames(
             put_absence_kind(p, t.kind);
         })?;
         write_recent_adds(writer, &image.recent_adds)?;
+        write_rebuild(writer, image.rebuild.as_ref())?;
     }
     writer.frame(|p| {
         p.extend_from_slice(FOOTER_MAGIC);
         p.extend_from_slice(&count.to_le_bytes());
     })
+}
+
+fn write_windows(writer: &mut FrameWriter, windows: &[WindowImage]) -> std::io::Result<()> {
+    for (id, layers) in windows {
+        writer.frame(|p| {
+            p.extend_from_slice(&id.to_le_bytes());
+            p.extend_from_slice(&(layers.len() as u32).to_le_bytes());
+        })?;
+        for layer in layers {
+            write_layer(writer, layer)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_rebuild(writer: &mut FrameWriter, rebuild: Option<&RebuildImage>) -> std::io::Result<()> {
+    let (began, keys, last_step_ms, windows) = rebuild.map_or((0, 0, 0, &[][..]), |r| {
+        (r.began, r.keys, r.last_step_ms, &r.windows[..])
+    });
+    writer.frame(|p| {
+        p.extend_from_slice(&began.to_le_bytes());
+        p.extend_from_slice(&keys.to_le_bytes());
+        p.extend_from_slice(&last_step_ms.to_le_bytes());
+        p.extend_from_slice(&(windows.len() as u32).to_le_bytes());
+    })?;
+    write_windows(writer, windows)
 }
 
 fn write_recent_adds(writer: &mut FrameWriter, recent: &RecentAddsImage) -> std::io::Result<()> {
@@ -474,17 +496,7 @@ fn read_namespace(
     } else {
         stored_seq
     };
-    let mut windows = Vec::new();
-    for _ in 0..window_count {
-        let (id, layer_count) = reader.next("a window header", |f| Ok((f.u64()?, f.u32()?)))?;
-        if layer_count == 0 {
-            return Err(reader.corrupt("a window without layers"));
-        }
-        let layers = (0..layer_count)
-            .map(|_| read_layer(reader))
-            .collect::<Result<Vec<_>, _>>()?;
-        windows.push((id, layers));
-    }
+    let windows = read_windows(reader, window_count)?;
     let tombstones = read_chunked(reader, "a tombstone chunk", |f| {
         let key = TombstoneKey {
             tag: f.u32()?,
@@ -504,6 +516,11 @@ fn read_namespace(
             cells: Vec::new(),
         }
     };
+    let rebuild = if version >= 4 {
+        read_rebuild(reader)?
+    } else {
+        None
+    };
     Ok(NamespaceImage {
         name,
         fingerprint,
@@ -512,7 +529,45 @@ fn read_namespace(
         windows,
         tombstones,
         recent_adds,
+        rebuild,
     })
+}
+
+fn read_windows(
+    reader: &mut ImageReader,
+    count: u32,
+) -> Result<Vec<WindowImage>, PersistenceError> {
+    let mut windows = Vec::new();
+    for _ in 0..count {
+        let (id, layer_count) = reader.next("a window header", |f| Ok((f.u64()?, f.u32()?)))?;
+        if layer_count == 0 {
+            return Err(reader.corrupt("a window without layers"));
+        }
+        let layers = (0..layer_count)
+            .map(|_| read_layer(reader))
+            .collect::<Result<Vec<_>, _>>()?;
+        windows.push((id, layers));
+    }
+    Ok(windows)
+}
+
+fn read_rebuild(reader: &mut ImageReader) -> Result<Option<RebuildImage>, PersistenceError> {
+    let (began, keys, last_step_ms, window_count) = reader.next("the rebuild header", |f| {
+        Ok((f.u64()?, f.u64()?, f.u64()?, f.u32()?))
+    })?;
+    let windows = read_windows(reader, window_count)?;
+    if began == 0 {
+        return match windows.is_empty() {
+            true => Ok(None),
+            false => Err(reader.corrupt("rebuild windows without a rebuild")),
+        };
+    }
+    Ok(Some(RebuildImage {
+        began,
+        keys,
+        last_step_ms,
+        windows,
+    }))
 }
 
 fn read_recent_adds(reader: &mut ImageReader) -> Result<RecentAddsImage, PersistenceError> {
