@@ -365,6 +365,66 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
     );
 }
 
+/// NATS down altogether (its only server killed): every replica fails open once its lease ends (`MAY_EXIST`
+/// + `WARMING` for a key it would answer `ABSENT`) and stays so, refuses writes with `UNAVAILABLE` and reports itself
+/// lagging; with NATS back on its store, every replica serves again, no acknowledged `Add` is lost, writes
+/// go through, and the replicas agree bit for bit.
+#[tokio::test]
+async fn a_whole_nats_outage_fails_open_and_loses_nothing() {
+    let Some((mut nats, _dir, replicas)) = deployment(3).await else {
+        return;
+    };
+    let before = named("before", 500);
+    add(&replicas[0], "users", &before).await;
+    nats.kill();
+
+    for replica in &replicas {
+        // Its lease outlives NATS by at most one lease length (no write can be acknowledged meanwhile).
+        wait_until(PATIENCE, "the replica to fail open", async || {
+            let (answer, basis, _) = replica.lookup("users", b"never-added").await;
+            (answer == Answer::MayExist && basis == Basis::Warming).then_some(())
+        })
+        .await;
+        assert_eq!(passing(replica, &before).await, 500, "{}", replica.id);
+        let (status, body) = wait_until(PATIENCE, "the replica to report lagging", async || {
+            let (status, body) = replica.readiness().await;
+            (status == 503).then_some((status, body))
+        })
+        .await;
+        assert!(body.contains("lagging"), "{status} {body}");
+        let (answer, basis, _) = replica.lookup("users", b"never-added").await;
+        assert_eq!(
+            (answer, basis),
+            (Answer::MayExist, Basis::Warming),
+            "{}",
+            replica.id
+        );
+    }
+    let refused = replicas[1]
+        .client()
+        .add(AddRequest {
+            namespace: "users".to_string(),
+            keys: bytes(&named("during", 1)),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("NATS"), "{refused:?}");
+
+    nats.restart().await;
+    for replica in &replicas {
+        replica.serving().await;
+        assert_answers_absent(replica).await;
+        assert_eq!(passing(replica, &before).await, 500, "{}", replica.id);
+    }
+    let after = named("after", 500);
+    add(&replicas[2], "users", &after).await;
+    for replica in &replicas {
+        assert_eq!(passing(replica, &after).await, 500, "{}", replica.id);
+    }
+    agreed_digests(&replicas).await;
+}
+
 /// Test 4: after mixed load through every replica, each namespace's state digest is equal on all of them.
 #[tokio::test]
 async fn replicas_under_load_agree_bit_for_bit() {

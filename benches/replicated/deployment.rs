@@ -21,7 +21,7 @@ pub const STREAM: &str = "existence";
 /// Replicas per deployment.
 pub const REPLICAS: usize = 3;
 /// Their ids (a `Server` names itself with a `'static` string).
-const REPLICA_IDS: [&str; REPLICAS] = ["r0", "r1", "r2"];
+pub const REPLICA_IDS: [&str; REPLICAS] = ["r0", "r1", "r2"];
 const NATS_NAMES: [&str; 3] = ["nats-1", "nats-2", "nats-3"];
 /// How long starting a process, electing a JetStream meta leader or catching up may take before the run
 /// fails: far beyond what the loaded 2-core machine needs.
@@ -52,8 +52,19 @@ pub struct Deployment {
     pub commands: Vec<String>,
     jetstream: async_nats::jetstream::Context,
     logs: Vec<Log>,
+    launch: Launch,
     /// Holds the NATS stores, the configuration and the logs until the deployment is dropped.
     _dir: tempfile::TempDir,
+}
+
+/// How its replicas are started: what `add_replica` needs to start one more.
+struct Launch {
+    binary: PathBuf,
+    config: PathBuf,
+    urls: String,
+    stream_replicas: usize,
+    /// With data directories (`DIR/data-ID`), snapshotting at this interval; else none.
+    snapshot_interval: Option<&'static str>,
 }
 
 /// The nats-server binary (Debian puts it in /usr/sbin, often not on a user's PATH).
@@ -123,6 +134,19 @@ impl Deployment {
     /// R`servers` stream, with the configuration `config`; returns once every replica serves (caught up,
     /// holding a read lease).
     pub async fn start(name: &'static str, servers: usize, binary: &Path, config: &str) -> Self {
+        Self::start_with(name, servers, binary, config, &REPLICA_IDS, None).await
+    }
+
+    /// Starts `servers` NATS servers and the replicas `ids`, each with a data directory snapshotting
+    /// every `snapshot_interval` if given.
+    pub async fn start_with(
+        name: &'static str,
+        servers: usize,
+        binary: &Path,
+        config: &str,
+        ids: &[&'static str],
+        snapshot_interval: Option<&'static str>,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut commands = Vec::new();
         let nats = start_nats(dir.path(), servers, &mut commands).await;
@@ -135,10 +159,17 @@ impl Deployment {
         // One after another: each returns once it has joined the stream, so the first creates it alone
         // (nats-server 2.9 can answer creates of one clustered stream that race each other with timeouts,
         // nats-io/nats-server#3677, and a replica that cannot open the stream exits).
-        let replicas: Vec<Replica> = REPLICA_IDS
+        let launch = Launch {
+            binary: binary.to_path_buf(),
+            config: config_path,
+            urls: urls.join(","),
+            stream_replicas: servers,
+            snapshot_interval,
+        };
+        let replicas: Vec<Replica> = ids
             .iter()
             .map(|id| {
-                let command = replica_command(binary, &config_path, &urls.join(","), servers, id);
+                let command = launch.command(id, dir.path());
                 commands.push(printable(&command, dir.path()));
                 start_replica(command, id, dir.path())
             })
@@ -172,8 +203,31 @@ impl Deployment {
             commands,
             jetstream: async_nats::jetstream::new(client),
             logs,
+            launch,
             _dir: dir,
         }
+    }
+
+    /// Starts one more replica, `id` (with an empty data directory, if replicas have them); returns once
+    /// its ports serve (it may still be loading).
+    pub fn add_replica(&mut self, id: &'static str) -> &Replica {
+        let command = self.launch.command(id, self._dir.path());
+        self.commands.push(printable(&command, self._dir.path()));
+        self.replicas
+            .push(start_replica(command, id, self._dir.path()));
+        self.replicas.last().expect("just added")
+    }
+
+    /// The size of the newest snapshot in replica `id`'s data directory, if it has one.
+    pub fn snapshot_bytes(&self, id: &str) -> Option<u64> {
+        let dir = self._dir.path().join(format!("data-{id}"));
+        std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".snap"))
+            .filter_map(|entry| Some((entry.file_name(), entry.metadata().ok()?.len())))
+            .max()
+            .map(|(_, bytes)| bytes)
     }
 
     /// Every process's id: the replicas', then the NATS servers'.
@@ -342,29 +396,31 @@ async fn start_nats(dir: &Path, servers: usize, commands: &mut Vec<String>) -> V
     started
 }
 
-/// The command line of replica `id` of an R`stream_replicas` stream on the NATS servers `urls`.
-fn replica_command(
-    binary: &Path,
-    config: &Path,
-    urls: &str,
-    stream_replicas: usize,
-    id: &str,
-) -> Command {
-    let mut command = Command::new(binary);
-    command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--nats", urls, "--nats-stream", STREAM])
-        .args(["--nats-replicas", &stream_replicas.to_string()])
-        .args(["--replica-id", id, "--config"])
-        .arg(config)
-        .env("RUST_LOG", "info");
-    command
+impl Launch {
+    /// The command line of replica `id`, its data directory (if any) in `dir`.
+    fn command(&self, id: &str, dir: &Path) -> Command {
+        let mut command = Command::new(&self.binary);
+        command
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--nats", &self.urls, "--nats-stream", STREAM])
+            .args(["--nats-replicas", &self.stream_replicas.to_string()])
+            .args(["--replica-id", id, "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", "info");
+        if let Some(interval) = self.snapshot_interval {
+            command
+                .arg("--data-dir")
+                .arg(dir.join(format!("data-{id}")))
+                .args(["--snapshot-interval", interval]);
+        }
+        command
+    }
 }
 
 /// Starts a replica, its output logged to `ID.log` in `dir`; returns once its ports serve.

@@ -15,7 +15,8 @@
 //! 3. **reads** of the R1 deployment (R3 is stopped first): `BatchMayExist` and unary `MayExist` from
 //!    clients spread over one, two and three replicas, in alternating stretches;
 //!
-//! and writes `benches/results/replicated.md`. The harness, the NATS servers and the replicas share the
+//! and writes `benches/results/replicated.md`. `cargo bench --bench replicated -- bootstrap` measures
+//! instead how long a wiped replica takes to serve a stream of 10,000,000 keys (see [`bootstrap`]). The harness, the NATS servers and the replicas share the
 //! machine's cores, so throughput is end to end on a crowded machine; server CPU per call (from
 //! `/proc/<pid>/stat`) is the figure that carries over to a machine of their own.
 //!
@@ -33,6 +34,7 @@ mod procs;
 #[path = "../load/text.rs"]
 mod text;
 
+mod bootstrap;
 mod deployment;
 mod report;
 
@@ -543,7 +545,21 @@ fn main() {
         return;
     }
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
-    runtime.block_on(run());
+    if args.iter().any(|a| a == "bootstrap") {
+        runtime.block_on(run_bootstrap());
+    } else {
+        runtime.block_on(run());
+    }
+}
+
+/// The bootstrap measurement alone, written to `benches/results/replicated-bootstrap.md`.
+async fn run_bootstrap() {
+    let measured = bootstrap::run(&procs::gate_binary()).await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("benches/results/replicated-bootstrap.md");
+    let markdown = measured.markdown();
+    std::fs::write(&path, &markdown).expect("writing replicated-bootstrap.md");
+    println!("\n{markdown}\nwritten: {}", path.display());
 }
 
 /// The run, one step per part of the report, in the order they are measured.

@@ -197,6 +197,8 @@ impl ReplicaSnapshots {
         .map_err(|panic| format!("the snapshot task failed: {panic}"))?
         .map_err(|e| e.to_string())?;
         tracing::info!(covered, bytes = written.bytes, "snapshot written");
+        metrics::gauge!("existence_replica_snapshot_seq").set(covered as f64);
+        metrics::gauge!("existence_replica_snapshot_bytes").set(written.bytes as f64);
         let Some(sharing) = share else {
             return Ok(None);
         };
@@ -214,6 +216,7 @@ impl ReplicaSnapshots {
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        metrics::gauge!("existence_replica_snapshot_shared_seq").set(covered as f64);
         tracing::info!(
             covered,
             bucket = self.store.bucket(),

@@ -12,9 +12,11 @@ use super::{wait_until, PATIENCE};
 /// A running JetStream server.
 pub struct Nats {
     child: Child,
+    binary: PathBuf,
+    port: u16,
     /// `nats://127.0.0.1:PORT`.
     pub url: String,
-    _store: tempfile::TempDir,
+    store: tempfile::TempDir,
 }
 
 /// Three JetStream servers in one cluster (streams may have three replicas), stopped when dropped.
@@ -60,19 +62,34 @@ impl Nats {
         let binary = binary()?;
         let store = tempfile::tempdir().expect("a temporary directory");
         let port = free_port();
-        let child = Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting nats-server");
         let nats = Self {
-            child,
+            child: spawn(&binary, port, store.path()),
+            binary,
+            port,
             url: format!("nats://127.0.0.1:{port}"),
-            _store: store,
+            store,
         };
-        let url = nats.url.clone();
+        nats.ready().await;
+        Some(nats)
+    }
+
+    /// Kills the server (SIGKILL): every client loses it at once, as in an outage.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port and store (after [`kill`](Self::kill)); returns once it
+    /// takes JetStream requests.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.child = spawn(&self.binary, self.port, self.store.path());
+        self.ready().await;
+    }
+
+    /// Waits until the server takes JetStream requests.
+    async fn ready(&self) {
+        let url = self.url.clone();
         wait_until(
             PATIENCE,
             "nats-server to take JetStream requests",
@@ -89,8 +106,18 @@ impl Nats {
             },
         )
         .await;
-        Some(nats)
     }
+}
+
+/// Starts a JetStream server on `port` with its store in `store`.
+fn spawn(binary: &std::path::Path, port: u16, store: &std::path::Path) -> Child {
+    Command::new(binary)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting nats-server")
 }
 
 impl Cluster {
@@ -186,7 +213,6 @@ impl Drop for Cluster {
 
 impl Drop for Nats {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
