@@ -367,6 +367,56 @@ async fn rebuild_replaces_the_filter_with_the_input() {
     );
 }
 
+/// Ctrl-C in the middle of a rebuild: the gate abandons it, the live filter stays.
+#[tokio::test]
+async fn an_interrupted_rebuild_leaves_the_live_filter() {
+    let server = start(CONFIG).await;
+    let live = keys("live", 100);
+    client(&server)
+        .await
+        .add(AddRequest {
+            namespace: "users".into(),
+            keys: live.clone(),
+        })
+        .await
+        .unwrap();
+    let mut rebuild = command(&addr(&server), &["rebuild", "-n", "users", "--batch", "10"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // 25 keys and an open pipe: two batches go out, and the command waits for more input.
+    let mut stdin = rebuild.stdin.take().unwrap();
+    stdin.write_all(&lines(&keys("partial", 25))).await.unwrap();
+    // Once the command catches SIGINT (it starts to just before its rebuild call), Ctrl-C is the operator
+    // interrupting a rebuild under way rather than killing a process that has not begun.
+    let pid = rebuild.id().expect("running");
+    wait_until(PATIENCE, "the command to catch SIGINT", async || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let caught = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+        let mask = u64::from_str_radix(caught.trim(), 16).ok()?;
+        (mask & (1 << (libc::SIGINT - 1)) != 0).then_some(())
+    })
+    .await;
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let output = rebuild.wait_with_output().await.unwrap();
+    let run = Run {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    assert_eq!(
+        run.failure(),
+        "existence-gate: interrupted; the rebuild was abandoned and the live filter of namespace \"users\" is \
+         unchanged"
+    );
+    drop(stdin);
+    assert_loaded(&server, "users", live).await;
+}
+
 #[tokio::test]
 async fn stats_print_an_aligned_table_or_json() {
     let server = start(CONFIG).await;

@@ -144,10 +144,11 @@ enum Feed {
 /// A message the gate refuses (an empty key), sent to make it abandon a rebuild. Ending the stream cannot
 /// do that — the gate swaps in what it received — and neither can cancelling the call: HTTP/2 servers
 /// (hyper) read a stream reset with CANCEL as the body's clean end, which would swap in a partial filter.
-/// A refused message fails the call on the gate's side, which discards the half-built filter.
-fn abandoning() -> RebuildRequest {
+/// A refused message fails the call on the gate's side, which discards the half-built filter. It names the
+/// namespace, as a first message must, in case nothing was sent before it.
+fn abandoning(namespace: String) -> RebuildRequest {
     RebuildRequest {
-        namespace: String::new(),
+        namespace,
         keys: vec![Bytes::new()],
     }
 }
@@ -171,6 +172,7 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
     let mut interrupted =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
     let (feed, mut requests) = mpsc::channel::<Feed>(2);
+    let namespace = bulk.namespace.clone();
     let requests = async_stream::stream! {
         loop {
             match requests.recv().await {
@@ -178,7 +180,7 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
                 Some(Feed::End) => break,
                 // The sender is gone without saying End: the source failed or the command was interrupted.
                 None => {
-                    yield abandoning();
+                    yield abandoning(namespace.clone());
                     std::future::pending::<()>().await;
                 }
             }
