@@ -12,7 +12,13 @@
 //! - [`service`]: gRPC, admin, auth, shedding, HTTP, listeners, metrics and the lifecycle health reads.
 //! - [`server`]: the wiring — configuration in, layers started in order, background tasks, graceful
 //!   shutdown. `main.rs` only parses flags and calls it.
+//!
+//! Beside them, [`cli`]: the operator commands (`load`, `rebuild`, `stats`, `check`, `add`, `absent`,
+//! `watch`, `snapshot`), clients of a running gate that use only the generated [`proto`] contract, the
+//! core's pure helpers (duration parsing, limits) and the spec's status names; nothing of the server
+//! depends on them.
 
+pub mod cli;
 pub mod core;
 pub mod server;
 pub mod service;

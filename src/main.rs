@@ -1,4 +1,5 @@
-//! The `existence-gate` command: `serve` (the default) runs the service.
+//! The `existence-gate` command: `serve` (the default) runs the service; the client subcommands of
+//! `existence_gate::cli` operate a running one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
+use existence_gate::cli;
 use existence_gate::core::clock::SystemClock;
 use existence_gate::core::config::{parse_duration, GateConfig};
 use existence_gate::server::{
@@ -14,6 +16,7 @@ use existence_gate::server::{
 use existence_gate::storage::replica::ReplicaOptions;
 use existence_gate::storage::stream::StreamOptions;
 use existence_gate::storage::SyncMode;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::EnvFilter;
 
 /// How long blocking work still running when `main` returns may take before the process exits without it.
@@ -39,6 +42,8 @@ enum Command {
         /// The token.
         token: Option<String>,
     },
+    #[command(flatten)]
+    Client(cli::Command),
 }
 
 #[derive(Debug, Args)]
@@ -424,18 +429,33 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // Logs go to stdout; `probe` prints only its verdict on stderr.
+    let cli = Cli::parse();
+    // The server logs to stdout; every other command keeps stdout for its output (data a script may read)
+    // and logs, if asked to with RUST_LOG, to stderr. `probe` prints only its verdict on stderr.
+    let serving = matches!(cli.command, None | Some(Command::Serve(_)));
+    let (writer, ansi) = if serving {
+        (
+            BoxMakeWriter::new(std::io::stdout),
+            std::io::IsTerminal::is_terminal(&std::io::stdout()),
+        )
+    } else {
+        (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        )
+    };
+    let default_level = if serving { "info" } else { "warn" };
     tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_writer(writer)
+        .with_ansi(ansi)
         // A closed stdout (a log collector that died) must not turn every log line into a panic: by
         // default the subscriber reports its own write failures with eprintln!, which panics when stderr
         // is gone too, killing the task that logged (the signal handler, the accept loop).
         .log_internal_errors(false)
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
         )
         .init();
-    let cli = Cli::parse();
     let command = match cli.command {
         Some(command) => command,
         None => Command::Serve(Box::new(
@@ -453,6 +473,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Probe(args) => runtime.block_on(probe(args)),
         Command::HashToken { token } => hash_token(token),
+        Command::Client(command) => runtime.block_on(cli::run(command)),
     };
     // Dropping a runtime waits for its blocking threads; one stuck on a stalled disk (a write or snapshot
     // the shutdown gave up on) would then hold the process forever. Everything acknowledged is in the log.

@@ -236,6 +236,9 @@ impl NamespaceSettings {
     }
 }
 
+/// The largest `max_key_bytes` a configuration may set: no gate accepts a longer key.
+pub const MAX_KEY_BYTES_LIMIT: usize = 65_536;
+
 /// Service-wide request limits.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -302,10 +305,13 @@ impl Limits {
                 format!("must be between 1 and 1000000, got {}", self.max_batch_keys),
             ));
         }
-        if !(1..=65_536).contains(&self.max_key_bytes) {
+        if !(1..=MAX_KEY_BYTES_LIMIT).contains(&self.max_key_bytes) {
             return Err(field(
                 "max_key_bytes",
-                format!("must be between 1 and 65536, got {}", self.max_key_bytes),
+                format!(
+                    "must be between 1 and {MAX_KEY_BYTES_LIMIT}, got {}",
+                    self.max_key_bytes
+                ),
             ));
         }
         if self.max_in_flight == 0

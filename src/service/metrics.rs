@@ -182,6 +182,12 @@ fn known_code(code: usize) -> usize {
     }
 }
 
+/// The spec's name of status `code` (`UNAUTHENTICATED`), as metric labels and the command-line tools' error
+/// lines spell it; codes outside the spec are `UNKNOWN`.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    CODE_NAMES[known_code(code as usize)]
+}
+
 /// Request counters and latency histograms per RPC and status, resolved on first use.
 #[derive(Debug, Default)]
 pub struct RpcMetrics {
@@ -214,6 +220,7 @@ mod tests {
     fn codes_outside_the_spec_are_labelled_unknown() {
         assert_eq!(CODE_NAMES[known_code(16)], "UNAUTHENTICATED");
         assert_eq!(CODE_NAMES[known_code(0)], "OK");
+        assert_eq!(code_name(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
         for code in [17, 99, usize::MAX] {
             assert_eq!(CODE_NAMES[known_code(code)], "UNKNOWN");
         }

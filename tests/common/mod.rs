@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod nats;
+pub mod postgres;
 pub mod replicas;
 
 use std::sync::Arc;
@@ -45,6 +46,14 @@ pub async fn wait_until<T>(
         );
         tokio::time::sleep(POLL_PAUSE).await;
     }
+}
+
+/// A free loopback port (free when asked; the server that needs it binds it right after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
+        .port()
 }
 
 /// Options for a server on ephemeral loopback ports with `config` (TOML), in memory, plaintext.

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 
 use async_nats::jetstream::context::GetStreamErrorKind;
 
-use super::{wait_until, PATIENCE};
+use super::{free_port, wait_until, PATIENCE};
 
 /// A running JetStream server.
 pub struct Nats {
@@ -45,14 +45,6 @@ fn binary() -> Option<PathBuf> {
             None
         }
     }
-}
-
-/// A free loopback port (free when asked; the server binds it right after).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 impl Nats {
