@@ -16,10 +16,13 @@
 //! Beside them, [`cli`]: the operator commands (`load`, `rebuild`, `stats`, `check`, `add`, `absent`,
 //! `watch`, `snapshot`), clients of a running gate that use only the generated [`proto`] contract, the
 //! core's pure helpers (duration parsing, limits) and the spec's status names; nothing of the server
-//! depends on them.
+//! depends on them. And [`feed`]: `existence-gate feed`, a process of its own that follows PostgreSQL
+//! tables through logical replication into the gate, a client like the commands (their connection) that
+//! serves its own metrics and health with the service's HTTP serving.
 
 pub mod cli;
 pub mod core;
+pub mod feed;
 pub mod server;
 pub mod service;
 pub mod storage;

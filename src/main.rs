@@ -44,6 +44,9 @@ enum Command {
     },
     #[command(flatten)]
     Client(cli::Command),
+    /// Follow tables of a PostgreSQL database (logical replication) into the gate: inserts become Adds,
+    /// deletes RecordAbsent(DELETED). Runs until interrupted; serves /metrics, /healthz and /readyz.
+    Feed(Box<existence_gate::feed::FeedArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -432,7 +435,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The server logs to stdout; every other command keeps stdout for its output (data a script may read)
     // and logs, if asked to with RUST_LOG, to stderr. `probe` prints only its verdict on stderr.
-    let serving = matches!(cli.command, None | Some(Command::Serve(_)));
+    let serving = matches!(
+        cli.command,
+        None | Some(Command::Serve(_)) | Some(Command::Feed(_))
+    );
     let (writer, ansi) = if serving {
         (
             BoxMakeWriter::new(std::io::stdout),
@@ -474,6 +480,10 @@ fn main() -> ExitCode {
         Command::Probe(args) => runtime.block_on(probe(args)),
         Command::HashToken { token } => hash_token(token),
         Command::Client(command) => runtime.block_on(cli::run(command)),
+        // The signal handler needs the runtime: made inside it.
+        Command::Feed(args) => {
+            runtime.block_on(async { existence_gate::feed::run(*args, shutdown_signal()).await })
+        }
     };
     // Dropping a runtime waits for its blocking threads; one stuck on a stalled disk (a write or snapshot
     // the shutdown gave up on) would then hold the process forever. Everything acknowledged is in the log.

@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio_postgres::{CopyOutStream, NoTls};
+use tokio_postgres::{Client, CopyOutStream, NoTls};
 
 use crate::cli::reader::Batch;
 
@@ -34,21 +34,7 @@ impl QueryKeys {
                 redacted(dsn)
             )
         })?;
-        let server = describe_server(&config);
-        let (client, connection) = config.connect(NoTls).await.map_err(|e| match e.as_db_error() {
-            Some(db) => format!(
-                "PostgreSQL at {server} refused the connection: {} (SQLSTATE {}); check the user, password and \
-                 database in --postgres",
-                db.message(),
-                db.code().code()
-            ),
-            None => format!(
-                "cannot connect to PostgreSQL at {server}: {}; is it running, and is --postgres right?",
-                crate::cli::failure::chain(&e)
-            ),
-        })?;
-        // The connection task ends when `client` is dropped; its errors surface through the client's calls.
-        tokio::spawn(connection);
+        let (client, server) = connect(&config).await?;
         // A query written with a trailing semicolon, as in psql, would end the COPY's parenthesis early.
         let query = query.trim().trim_end_matches(';').trim_end();
         let refused = |e: tokio_postgres::Error| query_refused(&server, e);
@@ -97,6 +83,27 @@ impl QueryKeys {
     }
 }
 
+/// Connects as `config` says; returns the client (its connection runs on the current runtime until the
+/// client is dropped) and `HOST:PORT`, for messages.
+pub async fn connect(config: &tokio_postgres::Config) -> Result<(Client, String), String> {
+    let server = describe_server(config);
+    let (client, connection) = config.connect(NoTls).await.map_err(|e| match e.as_db_error() {
+        Some(db) => format!(
+            "PostgreSQL at {server} refused the connection: {} (SQLSTATE {}); check the user, password and \
+             database in --postgres",
+            db.message(),
+            db.code().code()
+        ),
+        None => format!(
+            "cannot connect to PostgreSQL at {server}: {}; is it running, and is --postgres right?",
+            crate::cli::failure::chain(&e)
+        ),
+    })?;
+    // Its errors surface through the client's calls.
+    tokio::spawn(connection);
+    Ok((client, server))
+}
+
 /// `dsn` without its password, for messages.
 fn redacted(dsn: &str) -> String {
     if dsn.contains("password") || dsn.contains('@') {
@@ -143,7 +150,7 @@ fn planned_rows(line: &str) -> Option<u64> {
 }
 
 /// The first column of a `COPY ... TO STDOUT` text row, unescaped; `None` for NULL (`\N`).
-fn first_field(row: &Bytes) -> Option<Bytes> {
+pub fn first_field(row: &Bytes) -> Option<Bytes> {
     let end = memchr::memchr2(b'\t', b'\n', row).unwrap_or(row.len());
     let field = &row[..end];
     if field == b"\\N" {

@@ -17,6 +17,12 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
 
+/// Seconds a change waited before it was applied elsewhere (the PostgreSQL feed's commit-to-gate lag):
+/// milliseconds when all is well, minutes while something was down.
+const LAG_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
 /// Installs the process-wide Prometheus recorder (once) and returns the handle that renders it.
 pub fn install_recorder() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -27,6 +33,8 @@ pub fn install_recorder() -> PrometheusHandle {
                     Matcher::Suffix("duration_seconds".to_string()),
                     LATENCY_BUCKETS,
                 )
+                .expect("buckets are non-empty")
+                .set_buckets_for_metric(Matcher::Suffix("lag_seconds".to_string()), LAG_BUCKETS)
                 .expect("buckets are non-empty")
                 .build_recorder();
             let handle = recorder.handle();

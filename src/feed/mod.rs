@@ -1,0 +1,266 @@
+//! `existence-gate feed`: a long-running process that follows tables of a PostgreSQL database through
+//! logical replication and keeps the gate complete for every writer that never calls `Add` (a batch job,
+//! a migration, a fix by hand in SQL): an insert becomes an `Add` of its key, a delete a
+//! `RecordAbsent(DELETED)`, a key-changing update both; a truncate is logged and counted (rebuild).
+//!
+//! - [`pgoutput`]: decoding of the replication messages.
+//! - [`changes`]: what a table's changes mean for the gate (keys that exist, keys deleted).
+//! - [`batch`]: those changes as few gate calls as their order allows.
+//! - [`follow`]: the loop — events in, calls out, the slot confirmed only after the gate acknowledged.
+//! - [`setup`]: the checks and the publication and slot it creates, each refusal naming what to fix.
+//! - [`initial_load`]: `--initial-load`, the tables read within the new slot's snapshot.
+//! - [`metrics`] and [`health`]: its own `/metrics`, `/healthz` and `/readyz`.
+//!
+//! The replication protocol is `pgwire-replication` (0.5.0, pinned in `Cargo.toml` with the reasons);
+//! `pgoutput` is decoded here, behind [`pgoutput::decode`], with its own tests.
+
+pub mod batch;
+pub mod changes;
+pub mod follow;
+pub mod health;
+pub mod initial_load;
+pub mod metrics;
+pub mod pgoutput;
+pub mod setup;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use pgwire_replication::{ReplicationClient, ReplicationConfig, TlsConfig};
+use tokio_postgres::config::{Host, SslMode};
+
+use crate::cli::connection::{ConnectArgs, Gate};
+use crate::core::config::parse_duration;
+use changes::{FollowedTable, Tables};
+use follow::{Follower, GateWriter, Stop};
+use health::Health;
+
+/// How often the WAL the slot holds back is measured.
+const RETAINED_EVERY: Duration = Duration::from_secs(5);
+/// The longest pause between two attempts to reconnect to PostgreSQL.
+const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
+
+/// The `feed` subcommand's flags.
+#[derive(Debug, Args)]
+pub struct FeedArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// The database to follow: postgres://USER:PASSWORD@HOST:PORT/DATABASE (or key=value pairs). The user
+    /// needs the REPLICATION attribute, and to create the publication, ownership of the tables.
+    #[arg(long, env = "EXISTENCE_GATE_POSTGRES", hide_env_values = true)]
+    pub postgres: String,
+    /// A table to follow, SCHEMA.TABLE:COLUMN=NAMESPACE: COLUMN's values (as text) are keys of NAMESPACE.
+    /// Repeat for several tables. COLUMN must be in the table's primary key or replica identity.
+    #[arg(long = "table", required = true)]
+    pub tables: Vec<FollowedTable>,
+    /// The logical replication slot (created if missing). It keeps WAL until the feed confirms it: drop an
+    /// abandoned one (SELECT pg_drop_replication_slot('NAME')).
+    #[arg(long)]
+    pub slot: String,
+    /// The publication (created for the tables if missing; an existing one must publish them).
+    #[arg(long)]
+    pub publication: String,
+    /// When the slot is created here: load every key of the tables within the slot's snapshot first, so the
+    /// gate misses no committed key. Ignored when the slot exists (it was loaded when it was created).
+    #[arg(long)]
+    pub initial_load: bool,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, default_value = "127.0.0.1:9465")]
+    pub http_listen: SocketAddr,
+    /// Keys per Add (at most the gate's max_batch_keys), and keys waiting that trigger a send.
+    #[arg(long, default_value_t = 1000)]
+    pub batch: usize,
+    /// How long committed changes may wait to share a call with the next ones.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    pub linger: Duration,
+}
+
+/// Runs the feed until `stop` resolves (Ctrl-C, SIGTERM) or something only the operator can fix happens.
+pub async fn run(
+    args: FeedArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let prometheus = crate::service::metrics::install_recorder();
+    let health = Arc::new(Health::default());
+    let http = health::serve(args.http_listen, prometheus, Arc::clone(&health)).await?;
+    let config: tokio_postgres::Config = args.postgres.parse().map_err(|e| {
+        format!(
+            "invalid --postgres: {e}; write it as postgres://USER:PASSWORD@HOST:PORT/DATABASE or \
+             \"host=HOST port=PORT user=USER dbname=DATABASE\""
+        )
+    })?;
+    let replication = replication_config(&config, &args)?;
+    let (mut client, server) = crate::cli::postgres::connect(&config).await?;
+    setup::check_wal_level(&client).await?;
+    for table in &args.tables {
+        setup::check_table(&client, table).await?;
+    }
+    setup::ensure_publication(&client, &args.publication, &args.tables).await?;
+    let writer = GateWriter {
+        gate: Gate::connect(&args.connect).await?.gate(),
+        metrics: metrics::FeedMetrics,
+    };
+    for namespace in args.tables.iter().map(|t| &t.namespace) {
+        writer.check_writable(namespace).await?;
+    }
+    let mut first = None;
+    if !setup::slot_exists(&client, &args.slot).await? {
+        if args.initial_load {
+            let mut session = connect_gated(&replication, &server).await?;
+            let loaded = initial_load::load(
+                &mut session,
+                &mut client,
+                &args.slot,
+                &args.tables,
+                &writer,
+                args.batch,
+            )
+            .await?;
+            tracing::info!(?loaded, "initial load done; following the slot");
+            first = Some(session);
+        } else {
+            setup::create_slot(&client, &args.slot).await?;
+        }
+    }
+    let retained = tokio::spawn(watch_retained(client, args.slot.clone(), writer.metrics));
+    let mut tables = Tables::new(args.tables.clone());
+    let follow = async {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let session = match first.take() {
+                Some(session) => Ok(session),
+                None => connect_gated(&replication, &server).await,
+            };
+            let stopped = match session {
+                Ok(mut session) => {
+                    let stopped =
+                        follow_session(&mut session, &writer, &mut tables, &args, &health).await;
+                    pause = Duration::from_millis(100);
+                    stopped
+                }
+                Err(reason) => Stop::Session(reason),
+            };
+            match stopped {
+                Stop::Fatal(reason) => return reason,
+                Stop::Session(reason) => {
+                    health.not_ready(format!(
+                        "disconnected from PostgreSQL at {server}: {reason}"
+                    ));
+                    writer.metrics.connected(false);
+                    tracing::warn!(%reason, ?pause, "replication session ended; reconnecting");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+                }
+            }
+        }
+    };
+    let result = tokio::select! {
+        reason = follow => Err(reason),
+        () = stop => Ok(()),
+    };
+    retained.abort();
+    http.abort();
+    result
+}
+
+/// Starts streaming on `session` and follows it until it stops.
+async fn follow_session(
+    session: &mut ReplicationClient,
+    writer: &GateWriter,
+    tables: &mut Tables,
+    args: &FeedArgs,
+    health: &Health,
+) -> Stop {
+    if let Err(error) = session.start().await {
+        return Stop::Session(error.to_string());
+    }
+    if let Err(error) = session.wait_started().await {
+        return Stop::Session(error.to_string());
+    }
+    health.ready();
+    writer.metrics.connected(true);
+    tracing::info!(slot = %args.slot, "following the replication slot");
+    let mut follower = Follower {
+        writer,
+        tables,
+        batch_keys: args.batch,
+        linger: args.linger,
+    };
+    follower.follow(session).await
+}
+
+/// A replication session, authenticated and waiting for `START_REPLICATION`.
+async fn connect_gated(
+    config: &ReplicationConfig,
+    server: &str,
+) -> Result<ReplicationClient, String> {
+    let mut session = ReplicationClient::connect_gated(config.clone())
+        .await
+        .map_err(|e| {
+            format!("cannot open a replication session with PostgreSQL at {server}: {e}")
+        })?;
+    // The first command shows whether connecting and authenticating worked.
+    session.identify_system().await.map_err(|e| {
+        format!(
+            "PostgreSQL at {server} refused the replication session: {e}; the user needs the REPLICATION \
+             attribute and a `replication` line in pg_hba.conf"
+        )
+    })?;
+    Ok(session)
+}
+
+/// The replication client's settings from the DSN: the same server, user and database, no TLS (the feed
+/// runs beside the database or the gate; a DSN that requires TLS is refused).
+fn replication_config(
+    config: &tokio_postgres::Config,
+    args: &FeedArgs,
+) -> Result<ReplicationConfig, String> {
+    if config.get_ssl_mode() == SslMode::Require {
+        return Err(
+            "--postgres asks for sslmode=require, but the feed connects without TLS: run it beside the \
+             database (or the gate) and use sslmode=disable"
+                .to_string(),
+        );
+    }
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(name)) => name.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_string(),
+    };
+    let password = config
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    let user = config.get_user().unwrap_or("postgres");
+    let database = config.get_dbname().unwrap_or(user);
+    Ok(ReplicationConfig::new(
+        host,
+        user,
+        password,
+        database,
+        args.slot.clone(),
+        args.publication.clone(),
+    )
+    .with_port(config.get_ports().first().copied().unwrap_or(5432))
+    .with_tls(TlsConfig::disabled())
+    .with_status_interval(Duration::from_secs(1))
+    .with_application_name("existence-gate feed"))
+}
+
+/// Measures the WAL the slot holds back, every [`RETAINED_EVERY`].
+async fn watch_retained(
+    client: tokio_postgres::Client,
+    slot: String,
+    metrics: metrics::FeedMetrics,
+) {
+    let mut ticks = tokio::time::interval(RETAINED_EVERY);
+    loop {
+        ticks.tick().await;
+        match setup::retained_wal(&client, &slot).await {
+            Ok(bytes) => metrics.retained(bytes),
+            Err(reason) => tracing::debug!(%reason, "cannot measure the slot's retained WAL"),
+        }
+    }
+}

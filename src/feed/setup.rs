@@ -1,0 +1,200 @@
+//! What the feed checks and creates in PostgreSQL before it follows: logical WAL, each table with its key
+//! column in the replica identity, the publication, the slot — each refusal a line naming what to fix.
+//!
+//! Privileges: creating the publication needs `CREATE` on the database and ownership of the tables (or
+//! a superuser); creating the slot and following it need the `REPLICATION` attribute
+//! (`ALTER ROLE feeder REPLICATION`) and a `replication` line for the user in `pg_hba.conf`. Create both
+//! ahead as an administrator and the feed uses them as they are.
+
+use tokio_postgres::Client;
+
+use super::changes::{quote, FollowedTable};
+
+/// What PostgreSQL said, as a line.
+fn said(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => crate::cli::failure::chain(error),
+    }
+}
+
+/// Checks that PostgreSQL writes logical WAL.
+pub async fn check_wal_level(client: &Client) -> Result<(), String> {
+    let row = client
+        .query_one("SHOW wal_level", &[])
+        .await
+        .map_err(|e| format!("cannot read wal_level: {}", said(&e)))?;
+    let level: String = row.get(0);
+    if level != "logical" {
+        return Err(format!(
+            "PostgreSQL runs with wal_level = {level}: logical replication needs wal_level = logical in \
+             postgresql.conf (then restart PostgreSQL)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `table` exists, has its key column, and that the column is part of its replica identity
+/// (its primary key, the `REPLICA IDENTITY USING INDEX` index, or `REPLICA IDENTITY FULL`): otherwise a
+/// delete would not carry the key, and the gate could not be told.
+pub async fn check_table(client: &Client, table: &FollowedTable) -> Result<(), String> {
+    let row = client
+        .query_opt(
+            "SELECT c.relreplident::text, a.attnum, \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid \
+                            AND (i.indisprimary OR i.indisreplident)) AS keyed, \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid \
+                            AND ((c.relreplident = 'd' AND i.indisprimary) \
+                                 OR (c.relreplident = 'i' AND i.indisreplident)) \
+                            AND a.attnum = ANY (i.indkey::int2[])) AS in_identity \
+             FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $3 AND NOT a.attisdropped \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+            &[&table.schema, &table.table, &table.column],
+        )
+        .await
+        .map_err(|e| format!("cannot look up table {}: {}", table.name(), said(&e)))?;
+    let Some(row) = row else {
+        return Err(format!(
+            "table {} does not exist (or is not a table); fix --table",
+            table.name()
+        ));
+    };
+    let (identity, column, keyed, in_identity): (String, Option<i16>, bool, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    if column.is_none() {
+        return Err(format!(
+            "table {} has no column {:?}; fix --table",
+            table.name(),
+            table.column
+        ));
+    }
+    if identity == "f" || in_identity {
+        return Ok(());
+    }
+    let fix = format!(
+        "give it a primary key on {column:?}, or run ALTER TABLE {name} REPLICA IDENTITY FULL",
+        column = table.column,
+        name = table.quoted()
+    );
+    Err(if !keyed || identity == "n" {
+        format!(
+            "table {} has no primary key or replica identity, so its deletes carry no key: {fix}",
+            table.name()
+        )
+    } else {
+        format!(
+            "column {:?} is not part of the replica identity of table {}, so deletes do not carry it: {fix}",
+            table.column,
+            table.name()
+        )
+    })
+}
+
+/// Uses the publication `name`, creating it for `tables` if missing; an existing one must publish them.
+pub async fn ensure_publication(
+    client: &Client,
+    name: &str,
+    tables: &[FollowedTable],
+) -> Result<(), String> {
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&name])
+        .await
+        .map_err(|e| format!("cannot look up publication {name}: {}", said(&e)))?
+        .is_some();
+    let list = tables
+        .iter()
+        .map(FollowedTable::quoted)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if !exists {
+        let create = format!("CREATE PUBLICATION {} FOR TABLE {list}", quote(name));
+        client.batch_execute(&create).await.map_err(|e| {
+            format!(
+                "cannot create publication {name}: {}; create it as the tables' owner: {create}",
+                said(&e)
+            )
+        })?;
+        tracing::info!(publication = name, tables = %list, "publication created");
+        return Ok(());
+    }
+    for table in tables {
+        let published = client
+            .query_opt(
+                "SELECT 1 FROM pg_publication_tables \
+                 WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                &[&name, &table.schema, &table.table],
+            )
+            .await
+            .map_err(|e| format!("cannot read publication {name}: {}", said(&e)))?
+            .is_some();
+        if !published {
+            return Err(format!(
+                "publication {name} does not publish {}: ALTER PUBLICATION {} ADD TABLE {}",
+                table.name(),
+                quote(name),
+                table.quoted()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the slot `name` exists; an existing one must be a `pgoutput` slot of this database.
+pub async fn slot_exists(client: &Client, name: &str) -> Result<bool, String> {
+    let row = client
+        .query_opt(
+            "SELECT plugin, database = current_database() FROM pg_replication_slots WHERE slot_name = $1",
+            &[&name],
+        )
+        .await
+        .map_err(|e| format!("cannot look up replication slot {name}: {}", said(&e)))?;
+    match row {
+        None => Ok(false),
+        Some(row) => {
+            let (plugin, here): (Option<String>, Option<bool>) = (row.get(0), row.get(1));
+            if plugin.as_deref() != Some("pgoutput") || here != Some(true) {
+                return Err(format!(
+                    "replication slot {name} exists but is not a pgoutput slot of this database (plugin \
+                     {plugin:?}); pick another --slot, or drop it: SELECT pg_drop_replication_slot('{name}')"
+                ));
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// Creates the logical slot `name` with `pgoutput`, starting at the current WAL position.
+pub async fn create_slot(client: &Client, name: &str) -> Result<(), String> {
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&name],
+        )
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot create replication slot {name}: {}; the user needs the REPLICATION attribute \
+                 (ALTER ROLE ... REPLICATION)",
+                said(&e)
+            )
+        })?;
+    tracing::info!(slot = name, "replication slot created");
+    Ok(())
+}
+
+/// How much WAL the slot holds back, in bytes (what an abandoned slot would keep growing).
+pub async fn retained_wal(client: &Client, name: &str) -> Result<u64, String> {
+    let row = client
+        .query_opt(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&name],
+        )
+        .await
+        .map_err(|e| format!("cannot read replication slot {name}: {}", said(&e)))?;
+    Ok(row
+        .and_then(|row| row.get::<_, Option<i64>>(0))
+        .map_or(0, |bytes| bytes.max(0) as u64))
+}
