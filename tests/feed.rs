@@ -4,108 +4,18 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 
 use bytes::Bytes;
+use common::feed::{feed_command, Feed};
 use common::postgres::Postgres;
 use common::*;
 use existence_gate::proto::{Answer, Basis, BatchMayExistRequest, MayExistRequest};
 use existence_gate::server::RunningServer;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CONFIG: &str = "[namespaces.users]\nexpected_keys = 100000\n";
 
-/// A running `existence-gate feed` process.
-struct Feed {
-    child: tokio::process::Child,
-    http: SocketAddr,
-}
-
-/// The feed's command line against the database `dsn` and the gate at `addr`, following
-/// `public.users:id=users`.
-fn feed_command(dsn: &str, addr: &str, extra: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"));
-    command
-        .args(["feed", "--addr", addr, "--postgres", dsn])
-        .args(["--table", "public.users:id=users", "--slot", "feed_slot"])
-        .args([
-            "--publication",
-            "feed_publication",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .env_remove("EXISTENCE_GATE_TOKEN")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    command
-}
-
-impl Feed {
-    /// Starts the feed; returns once its HTTP port is up.
-    async fn start(postgres: &Postgres, gate: &RunningServer, extra: &[&str]) -> Self {
-        let mut child = feed_command(&postgres.dsn(), &addr(gate), extra)
-            .spawn()
-            .expect("the binary starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let http = tokio::time::timeout(PATIENCE, async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some(at) = line.find("http_addr=") {
-                    let rest = &line[at + "http_addr=".len()..];
-                    let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
-                    return rest[..end].parse().expect("an address");
-                }
-            }
-            panic!("the feed exited before serving HTTP");
-        })
-        .await
-        .expect("the feed serves HTTP");
-        let show = std::env::var_os("EXISTENCE_GATE_TEST_LOGS").is_some();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if show {
-                    eprintln!("[feed] {line}");
-                }
-            }
-        });
-        Self { child, http }
-    }
-
-    /// Waits until `/readyz` answers 200 (following the slot).
-    async fn ready(&self) {
-        wait_until(PATIENCE, "the feed to follow its slot", async || {
-            let (status, _) = try_http_get_at(self.http, "/readyz").await?;
-            (status == 200).then_some(())
-        })
-        .await;
-    }
-
-    /// One sample of the metric `series` (the first line starting with it), 0 if absent.
-    async fn metric(&self, series: &str) -> f64 {
-        let (_, body) = try_http_get_at(self.http, "/metrics")
-            .await
-            .unwrap_or_default();
-        body.lines()
-            .find(|line| line.starts_with(series))
-            .and_then(|line| line.rsplit(' ').next())
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0.0)
-    }
-
-    /// SIGKILL.
-    async fn kill(mut self) {
-        self.child.kill().await.expect("kill the feed");
-    }
-}
-
 fn addr(server: &RunningServer) -> String {
     format!("http://{}", server.grpc_addr)
-}
-
-async fn try_http_get_at(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    common::try_http_get(addr, path).await.ok()
 }
 
 /// A gate keeping its state in `dir`, on `listen` (`127.0.0.1:0` for any port).
@@ -199,7 +109,7 @@ async fn inserts_deletes_key_changes_and_truncates_are_followed() {
         return;
     };
     let gate = start(CONFIG).await;
-    let feed = Feed::start(&postgres, &gate, &[]).await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
     feed.ready().await;
     let db = postgres.client().await;
     insert(&db, 0, 1_000).await;
@@ -252,7 +162,7 @@ async fn nothing_is_confirmed_before_the_gate_acknowledges_and_nothing_is_lost()
     };
     let dir = tempfile::tempdir().unwrap();
     let gate = start_durable(dir.path(), "127.0.0.1:0".parse().unwrap()).await;
-    let feed = Feed::start(&postgres, &gate, &[]).await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
     feed.ready().await;
     let db = postgres.client().await;
     insert(&db, 0, 100).await;
@@ -317,7 +227,7 @@ async fn nothing_is_confirmed_before_the_gate_acknowledges_and_nothing_is_lost()
     };
     feed.kill().await;
     writer.await.unwrap();
-    let feed = Feed::start(&postgres, &gate, &[]).await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
     all_present(&gate, ids(1_000..3_000)).await;
     feed.kill().await;
 }
@@ -339,7 +249,7 @@ async fn an_initial_load_under_concurrent_inserts_misses_no_key() {
             }
         })
     };
-    let feed = Feed::start(&postgres, &gate, &["--initial-load"]).await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &["--initial-load"]).await;
     writer.await.unwrap();
     feed.ready().await;
     let all: Vec<Bytes> = ids(0..20_000)

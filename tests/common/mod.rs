@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod feed;
 pub mod nats;
 pub mod postgres;
 pub mod replicas;
