@@ -802,7 +802,10 @@ async fn a_bad_postgres_dsn_says_what_to_fix() {
     .await
     .failure();
     assert!(
-        refused.starts_with("existence-gate: invalid --postgres port=notanumber: ")
+        refused.starts_with(
+            "existence-gate: invalid --postgres port=notanumber: invalid connection string: invalid value \
+             for option `port`; "
+        )
             && refused.contains("write it as postgres://USER:PASSWORD@HOST:PORT/DATABASE"),
         "{refused}"
     );
