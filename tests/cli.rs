@@ -671,6 +671,90 @@ async fn a_gate_that_is_not_running_is_named_with_its_address() {
     }
 }
 
+/// A gate that requires mutual TLS: the CA and the client certificate get the commands in; without the
+/// certificate they are refused, in one line.
+#[tokio::test]
+async fn tls_flags_reach_a_gate_that_requires_client_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = new_pki();
+    let write = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path.display().to_string()
+    };
+    let ca = write("ca.pem", &pki.ca);
+    let mut options = options(CONFIG, 16 << 20);
+    options.tls = Some(existence_gate::server::TlsOptions {
+        cert: write("server.pem", &pki.server_cert).into(),
+        key: write("server.key", &pki.server_key).into(),
+        client_ca: Some(ca.clone().into()),
+    });
+    let server = start_options(
+        options,
+        std::sync::Arc::new(existence_gate::core::clock::SystemClock),
+    )
+    .await;
+    let (cert, key) = (
+        write("client.pem", &pki.client_cert),
+        write("client.key", &pki.client_key),
+    );
+    let https = format!("https://localhost:{}", server.grpc_addr.port());
+    let added = run_at(
+        &https,
+        &[
+            "add",
+            "k",
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+        b"",
+    )
+    .await
+    .ok();
+    assert!(added.stdout.starts_with("added 1 key"), "{added:?}");
+    // Without a scheme, TLS flags mean https.
+    let bare = format!("localhost:{}", server.grpc_addr.port());
+    let checked = run_at(
+        &bare,
+        &[
+            "check",
+            "k",
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+        b"",
+    )
+    .await
+    .ok();
+    assert_eq!(checked.stdout, "k MAY_EXIST FILTER\n");
+    let refused = run_at(&https, &["check", "k", "--tls-ca", &ca], b"")
+        .await
+        .failure();
+    assert!(refused.starts_with("existence-gate: "), "{refused}");
+    let plaintext = run_at(
+        &https.replace("https", "http"),
+        &["check", "k", "--tls-ca", &ca],
+        b"",
+    )
+    .await
+    .failure();
+    assert_eq!(
+        plaintext,
+        format!(
+            "existence-gate: --addr http://localhost:{} is plaintext but TLS files were given: use https://",
+            server.grpc_addr.port()
+        )
+    );
+}
+
 /// The bootstrap from PostgreSQL: a table's ids streamed into `load` and `rebuild`, keys with COPY's escapes
 /// and NULLs, and the errors an operator meets first (a missing table, a refused token).
 #[tokio::test]
@@ -802,7 +886,10 @@ async fn a_bad_postgres_dsn_says_what_to_fix() {
     .await
     .failure();
     assert!(
-        refused.starts_with("existence-gate: invalid --postgres port=notanumber: ")
+        refused.starts_with(
+            "existence-gate: invalid --postgres port=notanumber: invalid connection string: invalid value \
+             for option `port`; "
+        )
             && refused.contains("write it as postgres://USER:PASSWORD@HOST:PORT/DATABASE"),
         "{refused}"
     );

@@ -228,40 +228,6 @@ async fn the_admin_service_needs_the_admin_role() {
     );
 }
 
-struct Pki {
-    ca: String,
-    server_cert: String,
-    server_key: String,
-    client_cert: String,
-    client_key: String,
-}
-
-fn new_pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::from_params(&ca_params, &ca_key);
-    let leaf = |name: &str| {
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec![name.to_string()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf("localhost");
-    let (client_cert, client_key) = leaf("client");
-    Pki {
-        ca: ca.pem(),
-        server_cert,
-        server_key,
-        client_cert,
-        client_key,
-    }
-}
-
 async fn tls_channel(
     addr: std::net::SocketAddr,
     tls: ClientTlsConfig,

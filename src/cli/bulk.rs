@@ -277,7 +277,7 @@ fn summarise(
     }
     let skipped = match skipped {
         0 => String::new(),
-        n => format!("; skipped {} empty or NULL keys", HumanCount(n)),
+        n => format!("; skipped {}", output::count(n, "empty or NULL key")),
     };
     eprintln!("{line}{skipped}");
     Ok(())

@@ -28,6 +28,12 @@ pub fn short_name(name: &'static str, prefix: &str) -> &'static str {
     name.strip_prefix(prefix).unwrap_or(name)
 }
 
+/// `n` and `noun`, plural unless `n` is 1: `1 key`, `2 keys`, `1,000 keys`.
+pub fn count(n: u64, noun: &str) -> String {
+    let s = if n == 1 { "" } else { "s" };
+    format!("{} {noun}{s}", indicatif::HumanCount(n))
+}
+
 /// Writes `text` and a newline to standard output (flushed: line-buffered), or says why it could not.
 pub fn line(text: &str) -> Result<(), String> {
     let mut stdout = std::io::stdout().lock();
@@ -51,5 +57,9 @@ mod tests {
         let mut object = Map::new();
         insert_key(&mut object, &[0xff]);
         assert_eq!(Value::Object(object).to_string(), r#"{"key_hex":"ff"}"#);
+        assert_eq!(
+            (count(1, "key"), count(1_000, "key")),
+            ("1 key".into(), "1,000 keys".into())
+        );
     }
 }

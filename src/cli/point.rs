@@ -8,7 +8,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::Args;
 use futures_util::StreamExt;
-use indicatif::HumanCount;
 use serde_json::{json, Map, Value};
 
 use crate::cli::connection::{ConnectArgs, Gate, GateClient};
@@ -162,11 +161,11 @@ pub async fn add(args: AddArgs) -> Result<(), String> {
         );
     }
     output::line(&format!(
-        "added {} keys to namespace {:?} at seq {} ({} tombstones cleared)",
-        HumanCount(count as u64),
+        "added {} to namespace {:?} at seq {} ({} cleared)",
+        output::count(count as u64, "key"),
         args.namespace,
         reply.seq,
-        reply.tombstones_cleared
+        output::count(reply.tombstones_cleared.into(), "tombstone")
     ))
 }
 

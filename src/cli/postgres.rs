@@ -27,11 +27,12 @@ impl QueryKeys {
     /// Connects with `dsn` and starts streaming `query`; also returns the planner's estimate of its rows
     /// (from `EXPLAIN`, which costs a plan and no execution) for the progress bar.
     pub async fn open(dsn: &str, query: &str) -> Result<(Self, Option<u64>), String> {
-        let config: tokio_postgres::Config = dsn.parse().map_err(|e| {
+        let config: tokio_postgres::Config = dsn.parse().map_err(|e: tokio_postgres::Error| {
             format!(
-                "invalid --postgres {}: {e}; write it as postgres://USER:PASSWORD@HOST:PORT/DATABASE or \
+                "invalid --postgres {}: {}; write it as postgres://USER:PASSWORD@HOST:PORT/DATABASE or \
                  \"host=HOST port=PORT user=USER dbname=DATABASE\"",
-                redacted(dsn)
+                redacted(dsn),
+                crate::cli::failure::chain(&e)
             )
         })?;
         let (client, server) = connect(&config).await?;

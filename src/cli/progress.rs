@@ -40,8 +40,8 @@ impl Finished {
     /// `N keys in S s (R keys/s)`, the figures every summary line carries.
     pub fn figures(&self) -> String {
         format!(
-            "{} keys in {:.2} s ({} keys/s)",
-            HumanCount(self.keys),
+            "{} in {:.2} s ({} keys/s)",
+            crate::cli::output::count(self.keys, "key"),
             self.elapsed.as_secs_f64(),
             HumanCount(self.keys_per_second())
         )

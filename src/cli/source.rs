@@ -59,7 +59,7 @@ impl Source {
                     .await
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
                 // A pipe or device has no length to measure progress against.
-                let total = metadata.is_file().then(|| Total::Bytes(metadata.len()));
+                let total = metadata.is_file().then_some(Total::Bytes(metadata.len()));
                 let reader =
                     KeyReader::new(Box::new(file), path.display().to_string(), args.format);
                 Ok((Source::Reader(reader), total))

@@ -158,3 +158,39 @@ pub fn pack(keys: &[bytes::Bytes]) -> bytes::Bytes {
     }
     packed.into()
 }
+
+/// A CA, a server certificate for `localhost` and a client certificate it signed, all PEM.
+pub struct Pki {
+    pub ca: String,
+    pub server_cert: String,
+    pub server_key: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+/// A fresh [`Pki`].
+pub fn new_pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf("localhost");
+    let (client_cert, client_key) = leaf("client");
+    Pki {
+        ca: ca.pem(),
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+    }
+}
