@@ -161,6 +161,7 @@ async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
         .send(RebuildRequest {
             namespace: "default".into(),
             keys: vec![],
+            commit: false,
         })
         .await
         .unwrap();
@@ -184,12 +185,19 @@ async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
             .send(RebuildRequest {
                 namespace: String::new(),
                 keys: chunk.to_vec(),
+                commit: false,
             })
             .await
             .unwrap();
     }
     adder.await.unwrap();
-    drop(sender);
+    sender
+        .send(RebuildRequest {
+            commit: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     let rebuilt = rebuild.await.unwrap().unwrap().into_inner();
     assert_eq!(rebuilt.keys, 5_000);
     assert!(rebuilt.seq >= 52, "{rebuilt:?}");
@@ -232,6 +240,7 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
             .send(RebuildRequest {
                 namespace: namespace.to_string(),
                 keys: keys("x", 0..10),
+                commit: false,
             })
             .await
             .unwrap();
@@ -263,6 +272,7 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
         .send(RebuildRequest {
             namespace: String::new(),
             keys: vec![Bytes::new()],
+            commit: false,
         })
         .await
         .unwrap();
@@ -274,15 +284,40 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
         "the live filter changed"
     );
 
-    // And the namespace can be rebuilt again afterwards.
+    // A stream that ends without its commit, and a call cancelled half-way (which an HTTP/2 server may
+    // see as a clean end of the stream), are abandoned too.
+    let (sender, ended) = open_rebuild("").await;
+    drop(sender);
+    let status = ended.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("commit"), "{status:?}");
+    for _ in 0..5 {
+        let (sender, cancelled) = open_rebuild("").await;
+        cancelled.abort();
+        let _ = cancelled.await;
+        drop(sender);
+    }
+    let old = answers(&server, keys("old", 0..100)).await;
+    assert!(
+        old.iter().all(|a| *a == Answer::MayExist),
+        "an uncommitted rebuild was swapped in"
+    );
+
+    // And the namespace can be rebuilt again afterwards (once the server has seen the last cancelled call
+    // go, which it learns on its own time).
     let mut admin = AdminClient::new(channel(&server).await);
-    let again = admin
-        .rebuild(tokio_stream::iter([RebuildRequest {
+    let again = common::wait_until(PATIENCE, "a new rebuild to be accepted", async || {
+        let rebuild = tokio_stream::iter([RebuildRequest {
             namespace: String::new(),
             keys: keys("old", 0..100),
-        }]))
-        .await
-        .unwrap()
-        .into_inner();
+            commit: true,
+        }]);
+        match admin.rebuild(rebuild).await {
+            Ok(reply) => Some(reply.into_inner()),
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => None,
+            Err(status) => panic!("{status:?}"),
+        }
+    })
+    .await;
     assert_eq!(again.keys, 100);
 }

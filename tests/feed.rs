@@ -141,14 +141,18 @@ async fn inserts_deletes_key_changes_and_truncates_are_followed() {
         (feed.metric("existence_feed_truncates_total").await >= 1.0).then_some(())
     })
     .await;
-    assert_eq!(
-        feed.metric("existence_feed_rows_total{operation=\"insert\"")
-            .await
-            + feed
-                .metric("existence_feed_rows_total{table=\"public.users\",operation=\"insert\"")
-                .await,
-        1_000.0
-    );
+    let inserts = "existence_feed_rows_total{table=\"public.users\",operation=\"insert\"}";
+    assert_eq!(feed.metric(inserts).await, 1_000.0);
+
+    // PostgreSQL gone: the feed says so on /readyz (and keeps trying to reconnect).
+    drop(db);
+    drop(postgres);
+    let (status, body) = wait_until(PATIENCE, "/readyz to report the lost database", async || {
+        let (status, body) = common::try_http_get(feed.http, "/readyz").await.ok()?;
+        (status == 503).then_some((status, body))
+    })
+    .await;
+    assert!(body.contains("disconnected from PostgreSQL"), "{status} {body}");
     feed.kill().await;
 }
 

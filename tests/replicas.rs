@@ -255,6 +255,7 @@ async fn feed(sender: &tokio::sync::mpsc::Sender<RebuildRequest>, keys: &[String
         let message = RebuildRequest {
             namespace: String::new(),
             keys: bytes(chunk),
+            commit: false,
         };
         sender.send(message).await.unwrap();
     }
@@ -273,6 +274,7 @@ async fn begin_rebuild(
     let first = RebuildRequest {
         namespace: "users".to_string(),
         keys: Vec::new(),
+        commit: false,
     };
     sender.send(first).await.unwrap();
     let mut admin = replica.admin();
@@ -309,7 +311,11 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
         added_meanwhile.extend(keys);
         feed(&sender, &live[batch * 150..(batch + 1) * 150]).await;
     }
-    drop(sender);
+    let commit = RebuildRequest {
+        commit: true,
+        ..Default::default()
+    };
+    sender.send(commit).await.unwrap();
     let rebuilt = call.await.unwrap().unwrap().into_inner();
     assert_eq!(rebuilt.keys, 3_000, "{rebuilt:?}");
     agreed_digests(&replicas).await;
@@ -334,6 +340,7 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
         let keys = RebuildRequest {
             namespace: "users".to_string(),
             keys: bytes(&all),
+            commit: true,
         };
         match replicas[2]
             .admin()

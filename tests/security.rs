@@ -221,6 +221,7 @@ async fn the_admin_service_needs_the_admin_role() {
     let rebuild = tokio_stream::iter([RebuildRequest {
         namespace: "a".into(),
         keys: vec![Bytes::from_static(b"k")],
+        commit: true,
     }]);
     assert_eq!(
         code(admin.rebuild(with_token(rebuild, Some("token-a"))).await),
@@ -327,6 +328,7 @@ async fn excess_calls_are_shed_at_once_and_subscribers_are_bounded() {
             .send(RebuildRequest {
                 namespace: String::new(),
                 keys: vec![Bytes::from_static(b"k")],
+                commit: false,
             })
             .await
             .unwrap();
@@ -358,7 +360,11 @@ async fn excess_calls_are_shed_at_once_and_subscribers_are_bounded() {
     .await;
     assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
     assert!(shed.message().contains("max_in_flight"), "{shed:?}");
-    drop(sender);
+    let commit = RebuildRequest {
+        commit: true,
+        ..Default::default()
+    };
+    sender.send(commit).await.unwrap();
     rebuild.await.unwrap().unwrap();
     gate.may_exist(may_exist(""))
         .await

@@ -2,7 +2,6 @@
 //! flight so that reading, the network and the gate's log all stay busy; `rebuild` streams the same batches
 //! through one `Admin.Rebuild` call, whose end swaps the new filter in.
 
-use bytes::Bytes;
 use clap::Args;
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::json;
@@ -141,22 +140,20 @@ enum Feed {
     End,
 }
 
-/// A message the gate refuses (an empty key), sent to make it abandon a rebuild. Ending the stream cannot
-/// do that — the gate swaps in what it received — and neither can cancelling the call: HTTP/2 servers
-/// (hyper) read a stream reset with CANCEL as the body's clean end, which would swap in a partial filter.
-/// A refused message fails the call on the gate's side, which discards the half-built filter. It names the
-/// namespace, as a first message must, in case nothing was sent before it.
-fn abandoning(namespace: String) -> RebuildRequest {
+/// The last message of a rebuild: the gate swaps the new filter in only on a message with `commit` set.
+fn committing() -> RebuildRequest {
     RebuildRequest {
-        namespace,
-        keys: vec![Bytes::new()],
+        namespace: String::new(),
+        keys: Vec::new(),
+        commit: true,
     }
 }
 
-/// Streams every key of the source through one `Admin.Rebuild`; the gate swaps the new filter in when the
-/// stream ends, so the stream ends only once the source is exhausted. When the source fails or Ctrl-C
-/// interrupts, the gate is made to abandon the rebuild (see [`abandoning`]) and the command waits for its
-/// refusal, so the live filter stays as it was.
+/// Streams every key of the source through one `Admin.Rebuild`, then commits it. When the source fails or
+/// Ctrl-C interrupts, the stream ends without the commit, which the gate refuses (`INVALID_ARGUMENT`) by
+/// abandoning the rebuild; the command waits for that refusal, so the live filter is known to be as it
+/// was. (Cancelling the call would not do: HTTP/2 servers may read a stream reset as the body's clean end,
+/// which is why the gate wants an explicit commit.)
 pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
     let bulk = &args.bulk;
     let gate = Gate::connect(&bulk.connect).await?;
@@ -172,17 +169,17 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
     let mut interrupted =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
     let (feed, mut requests) = mpsc::channel::<Feed>(2);
-    let namespace = bulk.namespace.clone();
     let requests = async_stream::stream! {
         loop {
             match requests.recv().await {
                 Some(Feed::Keys(request)) => yield request,
-                Some(Feed::End) => break,
-                // The sender is gone without saying End: the source failed or the command was interrupted.
-                None => {
-                    yield abandoning(namespace.clone());
-                    std::future::pending::<()>().await;
+                Some(Feed::End) => {
+                    yield committing();
+                    break;
                 }
+                // The sender is gone without saying End: the source failed or the command was interrupted,
+                // and the stream ends uncommitted.
+                None => break,
             }
         }
     };
@@ -199,6 +196,7 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
                 // The first message names the namespace; later ones may leave it empty.
                 namespace: std::mem::take(&mut namespace),
                 keys: batch.keys,
+                commit: false,
             };
             if feed.send(Feed::Keys(request)).await.is_err() {
                 // The call ended early; its status says why.
@@ -223,7 +221,7 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
         _ = interrupted.recv() => Err("interrupted".to_string()),
     };
     if let Err(why) = sent {
-        // The feed is gone, so the stream sends the refused message: wait for the gate to refuse it.
+        // The feed is gone, so the stream ends uncommitted: wait for the gate to refuse it.
         return Err(match call.await {
             Err(status) if status.code() == Code::InvalidArgument => format!(
                 "{why}; the rebuild was abandoned and the live filter of namespace {:?} is unchanged",

@@ -55,14 +55,17 @@ impl AdminService {
         mut stream: Streaming<proto::RebuildRequest>,
     ) -> Result<Rebuilt, Status> {
         let mut rebuild = self.gate.begin_rebuild(&first.namespace).map_err(status)?;
-        self.gate
-            .feed_rebuild(&mut rebuild, &first.keys)
-            .map_err(status)?;
-        // An error or cancellation drops `rebuild`, abandoning it; the live filter is untouched.
-        while let Some(keys) = next_keys(&mut stream, &first.namespace).await? {
+        // An error, or a stream that ends without its commit, drops `rebuild`: abandoned, the live filter
+        // untouched.
+        let (mut keys, mut commit) = (first.keys, first.commit);
+        loop {
             self.gate
                 .feed_rebuild(&mut rebuild, &keys)
                 .map_err(status)?;
+            if commit {
+                break;
+            }
+            (keys, commit) = next_keys(&mut stream, &first.namespace).await?;
         }
         let rebuilt = rebuild
             .finish()
@@ -211,20 +214,27 @@ async fn rebuild_replicated(
     let mut rebuild = ReplicatedRebuild::begin(replica, &first.namespace)
         .await
         .map_err(status)?;
-    rebuild.feed(first.keys).await.map_err(status)?;
-    while let Some(keys) = next_keys(&mut stream, &first.namespace).await? {
+    let (mut keys, mut commit) = (first.keys, first.commit);
+    loop {
         rebuild.feed(keys).await.map_err(status)?;
+        if commit {
+            return rebuild.commit().await.map_err(status);
+        }
+        (keys, commit) = next_keys(&mut stream, &first.namespace).await?;
     }
-    rebuild.commit().await.map_err(status)
 }
 
-/// The keys of the next message of a rebuild of `namespace`; `None` at the end of the stream.
+/// The keys of the next message of a rebuild of `namespace`, and whether it commits; `INVALID_ARGUMENT` if
+/// the stream ends first (see `RebuildRequest.commit`).
 async fn next_keys(
     stream: &mut Streaming<proto::RebuildRequest>,
     namespace: &str,
-) -> Result<Option<Vec<bytes::Bytes>>, Status> {
+) -> Result<(Vec<bytes::Bytes>, bool), Status> {
     let Some(message) = stream.next().await.transpose()? else {
-        return Ok(None);
+        return Err(Status::invalid_argument(format!(
+            "the Rebuild stream of namespace {namespace:?} ended without a message with commit = true: the \
+             rebuild was abandoned and the live filter is unchanged (set commit on the last message)"
+        )));
     };
     if !message.namespace.is_empty() && message.namespace != namespace {
         return Err(Status::invalid_argument(format!(
@@ -232,5 +242,5 @@ async fn next_keys(
             message.namespace
         )));
     }
-    Ok(Some(message.keys))
+    Ok((message.keys, message.commit))
 }

@@ -169,7 +169,8 @@ impl MutationStream {
     /// is refused rather than written into.
     ///
     /// A cluster still electing the stream's leader (replicas starting at once create an R3 stream
-    /// together) can time out a request: opening is then tried again, `SETUP_ATTEMPTS` times in all, a
+    /// together) can time out a request, and a stream just created can refuse the first publish ("no stream
+    /// found": seen under load on one server): opening is then tried again, `SETUP_ATTEMPTS` times in all, a
     /// second apart.
     pub async fn open(options: &StreamOptions) -> Result<Self, StreamError> {
         validate_stream_name(&options.stream)?;
@@ -179,9 +180,10 @@ impl MutationStream {
         loop {
             match Self::open_on(&jetstream, options).await {
                 Err(StreamError::Setup(e) | StreamError::Read(e))
-                    if e.contains("timed out") && attempt < SETUP_ATTEMPTS =>
+                    if (e.contains("timed out") || e.contains("no stream found"))
+                        && attempt < SETUP_ATTEMPTS =>
                 {
-                    tracing::warn!(error = %e, attempt, "opening the stream timed out; trying again");
+                    tracing::warn!(error = %e, attempt, "opening the stream failed; trying again");
                     attempt += 1;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
