@@ -12,7 +12,6 @@
 //! (no `--bench` argument) it does nothing.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 #[path = "load/procs.rs"]
 #[allow(dead_code)]
