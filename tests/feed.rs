@@ -147,12 +147,19 @@ async fn inserts_deletes_key_changes_and_truncates_are_followed() {
     // PostgreSQL gone: the feed says so on /readyz (and keeps trying to reconnect).
     drop(db);
     drop(postgres);
-    let (status, body) = wait_until(PATIENCE, "/readyz to report the lost database", async || {
-        let (status, body) = common::try_http_get(feed.http, "/readyz").await.ok()?;
-        (status == 503).then_some((status, body))
-    })
+    let (status, body) = wait_until(
+        PATIENCE,
+        "/readyz to report the lost database",
+        async || {
+            let (status, body) = common::try_http_get(feed.http, "/readyz").await.ok()?;
+            (status == 503).then_some((status, body))
+        },
+    )
     .await;
-    assert!(body.contains("disconnected from PostgreSQL"), "{status} {body}");
+    assert!(
+        body.contains("disconnected from PostgreSQL"),
+        "{status} {body}"
+    );
     feed.kill().await;
 }
 
