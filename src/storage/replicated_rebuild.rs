@@ -101,9 +101,10 @@ impl ReplicatedRebuild {
             .replica
             .gate()
             .prepare_rebuild_step(&self.namespace, commit)?;
-        // From here the commit may be stored: an abort published after it would change nothing anyway.
-        self.open = false;
+        // Should this fail, the commit may or may not be stored; dropping `self` then publishes an abort,
+        // which either ends the rebuild or, after a stored commit, changes nothing.
         let (seq, applied) = self.replica.publish_and_apply(mutation).await?;
+        self.open = false;
         match applied {
             Some(Applied::Rebuilt(rebuilt)) => Ok(rebuilt),
             _ => Err(GateError::Conflict(format!(
