@@ -618,6 +618,7 @@ async fn packed_batches_answer_with_a_bitmap_matching_the_plain_answers() {
         .unwrap()
         .into_inner();
     assert!(packed.answers.is_empty());
+    assert!(!packed.warming && !plain.warming, "a warm gate says so");
     assert_eq!(packed.may_exist_bitmap.len(), 1_250);
     assert_eq!(packed.observed_seq, plain.observed_seq);
     for (i, answer) in plain.answers().enumerate() {

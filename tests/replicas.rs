@@ -406,6 +406,19 @@ async fn a_whole_nats_outage_fails_open_and_loses_nothing() {
             "{}",
             replica.id
         );
+        // A batch says so too: it carries no basis per key, so a coalescing client learns it here.
+        let batch = replica
+            .client()
+            .batch_may_exist(BatchMayExistRequest {
+                namespace: "users".to_string(),
+                keys: bytes(&named("never-added", 3)),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(batch.warming, "{}: {batch:?}", replica.id);
+        assert!(batch.answers().all(|a| a == Answer::MayExist), "{batch:?}");
     }
     let refused = replicas[1]
         .client()

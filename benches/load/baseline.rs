@@ -66,6 +66,7 @@ impl ExistenceGate for Trivial {
                 answers: vec![Answer::MayExist as i32; request.keys.len()],
                 observed_seq: 1,
                 may_exist_bitmap: bytes::Bytes::new(),
+                warming: false,
             }
         } else {
             let keys = count_packed(&request.packed_keys)?;
@@ -73,6 +74,7 @@ impl ExistenceGate for Trivial {
                 answers: Vec::new(),
                 observed_seq: 1,
                 may_exist_bitmap: vec![0u8; keys.div_ceil(8)].into(),
+                warming: false,
             }
         };
         Ok(Response::new(response))

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::core::answer::{Answer, Basis};
+use crate::core::answer::{Answer, Basis, Lookup};
 use crate::core::config::DEFAULT_NAMESPACE;
 use crate::core::gate::{Gate, GateError};
 use crate::core::invalidations::Delivery;
@@ -175,6 +175,7 @@ fn batch_answers(
         answers: lookups.iter().map(|l| answer(l.answer) as i32).collect(),
         observed_seq,
         may_exist_bitmap: bytes::Bytes::new(),
+        warming: warming(&lookups),
     })
 }
 
@@ -198,7 +199,14 @@ fn batch_bitmap(
         answers: Vec::new(),
         observed_seq,
         may_exist_bitmap: bitmap.into(),
+        warming: warming(&lookups),
     })
+}
+
+/// Whether a batch was answered from a namespace still loading its state (every lookup then rests on
+/// `Basis::Warming`).
+fn warming(lookups: &[Lookup]) -> bool {
+    lookups.iter().any(|lookup| lookup.basis == Basis::Warming)
 }
 
 /// Splits `packed_keys` (each key preceded by its varint length) into key slices, refusing more than
