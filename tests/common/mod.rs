@@ -4,6 +4,7 @@
 
 pub mod feed;
 pub mod nats;
+pub mod polyglot;
 pub mod postgres;
 pub mod replicas;
 
