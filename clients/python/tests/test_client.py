@@ -1,0 +1,272 @@
+"""GateClient against real gates: coalescing, deadlines, cancellation, errors, addresses."""
+
+import asyncio
+import concurrent.futures as cf
+import subprocess
+import os
+import threading
+import time
+
+import grpc
+import pytest
+
+from existence_gate_client import AbsenceKind, GateClient, GateError, RecordOutcome
+from existence_gate_client._gen import existence_pb2 as pb
+from existence_gate_client._gen import existence_pb2_grpc as pb_grpc
+
+from conftest import closed_port_address
+
+
+def unary_answer(gate, namespace, key):
+    with grpc.insecure_channel(gate.grpc_addr) as channel:
+        stub = pb_grpc.ExistenceGateStub(channel)
+        return stub.MayExist(pb.MayExistRequest(namespace=namespace, key=key.encode()), timeout=5)
+
+
+def concurrently(n, fn):
+    """Runs fn(i) in n threads released together; returns the results (or exceptions) in order."""
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = fn(i)
+        except BaseException as error:  # noqa: B902 - handed back to the test
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_concurrent_lookups_are_coalesced_and_match_unary_answers(gate, namespace):
+    added = ["added:{}".format(i) for i in range(32)]
+    keys = [k for pair in zip(added, ("never:{}".format(i) for i in range(32))) for k in pair]
+    batches_before = gate.requests("BatchMayExist")
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.005, deadline=5) as client:
+        client.add(added)
+        answers = concurrently(len(keys), lambda i: client.may_exist(keys[i]))
+        stats = client.stats()
+    for key, answer in zip(keys, answers):
+        assert not isinstance(answer, BaseException), answer
+        expected = unary_answer(gate, namespace, key)
+        assert answer.may_exist == (expected.answer == pb.ANSWER_MAY_EXIST), key
+        assert not answer.warming
+        assert 0 < answer.observed_seq <= expected.observed_seq
+    assert sum(a.may_exist for a in answers) >= 32  # the added keys (a never-added one may be a false positive)
+    assert not any(answers[i].may_exist is False for i in range(0, 64, 2))
+    assert stats.lookups == 64
+    assert stats.batched_keys == 64
+    assert stats.gate_calls < stats.lookups, stats
+    assert gate.requests("BatchMayExist") - batches_before == stats.gate_calls
+
+
+def test_a_full_batch_is_sent_without_waiting_for_the_window(gate, namespace):
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=10.0, coalesce_max_keys=4, deadline=20) as client:
+        started = time.monotonic()
+        answers = concurrently(4, lambda i: client.may_exist("key:{}".format(i)))
+        elapsed = time.monotonic() - started
+        assert all(a.may_exist is False for a in answers), answers
+        assert elapsed < 5, elapsed
+        assert client.stats().gate_calls == 1
+
+
+def test_window_zero_sends_unary_calls(gate, namespace):
+    unary_before = gate.requests("MayExist")
+    batches_before = gate.requests("BatchMayExist")
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0, deadline=5) as client:
+        client.add(["here"])
+        answers = concurrently(16, lambda i: client.may_exist("here" if i % 2 else "gone:{}".format(i)))
+        stats = client.stats()
+    assert [a.may_exist for a in answers] == [bool(i % 2) for i in range(16)]
+    assert stats.gate_calls == stats.lookups == 16
+    assert stats.batched_keys == 0
+    assert gate.requests("MayExist") - unary_before == 16
+    assert gate.requests("BatchMayExist") == batches_before
+
+
+def test_a_caller_whose_deadline_passes_fails_alone(gate, namespace):
+    # A long window holds the batch; the impatient caller fails at its own deadline, the others are answered.
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.5, deadline=5) as client:
+        client.add(["k:1"])
+
+        def lookup(i):
+            started = time.monotonic()
+            try:
+                return client.may_exist("k:{}".format(i), timeout=0.05 if i == 0 else None)
+            except GateError as error:
+                return error, time.monotonic() - started
+
+        results = concurrently(6, lookup)
+        stats = client.stats()
+    error, elapsed = results[0]
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert elapsed < 0.4, elapsed  # at its deadline, not when the batch came back
+    assert [r.may_exist for r in results[1:]] == [True, False, False, False, False]
+    assert stats.gate_calls == 1
+    assert stats.batched_keys == 5  # the expired lookup was not sent
+
+
+def test_a_deadline_is_kept_by_the_future_api_too(gate, namespace):
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.5, deadline=5) as client:
+        impatient = client.may_exist_future("a", timeout=0.05)
+        patient = client.may_exist_future("b")
+        with pytest.raises(GateError) as failure:
+            impatient.result(timeout=0.4)  # failed by the client at its deadline, no waiting caller needed
+        assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert patient.result(timeout=5).may_exist is False
+
+
+def test_a_cancelled_caller_does_not_break_its_batch(gate, namespace):
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.2, deadline=5) as client:
+        client.add(["c:1"])
+        futures = [client.may_exist_future("c:{}".format(i)) for i in range(4)]
+        assert futures[0].cancel()
+        with pytest.raises(cf.CancelledError):
+            futures[0].result()
+        assert [f.result(timeout=5).may_exist for f in futures[1:]] == [True, False, False]
+        # Cancelled once the batch is in flight: the others still get their answers.
+        futures = [client.may_exist_future("c:{}".format(i)) for i in range(4)]
+        time.sleep(0)  # nothing to wait for: cancel at once, whatever state the batch is in
+        futures[3].cancel()
+        assert [f.result(timeout=5).may_exist for f in futures[:3]] == [False, True, False]
+        assert client.stats().batched_keys == 6
+
+
+def test_a_failed_batch_fails_every_caller_with_its_status(gate):
+    with GateClient(gate.grpc_addr, "no_such_namespace", coalesce_window=0.01, deadline=5) as client:
+        results = concurrently(8, lambda i: client.may_exist("k:{}".format(i)))
+        stats = client.stats()
+    assert all(isinstance(r, GateError) for r in results), results
+    assert {r.code() for r in results} == {grpc.StatusCode.NOT_FOUND}
+    assert len({r.details() for r in results}) == 1
+    assert "no_such_namespace" in results[0].details()
+    assert stats.gate_calls < 8
+
+
+@pytest.mark.parametrize("window", [0, 0.01])
+def test_invalid_input_keeps_its_status(gate, namespace, window):
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=window, deadline=5) as client:
+        # An empty key and one over max_key_bytes, looked up alongside good ones, fail alone.
+        keys = ["", "x" * 1025, "fine:1", "fine:2"]
+        results = concurrently(4, lambda i: client.may_exist(keys[i]))
+        assert isinstance(results[0], GateError) and results[0].code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert isinstance(results[1], GateError) and results[1].code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_key_bytes" in results[1].details()
+        assert [r.may_exist for r in results[2:]] == [False, False]
+        with pytest.raises(GateError) as failure:
+            client.add([])
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert isinstance(failure.value, grpc.RpcError)
+
+
+def test_may_exist_many_splits_at_the_batch_limit(gate, namespace):
+    keys = ["many:{}".format(i) for i in range(10_001)]
+    with GateClient(gate.grpc_addr, namespace, deadline=10) as client:
+        client.add(keys[::1000])
+        answers = client.may_exist_many(keys)
+        stats = client.stats()
+    assert len(answers) == len(keys)
+    for i, answer in enumerate(answers):
+        if i % 1000 == 0:
+            assert answer.may_exist, i
+    assert sum(a.may_exist for a in answers) < 200  # the rest absent, but for a few false positives
+    assert len({a.observed_seq for a in answers}) == 1
+    assert stats.gate_calls == 2 and stats.lookups == 0 and stats.batched_keys == 0
+
+
+def test_record_absent_outcomes(gate, namespace):
+    with GateClient(gate.grpc_addr, namespace, deadline=5) as client:
+        seq = client.add(["known"])
+        recorded = client.record_absent("known", AbsenceKind.MISSING, client.may_exist("known").observed_seq)
+        assert recorded.outcome == RecordOutcome.RECORDED and recorded.seq > seq and recorded.expires_in_ms > 0
+        assert client.may_exist("known").may_exist is False
+        assert client.record_absent("never", "missing", seq).outcome == RecordOutcome.REDUNDANT
+        stale = client.may_exist("raced").observed_seq
+        client.add(["raced"])
+        assert client.record_absent("raced", AbsenceKind.DELETED, stale).outcome == RecordOutcome.SUPERSEDED
+        with pytest.raises(GateError) as ahead:
+            client.record_absent("known", AbsenceKind.MISSING, 1 << 60)
+        assert ahead.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_unreachable_gate_is_unavailable(namespace):
+    with GateClient(closed_port_address(), namespace, deadline=2) as client:
+        for window in (client.may_exist, lambda k: client.may_exist_many([k])):
+            with pytest.raises(GateError) as failure:
+                window("k")
+            assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert client.stats().retries == 0  # one address: nothing to retry on
+
+
+def test_a_dead_address_is_skipped_round_robin(gate, namespace):
+    dead = closed_port_address()
+    with GateClient([dead, gate.grpc_addr], namespace, coalesce_window=0, deadline=5) as client:
+        client.add(["rr"])  # the first call, to the dead address, is retried on the live one
+        answers = [client.may_exist("rr") for _ in range(10)]
+        stats = client.stats()
+    assert all(a.may_exist and a.address == gate.grpc_addr for a in answers)
+    assert stats.retries >= 1
+    assert stats.retries <= 2  # the dead address is skipped for a second once it failed
+
+
+def test_pick_first_sticks_to_the_first_healthy_address(gate, namespace):
+    dead = closed_port_address()
+    unary_before = gate.requests("MayExist")
+    with GateClient([gate.grpc_addr, dead], namespace, coalesce_window=0, address_policy="pick_first") as client:
+        for _ in range(10):
+            assert client.may_exist("pf").address == gate.grpc_addr
+        assert client.stats().retries == 0
+    assert gate.requests("MayExist") - unary_before == 10
+    with GateClient([dead, gate.grpc_addr], namespace, coalesce_window=0, address_policy="pick_first") as client:
+        for _ in range(10):
+            assert client.may_exist("pf").address == gate.grpc_addr
+        assert client.stats().retries == 1  # once: then the dead address is down for a second
+
+
+def test_a_coalesced_batch_is_retried_on_another_address(gate, namespace):
+    dead = closed_port_address()
+    with GateClient([dead, gate.grpc_addr], namespace, coalesce_window=0.01, address_policy="pick_first", deadline=5) as client:
+        answers = concurrently(8, lambda i: client.may_exist("b:{}".format(i)))
+        assert all(a.may_exist is False for a in answers), answers
+        stats = client.stats()
+    assert stats.retries >= 1 and stats.gate_calls < 8
+
+
+def test_asyncio_lookups_share_batches(gate, namespace):
+    async def main(client):
+        tasks = [asyncio.ensure_future(client.may_exist_async("t:{}".format(i))) for i in range(16)]
+        slow = asyncio.ensure_future(client.may_exist_async("cancel-me"))
+        await asyncio.sleep(0)
+        slow.cancel()
+        answers = await asyncio.gather(*tasks)
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        return answers
+
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.02, deadline=5) as client:
+        client.add(["t:3"])
+        answers = asyncio.run(main(client))
+        stats = client.stats()
+    assert [a.may_exist for a in answers] == [i == 3 for i in range(16)]
+    assert stats.gate_calls < 16
+
+
+def test_token_is_sent_as_a_bearer(start_gate):
+    binary = os.environ["EXISTENCE_GATE_BIN"]
+    digest = subprocess.run(
+        [binary, "hash-token", "s3cret"], check=True, capture_output=True, text=True, timeout=30
+    ).stdout.strip().split()[-1]
+    tokens = '[[tokens]]\nname = "test"\nsha256 = "{}"\nroles = ["read", "write"]\nnamespaces = ["*"]\n\n'.format(digest)
+    server = start_gate(["secured"], tokens)
+    with GateClient(server.grpc_addr, "secured", deadline=5) as anonymous:
+        with pytest.raises(GateError) as failure:
+            anonymous.may_exist("k")
+        assert failure.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with GateClient(server.grpc_addr, "secured", token="s3cret", deadline=5) as client:
+        client.add(["k"])
+        assert client.may_exist("k").may_exist
