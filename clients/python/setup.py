@@ -80,6 +80,8 @@ def generate() -> Path:
         # grpc_tools writes absolute imports of the proto's package (`from existence.v1 import ...`); inside
         # the private package they must be relative.
         text = re.sub(r"^from existence\.v1 import ", "from . import ", text, flags=re.M)
+        if name == "existence_pb2.py":
+            text = private_pool(text)
         (out / name).write_text(text, encoding="utf-8")
     (out / "__init__.py").write_text(
         '"""Stubs generated from existence/v1/existence.proto at build time (private: import '
@@ -88,6 +90,17 @@ def generate() -> Path:
     )
     _generated = out
     return out
+
+
+def private_pool(text: str) -> str:
+    """Registers the descriptors in a pool of the package's own instead of protobuf's default one: a service's
+    own stubs of existence/v1/existence.proto (another version of it, say) then load beside these, where the
+    shared pool would refuse the second file of that name."""
+    shared = "_descriptor_pool.Default().AddSerializedFile("
+    if text.count(shared) != 1:
+        raise SystemExit("existence-gate-client: unexpected generated code (no {}): update setup.py".format(shared))
+    text = text.replace(shared, "_descriptor_pool.DescriptorPool().AddSerializedFile(")
+    return text.replace("'existence.v1.existence_pb2'", "'existence_gate_client._gen.existence_pb2'")
 
 
 def runtime_requirements():

@@ -258,10 +258,13 @@ class GatedReader:
         with self._lock:
             if invalidation.cause == pb.INVALIDATION_CAUSE_RESYNC:
                 self._absent.clear()
+                # The server's latest seq, which the stream goes on from (lower than ours after a resume on a
+                # server that lost state, or on another deployment).
+                self._cursor = invalidation.seq
             else:
                 for key in invalidation.keys:
                     self._absent.discard(key)
-            self._cursor = max(self._cursor, invalidation.seq)
+                self._cursor = max(self._cursor, invalidation.seq)
         if invalidation.cause == pb.INVALIDATION_CAUSE_RESYNC:
             self._counters.add("invalidations")
         else:
