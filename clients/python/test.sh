@@ -43,6 +43,7 @@ trap 'exit 130' INT
 # pip install ./clients/python, as a user would (an in-place build: the proto is found at ../../proto), but
 # into a directory of its own, offline, with the build requirements the venv already has.
 echo "== building existence-gate-client (stubs generated from proto/)"
+rm -rf "$here/build"  # setuptools' build output (ignored by git): stale modules there would end up in the wheel
 if ! (cd "$root" && timeout -k 10 "$step_timeout" "$python" -m pip install -q --disable-pip-version-check \
     --no-build-isolation --no-deps --no-index --target "$work/site" ./clients/python 2>"$work/build.log"); then
     cat "$work/build.log" >&2
