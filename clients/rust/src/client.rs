@@ -1,0 +1,375 @@
+//! [`GateClient`]: the gate's calls for one namespace, with single-key lookups coalesced into packed
+//! `BatchMayExist` calls and every call sent to one of several addresses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::{Request, Status};
+
+use crate::coalesce::{Coalescer, Waiter};
+pub use crate::endpoints::InvalidAddress;
+use crate::endpoints::{deadline_exceeded, Endpoints};
+use crate::options::ClientOptions;
+use crate::proto;
+use crate::stats::{count, Counters, Stats};
+
+/// The most keys one `BatchMayExist` carries: the gate's default `max_batch_keys`.
+pub const MAX_BATCH_KEYS: usize = 10_000;
+
+/// The answer to one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup {
+    /// False: the key does not exist (within its retention). True: it may.
+    pub may_exist: bool,
+    /// The namespace's latest applied seq when the answer was computed: pass it to `record_absent`.
+    pub observed_seq: u64,
+    /// The gate is still loading its state and answers "may exist" for everything; a key then found at
+    /// the source should be added once it is warm.
+    pub warming: bool,
+    /// Which address answered (an index into the client's addresses).
+    pub(crate) address: usize,
+}
+
+/// The answers to a batch of keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchLookup {
+    /// One per key, in order: false = absent.
+    pub may_exist: Vec<bool>,
+    /// The smallest `observed_seq` of the calls that answered (the conservative one to record with).
+    pub observed_seq: u64,
+    /// Some part was answered by a gate still loading its state.
+    pub warming: bool,
+}
+
+/// What `RecordAbsent` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// `RECORDED`, `REDUNDANT`, `SUPERSEDED` or `THROTTLED`.
+    pub outcome: proto::RecordOutcome,
+    /// The tombstone's seq (when recorded).
+    pub seq: u64,
+    /// How long the tombstone lives.
+    pub expires_in: Duration,
+}
+
+type Answer = Result<Lookup, Status>;
+
+/// Sends the calls: shared by the client and the batches its coalescer hands over.
+pub(crate) struct Calls {
+    pub endpoints: Endpoints,
+    pub options: ClientOptions,
+    pub counters: Arc<Counters>,
+    pub addresses: Vec<String>,
+    token: Option<AsciiMetadataValue>,
+}
+
+/// A client of one namespace of the gate. Cheap to clone (clones share channels, coalescer and counters).
+#[derive(Clone)]
+pub struct GateClient {
+    calls: Arc<Calls>,
+    coalescer: Option<Arc<Coalescer<Answer>>>,
+}
+
+impl GateClient {
+    /// A client of `addresses` (`host:port` of replicas of one deployment), connected on first use. Must be
+    /// called within a tokio runtime, which sends the coalesced batches.
+    pub fn new(
+        addresses: impl IntoIterator<Item = impl Into<String>>,
+        options: ClientOptions,
+    ) -> Result<Self, InvalidAddress> {
+        let addresses: Vec<String> = addresses.into_iter().map(Into::into).collect();
+        let token = match &options.token {
+            None => None,
+            Some(token) => Some(
+                format!("Bearer {token}")
+                    .parse::<AsciiMetadataValue>()
+                    .map_err(|_| InvalidAddress("the token is not printable ASCII".to_string()))?,
+            ),
+        };
+        let endpoints =
+            Endpoints::new(addresses.clone(), options.address_policy, options.down_for)?;
+        let calls = Arc::new(Calls {
+            endpoints,
+            options,
+            counters: Arc::default(),
+            addresses,
+            token,
+        });
+        let coalescer = (!calls.options.coalesce_window.is_zero()).then(|| {
+            let runtime = tokio::runtime::Handle::current();
+            let sending = calls.clone();
+            Arc::new(Coalescer::start(
+                calls.options.coalesce_window,
+                calls.options.coalesce_max_keys,
+                Box::new(move |batch| {
+                    runtime.spawn(sending.clone().answer_batch(batch));
+                }),
+            ))
+        });
+        Ok(Self { calls, coalescer })
+    }
+
+    /// Whether `key` may exist. Concurrent calls share one packed `BatchMayExist` (see
+    /// [`ClientOptions::coalesce_window`]); the error is the gate's status, or `DEADLINE_EXCEEDED`.
+    pub async fn may_exist(&self, key: impl Into<Bytes>) -> Result<Lookup, Status> {
+        let key = key.into();
+        let calls = &self.calls;
+        count(&calls.counters.lookups, 1);
+        let coalescable = !key.is_empty() && key.len() <= calls.options.max_key_bytes;
+        match &self.coalescer {
+            Some(coalescer) if coalescable => {
+                let answer = coalescer.submit(key);
+                match tokio::time::timeout(calls.options.deadline, answer).await {
+                    Ok(Ok(answer)) => answer,
+                    Ok(Err(_)) => Err(Status::cancelled("the gate client was closed")),
+                    Err(_) => Err(deadline_exceeded(calls.options.deadline)),
+                }
+            }
+            _ => calls.unary(key).await,
+        }
+    }
+
+    /// Whether each of `keys` may exist, in order: packed batches of at most [`MAX_BATCH_KEYS`], not
+    /// coalesced with anything else.
+    pub async fn may_exist_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<BatchLookup, Status> {
+        let mut answers = BatchLookup {
+            may_exist: Vec::with_capacity(keys.len()),
+            observed_seq: u64::MAX,
+            warming: false,
+        };
+        for part in keys.chunks(MAX_BATCH_KEYS) {
+            let (packed, len) = pack(part.iter().map(AsRef::as_ref));
+            let (bitmap, observed_seq, warming, _) = self.calls.batch(packed, len).await?;
+            answers.may_exist.extend((0..len).map(|i| bit(&bitmap, i)));
+            answers.observed_seq = answers.observed_seq.min(observed_seq);
+            answers.warming |= warming;
+        }
+        if keys.is_empty() {
+            answers.observed_seq = 0;
+        }
+        Ok(answers)
+    }
+
+    /// Adds `keys` (a writer calls this before inserting the rows): the seq that covers them.
+    pub async fn add<K: Into<Bytes>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Result<u64, Status> {
+        let keys: Vec<Bytes> = keys.into_iter().map(Into::into).collect();
+        let calls = &self.calls;
+        let (response, _) = calls
+            .call(None, |mut client, timeout| {
+                let request = calls.request(
+                    proto::AddRequest {
+                        namespace: calls.options.namespace.clone(),
+                        keys: keys.clone(),
+                    },
+                    timeout,
+                );
+                async move { client.add(request).await }
+            })
+            .await?;
+        Ok(response.into_inner().seq)
+    }
+
+    /// Records that the source does not have `key` (`kind`: missing or deleted), as observed at
+    /// `observed_seq` (from the lookup that preceded the source read).
+    pub async fn record_absent(
+        &self,
+        key: impl Into<Bytes>,
+        kind: proto::AbsenceKind,
+        observed_seq: u64,
+    ) -> Result<Recorded, Status> {
+        self.record_absent_at(None, key.into(), kind, observed_seq)
+            .await
+    }
+
+    /// [`GateClient::record_absent`], first to the address that answered `lookup` (a replica's seq may lag
+    /// another's).
+    pub(crate) async fn record_absent_after(
+        &self,
+        lookup: &Lookup,
+        key: Bytes,
+        kind: proto::AbsenceKind,
+    ) -> Result<Recorded, Status> {
+        self.record_absent_at(Some(lookup.address), key, kind, lookup.observed_seq)
+            .await
+    }
+
+    async fn record_absent_at(
+        &self,
+        address: Option<usize>,
+        key: Bytes,
+        kind: proto::AbsenceKind,
+        observed_seq: u64,
+    ) -> Result<Recorded, Status> {
+        let calls = &self.calls;
+        let (response, _) = calls
+            .call(address, |mut client, timeout| {
+                let request = calls.request(
+                    proto::RecordAbsentRequest {
+                        namespace: calls.options.namespace.clone(),
+                        key: key.clone(),
+                        kind: kind as i32,
+                        observed_seq,
+                        ttl_seconds: 0,
+                    },
+                    timeout,
+                );
+                async move { client.record_absent(request).await }
+            })
+            .await?;
+        let response = response.into_inner();
+        Ok(Recorded {
+            outcome: response.outcome(),
+            seq: response.seq,
+            expires_in: Duration::from_millis(response.expires_in_ms),
+        })
+    }
+
+    /// The counters so far (shared with a [`crate::GatedReader`] built on this client).
+    pub fn stats(&self) -> Stats {
+        self.calls.counters.snapshot()
+    }
+
+    /// The options this client was built with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.calls.options
+    }
+
+    pub(crate) fn calls(&self) -> &Arc<Calls> {
+        &self.calls
+    }
+}
+
+impl Calls {
+    /// A request for `message` with the deadline `timeout` (sent as `grpc-timeout`) and the token.
+    pub fn request<T>(&self, message: T, timeout: Duration) -> Request<T> {
+        let mut request = self.request_without_deadline(message);
+        request.set_timeout(timeout);
+        request
+    }
+
+    /// A request for `message` with the token: for the invalidation stream, which lasts.
+    pub fn request_without_deadline<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(token) = &self.token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        request
+    }
+
+    /// [`Endpoints::call`] with this client's deadline, counting retries.
+    async fn call<T, F, Fut>(&self, first: Option<usize>, call: F) -> Result<(T, usize), Status>
+    where
+        F: FnMut(
+            crate::proto::existence_gate_client::ExistenceGateClient<tonic::transport::Channel>,
+            Duration,
+        ) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        let retried = || count(&self.counters.retries, 1);
+        self.endpoints
+            .call(first, self.options.deadline, retried, call)
+            .await
+    }
+
+    /// One unary `MayExist`.
+    async fn unary(&self, key: Bytes) -> Answer {
+        count(&self.counters.gate_calls, 1);
+        let (response, address) = self
+            .call(None, |mut client, timeout| {
+                let request = self.request(
+                    proto::MayExistRequest {
+                        namespace: self.options.namespace.clone(),
+                        key: key.clone(),
+                    },
+                    timeout,
+                );
+                async move { client.may_exist(request).await }
+            })
+            .await?;
+        let response = response.into_inner();
+        Ok(Lookup {
+            may_exist: response.answer() != proto::Answer::Absent,
+            observed_seq: response.observed_seq,
+            warming: response.basis() == proto::Basis::Warming,
+            address,
+        })
+    }
+
+    /// One packed `BatchMayExist` of `len` keys: the bitmap, `observed_seq`, `warming` and the address.
+    async fn batch(&self, packed: Bytes, len: usize) -> Result<(Bytes, u64, bool, usize), Status> {
+        count(&self.counters.gate_calls, 1);
+        let (response, address) = self
+            .call(None, |mut client, timeout| {
+                let request = self.request(
+                    proto::BatchMayExistRequest {
+                        namespace: self.options.namespace.clone(),
+                        packed_keys: packed.clone(),
+                        ..Default::default()
+                    },
+                    timeout,
+                );
+                async move { client.batch_may_exist(request).await }
+            })
+            .await?;
+        let response = response.into_inner();
+        if response.may_exist_bitmap.len() < len.div_ceil(8) {
+            return Err(Status::internal(format!(
+                "the gate answered {len} packed keys with a {}-byte bitmap",
+                response.may_exist_bitmap.len()
+            )));
+        }
+        Ok((
+            response.may_exist_bitmap,
+            response.observed_seq,
+            response.warming,
+            address,
+        ))
+    }
+
+    /// Sends a coalesced batch and answers each of its callers: its own key's bit, or the batch's status.
+    async fn answer_batch(self: Arc<Self>, batch: Vec<Waiter<Answer>>) {
+        let (packed, len) = pack(batch.iter().map(|waiter| waiter.key.as_ref()));
+        count(&self.counters.batched_keys, len as u64);
+        match self.batch(packed, len).await {
+            Ok((bitmap, observed_seq, warming, address)) => {
+                for (i, waiter) in batch.into_iter().enumerate() {
+                    let _ = waiter.reply.send(Ok(Lookup {
+                        may_exist: bit(&bitmap, i),
+                        observed_seq,
+                        warming,
+                        address,
+                    }));
+                }
+            }
+            Err(status) => {
+                for waiter in batch {
+                    let _ = waiter.reply.send(Err(status.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Keys as `packed_keys` wants them (each preceded by its length as a varint), and how many.
+fn pack<'a>(keys: impl Iterator<Item = &'a [u8]>) -> (Bytes, usize) {
+    let mut packed = BytesMut::new();
+    let mut len = 0;
+    for key in keys {
+        prost::encoding::encode_varint(key.len() as u64, &mut packed);
+        packed.put_slice(key);
+        len += 1;
+    }
+    (packed.freeze(), len)
+}
+
+/// Bit `i` of a `may_exist_bitmap` (byte i / 8, least significant bit first).
+fn bit(bitmap: &[u8], i: usize) -> bool {
+    bitmap[i / 8] >> (i % 8) & 1 == 1
+}

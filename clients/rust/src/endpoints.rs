@@ -1,0 +1,211 @@
+//! Several gate addresses (replicas of one deployment): which to call, and retrying `UNAVAILABLE` on the
+//! next one within the call's deadline.
+//!
+//! One lazily connected channel per address. An address that answered `UNAVAILABLE` (tonic's status for a
+//! refused or broken connection too) is skipped for `down_for`; when every address is down, the calls go
+//! to the one that went down longest ago, so a recovered deployment is found without a health probe.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::options::AddressPolicy;
+use crate::proto::existence_gate_client::ExistenceGateClient;
+
+/// One address and its channel.
+struct Address {
+    name: String,
+    client: ExistenceGateClient<Channel>,
+    /// When it answered `UNAVAILABLE`, while it is skipped.
+    down_since: Mutex<Option<Instant>>,
+}
+
+/// The addresses of one deployment and the policy that picks among them.
+pub struct Endpoints {
+    addresses: Vec<Address>,
+    policy: AddressPolicy,
+    down_for: Duration,
+    next: AtomicUsize,
+}
+
+/// An address that is not a valid `host:port` (or URI).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidAddress(pub String);
+
+impl std::fmt::Display for InvalidAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidAddress {}
+
+impl Endpoints {
+    /// Channels to `addresses` (`host:port`, or a URI with `http://`), connected on first use. Must be
+    /// called within a tokio runtime.
+    pub fn new(
+        addresses: impl IntoIterator<Item = impl Into<String>>,
+        policy: AddressPolicy,
+        down_for: Duration,
+    ) -> Result<Self, InvalidAddress> {
+        let addresses = addresses
+            .into_iter()
+            .map(|name| connect_lazy(name.into()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if addresses.is_empty() {
+            return Err(InvalidAddress("no gate address given".to_string()));
+        }
+        Ok(Self {
+            addresses,
+            policy,
+            down_for,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// How many addresses there are.
+    pub fn len(&self) -> usize {
+        self.addresses.len()
+    }
+
+    /// Whether there are none (never: [`Endpoints::new`] refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty()
+    }
+
+    /// The address at `index`, as given.
+    pub fn name(&self, index: usize) -> &str {
+        &self.addresses[index].name
+    }
+
+    /// The order in which a new call tries the addresses: those up first, from the policy's choice on,
+    /// then those down, longest down first.
+    pub fn order(&self) -> Vec<usize> {
+        let n = self.addresses.len();
+        let start = match self.policy {
+            AddressPolicy::RoundRobin => self.next.fetch_add(1, Relaxed) % n,
+            AddressPolicy::PickFirst => 0,
+        };
+        let now = Instant::now();
+        let mut up = Vec::with_capacity(n);
+        let mut down = Vec::new();
+        for index in (start..n).chain(0..start) {
+            match self.down_since(index, now) {
+                None => up.push(index),
+                Some(since) => down.push((since, index)),
+            }
+        }
+        down.sort();
+        up.extend(down.into_iter().map(|(_, index)| index));
+        up
+    }
+
+    /// When `index` went down, if it is still skipped at `now`.
+    fn down_since(&self, index: usize, now: Instant) -> Option<Instant> {
+        let since = *lock(&self.addresses[index].down_since);
+        since.filter(|since| now.duration_since(*since) < self.down_for)
+    }
+
+    /// The client of the address at `index`.
+    pub fn client(&self, index: usize) -> ExistenceGateClient<Channel> {
+        self.addresses[index].client.clone()
+    }
+
+    /// Marks `index` down if `status` is `UNAVAILABLE`.
+    pub fn mark_if_unavailable(&self, index: usize, status: &Status) {
+        if status.code() == Code::Unavailable {
+            self.mark(index, true);
+        }
+    }
+
+    fn mark(&self, index: usize, down: bool) {
+        let mut since = lock(&self.addresses[index].down_since);
+        *since = down.then(Instant::now);
+    }
+
+    /// Runs `call` with the client of each address in [`Endpoints::order`] (or of `first` first) until one
+    /// answers with anything but `UNAVAILABLE`, within `deadline`: the answer and the address that gave it.
+    /// `retried` is called each time the call moves on to another address.
+    pub async fn call<T, F, Fut>(
+        &self,
+        first: Option<usize>,
+        deadline: Duration,
+        mut retried: impl FnMut(),
+        mut call: F,
+    ) -> Result<(T, usize), Status>
+    where
+        F: FnMut(ExistenceGateClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let give_up = Instant::now() + deadline;
+        let mut order = self.order();
+        if let Some(first) = first.filter(|i| *i < self.addresses.len()) {
+            order.retain(|i| *i != first);
+            order.insert(0, first);
+        }
+        let mut last = None;
+        for (attempt, index) in order.into_iter().enumerate() {
+            let remaining = give_up.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            if attempt > 0 {
+                retried();
+            }
+            let client = self.addresses[index].client.clone();
+            match tokio::time::timeout(remaining, call(client, remaining)).await {
+                Ok(Ok(answer)) => {
+                    self.mark(index, false);
+                    return Ok((answer, index));
+                }
+                Ok(Err(status)) if status.code() == Code::Unavailable => {
+                    self.mark(index, true);
+                    last = Some(status);
+                }
+                // tonic's own timer, set from the request's `grpc-timeout`, ends the call as CANCELLED.
+                Ok(Err(status))
+                    if status.code() == Code::Cancelled && Instant::now() >= give_up =>
+                {
+                    break
+                }
+                Ok(Err(status)) => return Err(status),
+                Err(_) => break,
+            }
+        }
+        Err(last.unwrap_or_else(|| deadline_exceeded(deadline)))
+    }
+}
+
+fn connect_lazy(name: String) -> Result<Address, InvalidAddress> {
+    let uri = if name.contains("://") {
+        name.clone()
+    } else {
+        format!("http://{name}")
+    };
+    let endpoint = Endpoint::from_shared(uri)
+        .map_err(|e| InvalidAddress(format!("gate address {name:?} is not host:port: {e}")))?
+        .tcp_nodelay(true);
+    Ok(Address {
+        name,
+        client: ExistenceGateClient::new(endpoint.connect_lazy()),
+        down_since: Mutex::new(None),
+    })
+}
+
+/// Locks `mutex`; a panic elsewhere while it was held leaves nothing half-written here.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The status of a call that no gate answered within the client's `deadline`.
+pub(crate) fn deadline_exceeded(deadline: Duration) -> Status {
+    Status::deadline_exceeded(format!(
+        "the gate did not answer within the client's deadline of {deadline:?}"
+    ))
+}
