@@ -18,6 +18,7 @@
 //! Under `cargo test --benches` (no `--bench` argument) it does nothing.
 
 mod baseline;
+mod callers;
 mod drive;
 mod keys;
 mod overload;
@@ -193,20 +194,25 @@ async fn connect_n(server: &Server, connections: usize) -> Clients {
 }
 
 async fn connect_redis(server: &Server) -> RedisConnections {
+    connect_redis_n(server, CONNECTIONS).await
+}
+
+/// `connections` multiplexed Redis connections.
+async fn connect_redis_n(server: &Server, connections: usize) -> RedisConnections {
     let client = redis::Client::open(format!("redis://{}/", server.addr)).expect("a redis URL");
     let config = redis::AsyncConnectionConfig::new()
         .set_response_timeout(None)
         .set_connection_timeout(Some(Duration::from_secs(5)));
-    let mut connections = Vec::new();
-    for _ in 0..CONNECTIONS {
-        connections.push(
+    let mut opened = Vec::new();
+    for _ in 0..connections {
+        opened.push(
             client
                 .get_multiplexed_async_connection_with_config(&config)
                 .await
                 .expect("a Redis connection"),
         );
     }
-    Arc::new(connections)
+    Arc::new(opened)
 }
 
 fn status(error: tonic::Status) -> String {
@@ -351,6 +357,26 @@ fn record_absent(
             }
         }
     })
+}
+
+/// Writes the Redisson-sized Bloom bitmap for `FILLED_KEYS` at `FALSE_POSITIVE_RATE` (pseudo-random bytes: a
+/// probe's cost does not depend on the bits' values) under `BLOOM_KEY`: its (bits, probes).
+async fn fill_redis_bitmap(connection: &mut MultiplexedConnection) -> (u64, u32) {
+    let (bits, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
+    let bytes = bits.div_ceil(8);
+    let chunk = 1u64 << 20;
+    for offset in (0..bytes).step_by(chunk as usize) {
+        let len = chunk.min(bytes - offset);
+        let data: Vec<u8> = (0..len).map(|i| mix(offset + i) as u8).collect();
+        let _: i64 = redis::cmd("SETRANGE")
+            .arg(BLOOM_KEY)
+            .arg(offset)
+            .arg(data)
+            .query_async(connection)
+            .await
+            .expect("SETRANGE");
+    }
+    (bits, probes)
 }
 
 /// Bit positions of a key the way Redisson's `RBloomFilter` derives them: a 128-bit hash split into two
@@ -729,6 +755,9 @@ fn main() {
     if args.iter().any(|a| a == "overload") {
         return runtime.block_on(overload::run());
     }
+    if args.iter().any(|a| a == "callers") {
+        return runtime.block_on(callers::run());
+    }
     runtime.block_on(run());
 }
 
@@ -889,22 +918,8 @@ impl Bench {
         let Some(connections) = &self.redis_connections else {
             return;
         };
-        let (bits, probes) = redisson_geometry(FILLED_KEYS, FALSE_POSITIVE_RATE);
         let before = self.redis_used_memory().await;
-        let mut connection = connections[0].clone();
-        let bytes = bits.div_ceil(8);
-        let chunk = 1u64 << 20;
-        for offset in (0..bytes).step_by(chunk as usize) {
-            let len = chunk.min(bytes - offset);
-            let data: Vec<u8> = (0..len).map(|i| mix(offset + i) as u8).collect();
-            let _: i64 = redis::cmd("SETRANGE")
-                .arg(BLOOM_KEY)
-                .arg(offset)
-                .arg(data)
-                .query_async(&mut connection)
-                .await
-                .expect("SETRANGE");
-        }
+        let (bits, probes) = fill_redis_bitmap(&mut connections[0].clone()).await;
         let after = self.redis_used_memory().await;
         report.redis_bloom = Some((bits, probes, after.saturating_sub(before)));
     }
