@@ -198,14 +198,20 @@ class GatedReader {
 
   /** Drops the cached absences an invalidation makes wrong (all of them for RESYNC). */
   applyInvalidation(invalidation) {
+    const seq = Number(invalidation.seq);
     if (invalidation.cause === 'INVALIDATION_CAUSE_RESYNC') {
       if (this.cache) this.cache.clear();
       this.counters.invalidations++;
+      // The stream goes on from the RESYNC's seq, even one below the cursor: a server that restarted without
+      // its log, or a replica that could not catch up with the after_seq asked, resyncs at its own latest seq,
+      // and keeping the higher cursor would resume from a seq it does not have (another RESYNC) and refuse to
+      // cache any answer it gives.
+      this.cursor = seq;
     } else {
       for (const key of invalidation.keys) if (this.cache) this.cache.delete(Buffer.from(key).toString('latin1'));
       this.counters.invalidations += invalidation.keys.length;
+      this.cursor = Math.max(this.cursor, seq);
     }
-    this.cursor = Math.max(this.cursor, Number(invalidation.seq));
   }
 
   /** Ends the current subscription stream: the reader resubscribes after its last seq, as after any drop. */
