@@ -36,7 +36,7 @@ bounded() {
 
 cd "$here" || exit 1
 # The proto the package ships (git-ignored copy of $root/proto), refreshed on every run.
-bounded node scripts/copy-proto.js || exit 1
+bounded node scripts/prepare.js --copy-only || exit 1
 cmp -s "$root/proto/existence/v1/existence.proto" proto/existence/v1/existence.proto || {
     echo "FAIL: proto/ was not copied into the package" >&2
     exit 1
