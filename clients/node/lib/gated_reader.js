@@ -180,7 +180,7 @@ class GatedReader {
     }
     let flight = this.flights.get(id);
     if (!flight) {
-      flight = this._loadAndReport(key, id, answer, epoch).finally(() => this.flights.delete(id));
+      flight = this._loadAndReport(key, answer, epoch, id).finally(() => this.flights.delete(id));
       this.flights.set(id, flight);
     }
     return flight;
@@ -221,8 +221,11 @@ class GatedReader {
 
   // ---------------------------------------------------------------------------------------------------------
 
-  /** Reads the source for a key the gate passed (`answer` is null when the gate could not be asked). */
-  async _loadAndReport(key, id, answer, epoch) {
+  /**
+   * Reads the source for a key the gate passed (`answer` is null when the gate could not be asked; `epoch` is
+   * the subscription's when the lookup started, null when it was not live).
+   */
+  async _loadAndReport(key, answer, epoch, id = cacheKey(key)) {
     this.counters.source_reads++;
     const row = await this.source(key);
     const status = row && row.status;

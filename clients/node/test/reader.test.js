@@ -196,7 +196,7 @@ test('RecordAbsent with an observed_seq the gate has not reached (a lagging repl
   await reader.add(['rule:lagging']);
   const answer = { mayExist: true, observedSeq: 1e12, warming: false, address: server.address };
   const epoch = reader.epoch;
-  assert.equal(await reader._loadAndReport('rule:lagging', Buffer.from('rule:lagging').toString('latin1'), answer, epoch), undefined);
+  assert.equal(await reader._loadAndReport('rule:lagging', answer, epoch), undefined);
   assert.equal(db.readsOf('rule:lagging'), 1);
   assert.equal(reader.isCachedAbsent('rule:lagging'), false);
   assert.equal(reader.stats().absences_recorded, 0);
@@ -208,7 +208,7 @@ test('a row found while the gate was warming is Added with the next answer that 
   assert.match(await gateAnswer('warm:legacy'), /^ANSWER_ABSENT/);
   // This server is warm: the reader is fed such an answer (MAY_EXIST, warming, the seq loaded so far).
   const warming = { mayExist: true, observedSeq: 1, warming: true, address: server.address };
-  assert.equal(await reader._loadAndReport('warm:legacy', 'warm:legacy', warming, null), 'Edsger');
+  assert.equal(await reader._loadAndReport('warm:legacy', warming, null), 'Edsger');
   assert.match(await gateAnswer('warm:legacy'), /^ANSWER_ABSENT/);
   assert.equal(reader.stats().pending_adds_sent, 0);
   await reader.get('warm:other'); // a real answer: not warming
