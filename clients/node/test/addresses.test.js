@@ -5,7 +5,7 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, deadAddress } = require('./server');
+const { startServer, deadAddress, eventually } = require('./server');
 
 let server;
 let dead;
@@ -102,4 +102,16 @@ test('a lookup deadline at a gate that does not answer in time fails open too', 
   const reader = track(new GatedReader(c, async () => Found('v'), { subscribe: false }));
   assert.equal(await reader.get('addr:never'), 'v');
   assert.equal(reader.stats().fail_opens, 1);
+});
+
+test('the subscription moves to the next address when its stream ends: a dead first address, then the live one', async () => {
+  const c = track(new GateClient([dead, server.address], { namespace: 'users' }));
+  const reader = track(new GatedReader(c, async () => MISSING));
+  assert.equal(await reader.ready(), true, 'live on the second address');
+  assert.ok(reader.stats().resubscribes >= 1);
+  assert.equal(await reader.get('addr:never'), undefined);
+  assert.equal(reader.isCachedAbsent('addr:never'), true);
+  const writer = track(new GateClient(server.address, { namespace: 'users' }));
+  await writer.add(['addr:never']);
+  assert.ok(await eventually(() => !reader.isCachedAbsent('addr:never')), 'invalidated over the second address');
 });

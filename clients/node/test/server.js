@@ -61,15 +61,16 @@ function deadAddress() {
 
 /**
  * Starts a server with the given namespaces (each with the config above) and waits for /readyz.
- * Options: listen (a fixed "127.0.0.1:PORT", e.g. to restart on the same address). Resolves
+ * Options: listen (a fixed "127.0.0.1:PORT", e.g. to restart on the same address), extraConfig (TOML put
+ * before the namespaces, e.g. [[tokens]]). Resolves
  * {address, httpAddress, stop(), metric(rpc, code)}.
  */
-async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0' } = {}) {
+async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', extraConfig = '' } = {}) {
   const bin = process.env.EXISTENCE_GATE_BIN;
   if (!bin) throw new Error('EXISTENCE_GATE_BIN is not set');
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'existence-gate-node-'));
   const config = path.join(dir, 'config.toml');
-  fs.writeFileSync(config, namespaces.map((name) => `[namespaces.${name}]${NAMESPACE}`).join('\n'));
+  fs.writeFileSync(config, extraConfig + '\n' + namespaces.map((name) => `[namespaces.${name}]${NAMESPACE}`).join('\n'));
   const child = spawn(
     bin,
     ['serve', '--in-memory', '--listen', listen, '--http-listen', '127.0.0.1:0', '--config', config],
