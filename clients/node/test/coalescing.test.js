@@ -5,13 +5,13 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, loadExistencePackage, MAX_KEY_BYTES } = require('..');
-const { startServer } = require('./server');
+const { startServer, DEADLINE_MS } = require('./server');
 
 let server;
 const clients = [];
 
 function client(options = {}) {
-  const c = new GateClient(server.address, { namespace: 'users', ...options });
+  const c = new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
   clients.push(c);
   return c;
 }
@@ -94,7 +94,7 @@ test('a batch is sent as soon as it holds coalesceMaxKeys keys, without waiting 
 });
 
 test('a window of 1 ms or more (setTimeout) gathers lookups made across turns of the event loop', async () => {
-  const c = client({ coalesceWindowMs: 50 });
+  const c = client({ coalesceWindowMs: 300 });
   const lookups = [];
   for (let i = 0; i < 8; i++) {
     lookups.push(c.mayExist(added[i]));
@@ -197,7 +197,7 @@ test('recordAbsent: RECORDED, then the gate answers ABSENT; REDUNDANT for a key 
 });
 
 test('an unknown namespace fails every caller of the batch with the same NOT_FOUND', async () => {
-  const c = new GateClient(server.address, { namespace: 'no_such_namespace' });
+  const c = new GateClient(server.address, { namespace: 'no_such_namespace', deadlineMs: DEADLINE_MS });
   clients.push(c);
   const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => c.mayExist(`k${i}`)));
   assert.equal(c.stats().gate_calls, 1);

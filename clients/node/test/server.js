@@ -9,6 +9,11 @@ const os = require('os');
 const path = require('path');
 
 const WAIT_MS = 30_000;
+/**
+ * The tests' call deadline: generous, since a loaded 2-core machine can take most of a second for a fresh
+ * channel's first call (the library's default is 500 ms). Tests of deadlines set their own.
+ */
+const DEADLINE_MS = 10_000;
 
 const NAMESPACE = `
 expected_keys = 100000
@@ -118,4 +123,4 @@ async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', ext
   return { address, httpAddress, stop, metric, log: () => log };
 }
 
-module.exports = { startServer, deadAddress, eventually, WAIT_MS };
+module.exports = { startServer, deadAddress, eventually, WAIT_MS, DEADLINE_MS };

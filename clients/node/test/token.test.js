@@ -6,7 +6,7 @@ const assert = require('node:assert/strict');
 const crypto = require('crypto');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer } = require('./server');
+const { startServer, DEADLINE_MS } = require('./server');
 
 const TOKEN = 'node-client-test-token';
 let server;
@@ -30,7 +30,7 @@ after(async () => {
 });
 
 test('with the token: lookups, Add, RecordAbsent and the subscription are admitted', async () => {
-  const client = track(new GateClient(server.address, { namespace: 'users', token: TOKEN }));
+  const client = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, token: TOKEN }));
   await client.add(['token:a']);
   const answers = await Promise.all([client.mayExist('token:a'), client.mayExist('token:never')]);
   assert.deepEqual(
@@ -45,7 +45,7 @@ test('with the token: lookups, Add, RecordAbsent and the subscription are admitt
 });
 
 test('without it: UNAUTHENTICATED, returned as it is (no retry); the reader fails open', async () => {
-  const client = track(new GateClient(server.address, { namespace: 'users' }));
+  const client = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
   await assert.rejects(client.mayExist('token:a'), (error) => {
     assert.equal(error.code, grpc.status.UNAUTHENTICATED);
     return true;
