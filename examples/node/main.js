@@ -1,17 +1,14 @@
-// A small service's read path over existence-gate, with an in-memory Map standing in for the database.
+// A small service's read path over existence-gate with the Node client library (clients/node), with an
+// in-memory Map standing in for the database.
 //
-//   node examples/node/main.js --addr 127.0.0.1:50051 --namespace default
+//   (cd examples/node && npm ci) && node examples/node/main.js --addr 127.0.0.1:50051 --namespace default
 //
 // Runs a short self-check against the server (each step prints ok/FAIL) and exits 0 when every step passed.
 // Use a namespace nobody else writes to: the checks expect to be the only writer of the keys they use.
 'use strict';
 
-const path = require('path');
 const { parseArgs } = require('util');
-const grpc = require('@grpc/grpc-js');
-const { loadGateClient, GatedReader, Found, MISSING, DELETED } = require('./gated_reader');
-
-const PROTO_ROOT = path.resolve(__dirname, '../../proto');
+const { GateClient, GatedReader, Found, MISSING, DELETED } = require('existence-gate-client');
 
 /** The source of truth: rows by key; a deleted row is kept as a marker (a soft delete). */
 class Database {
@@ -48,27 +45,20 @@ class Database {
   }
 }
 
-/** Calls a unary method as a promise. */
-function unary(client, method, request) {
-  return new Promise((resolve, reject) => {
-    client[method](request, { deadline: Date.now() + 5000 }, (error, reply) => (error ? reject(error) : resolve(reply)));
-  });
-}
-
 /** The write path: Add the key to the gate before the insert becomes visible in the source. */
 class Writer {
-  constructor(client, namespace, db) {
-    Object.assign(this, { client, namespace, db });
+  constructor(client, db) {
+    Object.assign(this, { client, db });
   }
 
   async create(key, value) {
-    await unary(this.client, 'Add', { namespace: this.namespace, keys: [Buffer.from(key)] });
+    await this.client.add([key]);
     this.db.insert(key, value);
   }
 
   /** The Add succeeded but the insert then failed: the gate holds a key the source lacks. */
   async createFailed(key) {
-    await unary(this.client, 'Add', { namespace: this.namespace, keys: [Buffer.from(key)] });
+    await this.client.add([key]);
   }
 }
 
@@ -94,20 +84,20 @@ async function eventually(condition, timeoutMs = 5000) {
   return condition();
 }
 
-async function selfCheck(client, namespace) {
+async function selfCheck(addr, namespace) {
   const db = new Database();
-  const writer = new Writer(client, namespace, db);
-  const reader = new GatedReader({ client, namespace, load: (key) => db.load(key) });
-  const gateAnswer = async (key) => {
-    const reply = await unary(client, 'MayExist', { namespace, key: Buffer.from(key) });
-    return `${reply.answer} ${reply.basis}`;
-  };
+  // The reader's client coalesces its lookups (200 µs window); the writer and the checks use their own.
+  const client = new GateClient(addr, { namespace });
+  const writerClient = new GateClient(addr, { namespace });
+  const probe = new GateClient(addr, { namespace, coalesceWindowMs: 0 });
+  const writer = new Writer(writerClient, db);
+  const reader = new GatedReader(client, (key) => db.load(key));
+  const gateSaysAbsent = async (key) => !(await probe.mayExist(key)).mayExist;
   // The namespace's latest seq, which every answer carries (never 0: seqs start at 1).
-  const latestSeq = async () =>
-    (await unary(client, 'MayExist', { namespace, key: Buffer.from('user:0') })).observed_seq;
+  const latestSeq = async () => (await probe.mayExist('user:0')).observedSeq;
 
   try {
-    check('the invalidation subscription goes live', await reader.start(10_000));
+    check('the invalidation subscription goes live', await reader.ready(10_000));
 
     await writer.create('user:1', 'Ada');
     check('an added row is read from the source', (await reader.get('user:1')) === 'Ada');
@@ -116,17 +106,18 @@ async function selfCheck(client, namespace) {
     check('a key never added does not exist', (await reader.get('user:404')) === undefined);
     check('... and the gate spared the source', db.totalReads() === 1, [...db.reads]);
     check('... and the absence is cached locally', reader.isCachedAbsent('user:404'));
-    const calls = reader.stats.gate_calls;
+    const calls = reader.stats().gate_calls;
     check(
       'a second read of it is a local hit',
-      (await reader.get('user:404')) === undefined && reader.stats.gate_calls === calls,
+      (await reader.get('user:404')) === undefined && reader.stats().gate_calls === calls,
     );
 
     await writer.createFailed('user:2');
     check('a key the gate knows but the source lacks does not exist', (await reader.get('user:2')) === undefined);
     check('... the source was read once', db.readsOf('user:2') === 1, [...db.reads]);
-    check('... and the absence RECORDED at the gate', reader.stats.absences_recorded === 1, reader.stats);
-    check('... so the gate now answers it', (await gateAnswer('user:2')) === 'ANSWER_ABSENT BASIS_TOMBSTONE');
+    check('... and the absence RECORDED at the gate', reader.stats().absences_recorded === 1, reader.stats());
+    // The filter holds user:2 (it was added): an ABSENT answer now rests on the tombstone.
+    check('... so the gate now answers it ABSENT', await gateSaysAbsent('user:2'));
     await reader.get('user:2');
     check('... and the next read is a local hit', db.readsOf('user:2') === 1, [...db.reads]);
 
@@ -146,37 +137,37 @@ async function selfCheck(client, namespace) {
       'user:405 does not exist yet',
       (await reader.get('user:405')) === undefined && reader.isCachedAbsent('user:405'),
     );
-    const subscriptions = reader.stats.subscriptions;
-    reader.resubscribe(); // as if the connection dropped
+    const resubscribes = reader.stats().resubscribes;
+    reader.dropSubscription(); // as if the connection dropped
     await writer.create('user:405', 'Barbara'); // lands while the reader is reconnecting
     check(
       'an Add made while reconnecting reaches the reader (resumed by after_seq)',
       await eventually(() => !reader.isCachedAbsent('user:405')),
     );
-    check('... over a new subscription', await eventually(() => reader.stats.subscriptions > subscriptions));
+    check('... over a new subscription', await eventually(() => reader.stats().resubscribes > resubscribes));
     check('... and the new row is read', (await reader.get('user:405')) === 'Barbara');
 
     db.delete('user:1');
     check('a deleted row does not exist', (await reader.get('user:1')) === undefined);
-    check('... its absence RECORDED as DELETED', (await gateAnswer('user:1')) === 'ANSWER_ABSENT BASIS_TOMBSTONE');
+    check('... its absence RECORDED (as DELETED): the gate answers it ABSENT', await gateSaysAbsent('user:1'));
     check('... and cached locally', reader.isCachedAbsent('user:1'));
 
     // While the gate loads its state it answers MAY_EXIST + WARMING for every key and refuses writes; a row
     // found then is added with the first answer that is not WARMING. (This server is warm: the check feeds
-    // the reader such an answer.)
+    // the reader's source step such an answer.)
     db.insert('user:legacy', 'Edsger');
-    check('a row the gate does not know is ABSENT there', (await gateAnswer('user:legacy')).startsWith('ANSWER_ABSENT'));
+    check('a row the gate does not know is ABSENT there', await gateSaysAbsent('user:legacy'));
     // Such an answer carries the seq loaded so far; here, the latest.
-    const warming = { answer: 'ANSWER_MAY_EXIST', basis: 'BASIS_WARMING', observed_seq: await latestSeq() };
-    check('read while the gate warms: found', (await reader.loadAndReport('user:legacy', warming, null)) === 'Edsger');
+    const warming = { mayExist: true, observedSeq: await latestSeq(), warming: true, address: addr };
+    check('read while the gate warms: found', (await reader._loadAndReport('user:legacy', warming, null)) === 'Edsger');
     check(
       '... and not added yet',
-      (await gateAnswer('user:legacy')).startsWith('ANSWER_ABSENT') && reader.stats.adds === undefined,
+      (await gateSaysAbsent('user:legacy')) && reader.stats().pending_adds_sent === 0,
     );
     await reader.get('user:406'); // the gate is ready: this answer is not WARMING
     check(
       '... added with the next answer',
-      (await gateAnswer('user:legacy')).startsWith('ANSWER_MAY_EXIST') && reader.stats.adds === 1,
+      !(await gateSaysAbsent('user:legacy')) && reader.stats().pending_adds_sent === 1,
     );
 
     // RESYNC (events were missed, e.g. a long disconnection) clears every cached absence.
@@ -184,9 +175,10 @@ async function selfCheck(client, namespace) {
     // A RESYNC carries the namespace's latest seq.
     reader.applyInvalidation({ namespace, keys: [], seq: await latestSeq(), cause: 'INVALIDATION_CAUSE_RESYNC' });
     check('RESYNC drops them all', !reader.isCachedAbsent('user:2') && !reader.isCachedAbsent('user:1'));
-    console.log('reader stats:', JSON.stringify(reader.stats));
+    console.log('reader stats:', JSON.stringify(reader.stats()));
   } finally {
     reader.close();
+    for (const c of [client, writerClient, probe]) c.close();
   }
 }
 
@@ -197,14 +189,10 @@ async function main() {
       namespace: { type: 'string', default: 'default' },
     },
   });
-  const ExistenceGate = loadGateClient(PROTO_ROOT);
-  const client = new ExistenceGate(values.addr, grpc.credentials.createInsecure());
   try {
-    await selfCheck(client, values.namespace);
+    await selfCheck(values.addr, values.namespace);
   } catch (error) {
     check('self-check ran to the end', false, String(error && error.stack ? error.stack : error));
-  } finally {
-    client.close();
   }
   console.log(`example: ${passed} passed, ${failed} failed`);
   process.exit(failed > 0 || passed === 0 ? 1 : 0);

@@ -254,11 +254,14 @@ node_missing() {
     command -v node >/dev/null || { echo "node not found"; return; }
     [ -d "$here/node/node_modules/@grpc/grpc-js" ] ||
         { echo "tests/interop/node/node_modules is missing (npm ci)"; return; }
-    [ -d "$root/examples/node/node_modules/@grpc/grpc-js" ] ||
-        echo "examples/node/node_modules is missing (npm ci)"
+    # The example uses the client library (clients/node), linked into examples/node by its npm ci.
+    [ -e "$root/examples/node/node_modules/existence-gate-client" ] ||
+        { echo "examples/node/node_modules is missing (npm ci)"; return; }
+    (cd "$root/examples/node" && node -e 'require("existence-gate-client")' 2>/dev/null) ||
+        echo "examples/node cannot load existence-gate-client (npm ci in clients/node and examples/node)"
 }
 node_run() {
-    # @grpc/proto-loader generates the stubs from proto/ when the client starts.
+    # @grpc/proto-loader generates the stubs from proto/ when the client (and the library) starts.
     bounded node "$here/node/interop.js" "$grpc_addr" interop_node || return 1
     bounded node "$root/examples/node/main.js" --addr "$grpc_addr" --namespace example_node || return 1
 }
