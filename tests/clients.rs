@@ -21,3 +21,8 @@ fn client_tests(lang: &str) {
 fn python_client() {
     client_tests("python");
 }
+
+#[test]
+fn node_client() {
+    client_tests("node");
+}
