@@ -14,7 +14,7 @@ import org.junit.AfterClass;
 import org.junit.BeforeClass;
 import org.junit.Test;
 
-/** Several addresses: a dead one and a live server. */
+/** Several addresses (a dead one and a live server), and a gate that requires a token. */
 public class AddressesTest {
   private static GateServer server;
   private static String dead;
@@ -87,6 +87,29 @@ public class AddressesTest {
         assertTrue(System.nanoTime() - started < TimeUnit.SECONDS.toNanos(10));
       }
       assertFalse(gate.stats().retries() == 0);
+    }
+  }
+
+  @Test
+  public void theTokenIsSentOnEveryCallAndTheSubscription() throws Exception {
+    try (GateServer guarded = GateServer.startWithToken("s3cret", "guarded")) {
+      try (GateClient gate = GateClient.builder(guarded.address).namespace("guarded").token("s3cret").build();
+          GatedReader<String> reader = new GatedReader<>(gate, key -> GatedReader.SourceRow.missing())) {
+        assertTrue("the subscription goes live", reader.awaitLive(Duration.ofSeconds(30)));
+        gate.add(List.of("t:1"));
+        assertTrue(gate.mayExist("t:1").mayExist());
+        assertTrue(reader.get("t:2").isEmpty());
+        assertTrue(reader.isCachedAbsent("t:2"));
+        assertEquals(0, reader.stats().failOpens());
+      }
+      try (GateClient anonymous = GateClient.builder(guarded.address).namespace("guarded").build()) {
+        try {
+          anonymous.mayExist("t:1");
+          fail("the gate requires a token");
+        } catch (StatusRuntimeException e) {
+          assertEquals(Status.Code.UNAUTHENTICATED, e.getStatus().getCode());
+        }
+      }
     }
   }
 }

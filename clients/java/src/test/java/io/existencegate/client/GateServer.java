@@ -38,17 +38,31 @@ final class GateServer implements AutoCloseable {
   /** A plain stub: the reference answers the client's are compared with. */
   final ExistenceGateGrpc.ExistenceGateBlockingStub stub;
 
-  private GateServer(Process process, Path dir, String address, String httpAddress) {
+  private GateServer(Process process, Path dir, String address, String httpAddress, String token) {
     this.process = process;
     this.dir = dir;
     this.address = address;
     this.httpAddress = httpAddress;
-    this.channel = ManagedChannelBuilder.forTarget(address).usePlaintext().build();
+    ManagedChannelBuilder<?> builder = ManagedChannelBuilder.forTarget(address).usePlaintext();
+    if (token != null) {
+      io.grpc.Metadata headers = new io.grpc.Metadata();
+      headers.put(io.grpc.Metadata.Key.of("authorization", io.grpc.Metadata.ASCII_STRING_MARSHALLER),
+          "Bearer " + token);
+      builder.intercept(io.grpc.stub.MetadataUtils.newAttachHeadersInterceptor(headers));
+    }
+    this.channel = builder.build();
     this.stub = ExistenceGateGrpc.newBlockingStub(channel);
   }
 
   /** Starts a server with these namespaces (missing_ttl 2 s), waiting until it answers warm. */
   static GateServer start(String... namespaces) throws Exception {
+    return startWithToken(null, namespaces);
+  }
+
+  /**
+   * Starts a server that, when {@code token} is not null, requires it (read and write, every namespace).
+   */
+  static GateServer startWithToken(String token, String... namespaces) throws Exception {
     String bin = System.getenv("EXISTENCE_GATE_BIN");
     if (bin == null || bin.isEmpty()) {
       throw new IllegalStateException("EXISTENCE_GATE_BIN is not set");
@@ -59,6 +73,13 @@ final class GateServer implements AutoCloseable {
       config.append("[namespaces.").append(namespace).append("]\n")
           .append("expected_keys = 100000\nmissing_ttl = \"2s\"\ndeleted_ttl = \"10m\"\n")
           .append("ttl_jitter = 0.0\nmax_ttl = \"1h\"\n\n");
+    }
+    if (token != null) {
+      byte[] digest = java.security.MessageDigest.getInstance("SHA-256")
+          .digest(token.getBytes(StandardCharsets.UTF_8));
+      config.append("[[tokens]]\nname = \"tests\"\nsha256 = \"")
+          .append(java.util.HexFormat.of().formatHex(digest))
+          .append("\"\nroles = [\"read\", \"write\"]\nnamespaces = [\"*\"]\n");
     }
     Path configFile = dir.resolve("gate.toml");
     Files.writeString(configFile, config);
@@ -86,7 +107,7 @@ final class GateServer implements AutoCloseable {
         }
         return false;
       });
-      GateServer server = new GateServer(process, dir, found[0], found[1]);
+      GateServer server = new GateServer(process, dir, found[0], found[1], token);
       eventually("the server answers warm", () -> {
         try {
           return server.answer("default", "warm?").getBasis() != Basis.BASIS_WARMING;
