@@ -35,6 +35,7 @@ import java.util.Objects;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
@@ -332,7 +333,7 @@ public final class GateClient implements AutoCloseable {
                           .asRuntimeException()),
               Math.max(0, nanos),
               TimeUnit.NANOSECONDS);
-    } catch (java.util.concurrent.RejectedExecutionException e) {
+    } catch (RejectedExecutionException e) {
       future.completeExceptionally(Status.CANCELLED.withDescription("client closed").asRuntimeException());
       return;
     }
@@ -377,8 +378,14 @@ public final class GateClient implements AutoCloseable {
     synchronized (batchLock) {
       if (current == null) {
         Batch batch = new Batch();
+        try {
+          batch.timer = timers.schedule(() -> flush(batch), windowNanos, TimeUnit.NANOSECONDS);
+        } catch (RejectedExecutionException e) { // closed meanwhile
+          pending.future().completeExceptionally(
+              Status.CANCELLED.withDescription("client closed").asRuntimeException());
+          return;
+        }
         current = batch;
-        batch.timer = timers.schedule(() -> flush(batch), windowNanos, TimeUnit.NANOSECONDS);
       }
       current.items.add(pending);
       if (current.items.size() >= maxKeys) {
