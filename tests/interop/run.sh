@@ -242,7 +242,9 @@ java_run() {
         --plugin=protoc-gen-grpc-java=/usr/bin/grpc_java_plugin \
         --java_out="$out/gen" --grpc-java_out="$out/gen" \
         "$root/proto/existence/v1/existence.proto" grpc/health/v1/health.proto || return 1
-    find "$out/gen" "$here/java" "$root/examples/java" -name '*.java' >"$out/sources"
+    # The example is built against the client library's sources (clients/java), compiled alongside.
+    find "$out/gen" "$here/java" "$root/examples/java" "$root/clients/java/src/main/java" -name '*.java' \
+        >"$out/sources"
     bounded javac -nowarn -encoding UTF-8 -d "$out/classes" -cp "$classpath" @"$out/sources" || return 1
     bounded java -cp "$out/classes:$classpath" io.existencegate.interop.Interop "$grpc_addr" interop_java ||
         return 1

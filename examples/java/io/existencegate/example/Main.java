@@ -1,7 +1,9 @@
 package io.existencegate.example;
 
 import com.google.protobuf.ByteString;
-import io.existencegate.v1.AddRequest;
+import io.existencegate.client.GateClient;
+import io.existencegate.client.GatedReader;
+import io.existencegate.client.Lookup;
 import io.existencegate.v1.Answer;
 import io.existencegate.v1.Basis;
 import io.existencegate.v1.ExistenceGateGrpc;
@@ -24,7 +26,8 @@ import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
 
 /**
- * A small service's read path over existence-gate, with an in-memory map standing in for the database.
+ * A small service's read path over existence-gate, with an in-memory map standing in for the database: the
+ * Java client library ({@code clients/java}, {@link GateClient} and {@link GatedReader}) does the work.
  *
  * <p>{@code java io.existencegate.example.Main --addr 127.0.0.1:50051 --namespace default} runs a short
  * self-check against the server (each step prints ok/FAIL) and exits 0 when every step passed. Use a
@@ -71,24 +74,22 @@ public final class Main {
 
   /** The write path: Add the key to the gate before the insert becomes visible in the source. */
   static final class Writer {
-    private final ExistenceGateGrpc.ExistenceGateBlockingStub gate;
-    private final String namespace;
+    private final GateClient gate;
     private final Database db;
 
-    Writer(ExistenceGateGrpc.ExistenceGateBlockingStub gate, String namespace, Database db) {
+    Writer(GateClient gate, Database db) {
       this.gate = gate;
-      this.namespace = namespace;
       this.db = db;
     }
 
     void create(String key, String value) {
-      gate.add(AddRequest.newBuilder().setNamespace(namespace).addKeys(ByteString.copyFromUtf8(key)).build());
+      gate.add(List.of(key)); // raises when the gate cannot Add: then the row must not be inserted
       db.insert(key, value);
     }
 
     /** The Add succeeded but the insert then failed: the gate holds a key the source lacks. */
     void createFailed(String key) {
-      gate.add(AddRequest.newBuilder().setNamespace(namespace).addKeys(ByteString.copyFromUtf8(key)).build());
+      gate.add(List.of(key));
     }
   }
 
@@ -103,7 +104,7 @@ public final class Main {
   }
 
   static boolean eventually(BooleanSupplier condition) throws InterruptedException {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
     while (System.nanoTime() < deadline) {
       if (condition.getAsBoolean()) {
         return true;
@@ -113,12 +114,15 @@ public final class Main {
     return condition.getAsBoolean();
   }
 
-  static void selfCheck(ManagedChannel channel, String namespace) throws Exception {
+  static void selfCheck(String addr, ManagedChannel channel, String namespace) throws Exception {
     Database db = new Database();
+    // Plain stub calls only to check what the gate answers, with its basis.
     ExistenceGateGrpc.ExistenceGateBlockingStub gate = ExistenceGateGrpc.newBlockingStub(channel);
-    Writer writer = new Writer(gate, namespace, db);
-    try (GatedReader<String> reader = new GatedReader<>(channel, namespace, db::load, new GatedReader.Options())) {
-      check("the invalidation subscription goes live", reader.start(Duration.ofSeconds(10)));
+    try (GateClient client = GateClient.builder(addr).namespace(namespace).build();
+        GateClient writerClient = GateClient.builder(addr).namespace(namespace).build();
+        GatedReader<String> reader = new GatedReader<>(client, db::load)) {
+      Writer writer = new Writer(writerClient, db);
+      check("the invalidation subscription goes live", reader.awaitLive(Duration.ofSeconds(10)));
 
       writer.create("user:1", "Ada");
       check("an added row is read from the source", reader.get("user:1").equals(Optional.of("Ada")));
@@ -127,15 +131,15 @@ public final class Main {
       check("a key never added does not exist", reader.get("user:404").isEmpty());
       check("... and the gate spared the source", db.totalReads() == 1, db.reads);
       check("... and the absence is cached locally", reader.isCachedAbsent("user:404"));
-      long calls = reader.stat("gate_calls");
+      long calls = reader.stats().gateCalls();
       check(
           "a second read of it is a local hit",
-          reader.get("user:404").isEmpty() && reader.stat("gate_calls") == calls);
+          reader.get("user:404").isEmpty() && reader.stats().gateCalls() == calls);
 
       writer.createFailed("user:2");
       check("a key the gate knows but the source lacks does not exist", reader.get("user:2").isEmpty());
       check("... the source was read once", db.readsOf("user:2") == 1, db.reads);
-      check("... and the absence RECORDED at the gate", reader.stat("absences_recorded") == 1, reader.stats());
+      check("... and the absence RECORDED at the gate", reader.stats().absencesRecorded() == 1, reader.stats());
       MayExistResponse answer = gateAnswer(gate, namespace, "user:2");
       check(
           "... so the gate now answers it",
@@ -171,13 +175,13 @@ public final class Main {
       check(
           "user:405 does not exist yet",
           reader.get("user:405").isEmpty() && reader.isCachedAbsent("user:405"));
-      long subscriptions = reader.stat("subscriptions");
+      long resubscribes = reader.stats().resubscribes();
       reader.resubscribe(); // as if the connection dropped
       writer.create("user:405", "Barbara"); // lands while the reader is reconnecting
       check(
           "an Add made while reconnecting reaches the reader (resumed by after_seq)",
           eventually(() -> !reader.isCachedAbsent("user:405")));
-      check("... over a new subscription", eventually(() -> reader.stat("subscriptions") > subscriptions));
+      check("... over a new subscription", eventually(() -> reader.stats().resubscribes() > resubscribes));
       check("... and the new row is read", reader.get("user:405").equals(Optional.of("Barbara")));
 
       db.delete("user:1");
@@ -197,24 +201,17 @@ public final class Main {
           "a row the gate does not know is ABSENT there",
           gateAnswer(gate, namespace, "user:legacy").getAnswer() == Answer.ANSWER_ABSENT);
       // Such an answer carries the seq loaded so far; here, the latest.
-      MayExistResponse warming =
-          MayExistResponse.newBuilder()
-              .setAnswer(Answer.ANSWER_MAY_EXIST)
-              .setBasis(Basis.BASIS_WARMING)
-              .setObservedSeq(latestSeq(gate, namespace))
-              .build();
+      Lookup warming = new Lookup(true, latestSeq(gate, namespace), true, addr);
       check(
           "read while the gate warms: found",
-          reader.loadAndReport("user:legacy", warming, 0, false).equals(Optional.of("Edsger")));
+          reader.readSource("user:legacy", warming).equals(Optional.of("Edsger")));
       check(
           "... and not added yet",
-          gateAnswer(gate, namespace, "user:legacy").getAnswer() == Answer.ANSWER_ABSENT
-              && reader.stat("adds") == 0);
+          gateAnswer(gate, namespace, "user:legacy").getAnswer() == Answer.ANSWER_ABSENT);
       reader.get("user:406"); // the gate is ready: this answer is not WARMING
       check(
           "... added with the next answer",
-          gateAnswer(gate, namespace, "user:legacy").getAnswer() == Answer.ANSWER_MAY_EXIST
-              && reader.stat("adds") == 1);
+          eventually(() -> gateAnswer(gate, namespace, "user:legacy").getAnswer() == Answer.ANSWER_MAY_EXIST));
 
       // RESYNC (events were missed, e.g. a long disconnection) clears every cached absence.
       check("some absences are cached", reader.isCachedAbsent("user:2"));
@@ -255,7 +252,7 @@ public final class Main {
     }
     ManagedChannel channel = ManagedChannelBuilder.forTarget(addr).usePlaintext().build();
     try {
-      selfCheck(channel, namespace);
+      selfCheck(addr, channel, namespace);
     } catch (Exception e) {
       check("self-check ran to the end", false, e);
     } finally {

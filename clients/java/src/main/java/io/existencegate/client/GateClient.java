@@ -1,0 +1,796 @@
+package io.existencegate.client;
+
+import com.google.protobuf.ByteString;
+import com.google.protobuf.CodedOutputStream;
+import io.existencegate.v1.AddRequest;
+import io.existencegate.v1.AddResponse;
+import io.existencegate.v1.Answer;
+import io.existencegate.v1.BatchMayExistRequest;
+import io.existencegate.v1.BatchMayExistResponse;
+import io.existencegate.v1.Basis;
+import io.existencegate.v1.ExistenceGateGrpc;
+import io.existencegate.v1.MayExistRequest;
+import io.existencegate.v1.MayExistResponse;
+import io.existencegate.v1.RecordAbsentRequest;
+import io.existencegate.v1.RecordAbsentResponse;
+import io.grpc.Context;
+import io.grpc.Contexts;
+import io.grpc.Deadline;
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.grpc.Metadata;
+import io.grpc.Status;
+import io.grpc.StatusException;
+import io.grpc.StatusRuntimeException;
+import io.grpc.stub.MetadataUtils;
+import io.grpc.stub.StreamObserver;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.List;
+import java.util.Objects;
+import java.util.concurrent.CancellationException;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLongArray;
+import java.util.concurrent.atomic.LongAdder;
+
+/**
+ * The existence gate's calls for one namespace, with single-key lookups coalesced into packed
+ * {@code BatchMayExist} calls.
+ *
+ * <pre>{@code
+ * try (GateClient gate = GateClient.builder("10.0.0.1:50051", "10.0.0.2:50051").namespace("users").build()) {
+ *   Lookup answer = gate.mayExist("user:42"); // blocking; mayExistAsync returns a CompletableFuture
+ *   if (!answer.mayExist()) { ... the key does not exist ... }
+ * }
+ * }</pre>
+ *
+ * <p>Thread-safe: one client is meant to be shared by every thread of a service. Errors are the gRPC status,
+ * unchanged, as a {@link StatusRuntimeException} (thrown by the blocking calls, completing the futures of the
+ * asynchronous ones).
+ */
+public final class GateClient implements AutoCloseable {
+  /** Default of {@link Builder#coalesceWindow}: 200 µs. */
+  public static final Duration DEFAULT_COALESCE_WINDOW = Duration.ofNanos(200_000);
+  /** Default of {@link Builder#coalesceMaxKeys}. */
+  public static final int DEFAULT_COALESCE_MAX_KEYS = 256;
+  /** Default of {@link Builder#deadline}: 500 ms per call, retries included. */
+  public static final Duration DEFAULT_DEADLINE = Duration.ofMillis(500);
+  /** The server's default {@code max_batch_keys}: {@link #mayExistMany} and {@link #add} split there. */
+  public static final int MAX_BATCH_KEYS = 10_000;
+  /** The server's default {@code max_key_bytes}; longer (and empty) keys are not coalesced (see below). */
+  static final int MAX_KEY_BYTES = 1_024;
+  /** How long an address that answered UNAVAILABLE is skipped. */
+  static final long DOWN_NANOS = TimeUnit.SECONDS.toNanos(1);
+
+  /** Starts a client of the given gate addresses ({@code host:port}, replicas of one deployment). */
+  public static Builder builder(String... addresses) {
+    return new Builder(List.of(addresses));
+  }
+
+  /** Starts a client of the given gate addresses ({@code host:port}, replicas of one deployment). */
+  public static Builder builder(List<String> addresses) {
+    return new Builder(List.copyOf(addresses));
+  }
+
+  /** Options; every one has the default of the client contract. */
+  public static final class Builder {
+    private final List<String> addresses;
+    private String namespace = "";
+    private Duration coalesceWindow = DEFAULT_COALESCE_WINDOW;
+    private int coalesceMaxKeys = DEFAULT_COALESCE_MAX_KEYS;
+    private Duration deadline = DEFAULT_DEADLINE;
+    private AddressPolicy addressPolicy = AddressPolicy.ROUND_ROBIN;
+    private String token;
+    private boolean plaintext = true;
+
+    private Builder(List<String> addresses) {
+      if (addresses.isEmpty()) {
+        throw new IllegalArgumentException("at least one gate address is needed");
+      }
+      this.addresses = addresses;
+    }
+
+    /** The namespace every call uses; {@code ""} (the default) is the server's {@code default}. */
+    public Builder namespace(String namespace) {
+      this.namespace = Objects.requireNonNull(namespace);
+      return this;
+    }
+
+    /**
+     * How long a single-key lookup waits for others to share its batch (default 200 µs); zero turns
+     * coalescing off (each lookup is a unary {@code MayExist}).
+     */
+    public Builder coalesceWindow(Duration window) {
+      if (window.isNegative()) {
+        throw new IllegalArgumentException("coalesceWindow must not be negative");
+      }
+      this.coalesceWindow = window;
+      return this;
+    }
+
+    /** A batch is sent as soon as it holds this many keys (default 256; at most 10,000). */
+    public Builder coalesceMaxKeys(int maxKeys) {
+      if (maxKeys < 1 || maxKeys > MAX_BATCH_KEYS) {
+        throw new IllegalArgumentException("coalesceMaxKeys must be 1 to " + MAX_BATCH_KEYS);
+      }
+      this.coalesceMaxKeys = maxKeys;
+      return this;
+    }
+
+    /** The deadline of each call, retries included (default 500 ms). */
+    public Builder deadline(Duration deadline) {
+      if (deadline.isNegative() || deadline.isZero()) {
+        throw new IllegalArgumentException("deadline must be positive");
+      }
+      this.deadline = deadline;
+      return this;
+    }
+
+    /** Round robin (default) or pick first. */
+    public Builder addressPolicy(AddressPolicy policy) {
+      this.addressPolicy = Objects.requireNonNull(policy);
+      return this;
+    }
+
+    /** Sent as {@code authorization: Bearer <token>} on every call (default: none). */
+    public Builder token(String token) {
+      this.token = token;
+      return this;
+    }
+
+    /**
+     * Plaintext connections (default true). False uses TLS with the JVM's trust store (untested in this
+     * repository's tests).
+     */
+    public Builder plaintext(boolean plaintext) {
+      this.plaintext = plaintext;
+      return this;
+    }
+
+    public GateClient build() {
+      return new GateClient(this);
+    }
+  }
+
+  /** One started RPC: the stub (with its deadline) and where to deliver the answer. */
+  @FunctionalInterface
+  interface Rpc<R> {
+    void start(ExistenceGateGrpc.ExistenceGateStub stub, StreamObserver<R> observer);
+  }
+
+  /** An RPC's response and the address that gave it. */
+  record Answered<R>(R response, String address) {}
+
+  /** A single-key lookup waiting in a batch. */
+  private record Pending(ByteString key, CompletableFuture<Lookup> future, Deadline deadline) {}
+
+  /** The batch being gathered. */
+  private static final class Batch {
+    final List<Pending> items = new ArrayList<>();
+    ScheduledFuture<?> timer;
+  }
+
+  private final List<String> addresses;
+  private final String namespace;
+  private final long windowNanos;
+  private final int maxKeys;
+  private final Duration deadline;
+  private final AddressPolicy policy;
+  private final String token;
+  private final boolean plaintext;
+  private final List<ManagedChannel> channels = new ArrayList<>();
+  private final List<ExistenceGateGrpc.ExistenceGateStub> stubs = new ArrayList<>();
+  /** Per address: until when (nanos since {@link #base}) it is down; 0 = up. */
+  private final AtomicLongArray downUntil;
+  private final long base = System.nanoTime();
+  private final AtomicInteger roundRobin = new AtomicInteger();
+  /** Batch windows and per-caller deadlines. */
+  private final ScheduledThreadPoolExecutor timers;
+
+  private final Object batchLock = new Object();
+  private Batch current; // guarded by batchLock
+  private volatile boolean closed;
+
+  private final LongAdder lookups = new LongAdder();
+  private final LongAdder gateCalls = new LongAdder();
+  private final LongAdder batchedKeys = new LongAdder();
+  private final LongAdder retries = new LongAdder();
+
+  private GateClient(Builder b) {
+    this.addresses = b.addresses;
+    this.namespace = b.namespace;
+    this.windowNanos = b.coalesceWindow.toNanos();
+    this.maxKeys = b.coalesceMaxKeys;
+    this.deadline = b.deadline;
+    this.policy = b.addressPolicy;
+    this.token = b.token;
+    this.plaintext = b.plaintext;
+    this.downUntil = new AtomicLongArray(addresses.size());
+    for (String address : addresses) {
+      ManagedChannel channel = newChannel(address);
+      channels.add(channel);
+      stubs.add(ExistenceGateGrpc.newStub(channel));
+    }
+    this.timers =
+        new ScheduledThreadPoolExecutor(
+            1,
+            r -> {
+              Thread t = new Thread(r, "existence-gate-client-timers");
+              t.setDaemon(true);
+              return t;
+            });
+    timers.setRemoveOnCancelPolicy(true);
+  }
+
+  /** The namespace every call uses. */
+  public String namespace() {
+    return namespace;
+  }
+
+  /** The gate addresses, in the order given. */
+  public List<String> addresses() {
+    return addresses;
+  }
+
+  /** The deadline of each call. */
+  public Duration deadline() {
+    return deadline;
+  }
+
+  /** A new channel to {@code address}, configured like the client's own (plaintext or TLS, token). */
+  ManagedChannel newChannel(String address) {
+    ManagedChannelBuilder<?> builder = ManagedChannelBuilder.forTarget(address);
+    if (plaintext) {
+      builder.usePlaintext();
+    } else {
+      builder.useTransportSecurity();
+    }
+    if (token != null) {
+      Metadata headers = new Metadata();
+      headers.put(Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER), "Bearer " + token);
+      builder.intercept(MetadataUtils.newAttachHeadersInterceptor(headers));
+    }
+    return builder.build();
+  }
+
+  // ------------------------------------------------------------------------------------------------------
+  // Single-key lookups.
+
+  /** Whether {@code key} (UTF-8) may exist; blocks for at most the deadline. */
+  public Lookup mayExist(String key) {
+    return await(mayExistAsync(key));
+  }
+
+  /** Whether {@code key} may exist; blocks for at most the deadline. */
+  public Lookup mayExist(byte[] key) {
+    return await(mayExistAsync(key));
+  }
+
+  /** Whether {@code key} (UTF-8) may exist, asynchronously. */
+  public CompletableFuture<Lookup> mayExistAsync(String key) {
+    return mayExistAsync(ByteString.copyFromUtf8(key));
+  }
+
+  /** Whether {@code key} may exist, asynchronously. */
+  public CompletableFuture<Lookup> mayExistAsync(byte[] key) {
+    return mayExistAsync(ByteString.copyFrom(key));
+  }
+
+  /**
+   * The lookup of one key. With coalescing on it joins the batch being gathered (or starts one); the future
+   * completes with the key's answer, or fails with the batch's status, or with DEADLINE_EXCEEDED when the
+   * caller's deadline passes first (or CANCELLED when the caller's gRPC {@link Context} is cancelled); the
+   * batch goes on for the others. Cancelling the future drops this caller only.
+   */
+  CompletableFuture<Lookup> mayExistAsync(ByteString key) {
+    lookups.increment();
+    CompletableFuture<Lookup> future = new CompletableFuture<>();
+    if (closed) {
+      future.completeExceptionally(Status.CANCELLED.withDescription("client closed").asRuntimeException());
+      return future;
+    }
+    Deadline callDeadline = newDeadline();
+    armDeadline(future, callDeadline);
+    // An empty or overlong key would fail a whole batch with INVALID_ARGUMENT: it goes alone, so that the
+    // gate's own status reaches its caller and only it.
+    if (windowNanos == 0 || key.isEmpty() || key.size() > MAX_KEY_BYTES) {
+      unaryLookup(key, future, callDeadline);
+    } else {
+      enqueue(new Pending(key, future, callDeadline));
+    }
+    return future;
+  }
+
+  /** The call's deadline: now + the option, or the caller's gRPC Context deadline if sooner. */
+  Deadline newDeadline() {
+    Deadline own = Deadline.after(deadline.toNanos(), TimeUnit.NANOSECONDS);
+    Deadline context = Context.current().getDeadline();
+    return context == null ? own : own.minimum(context);
+  }
+
+  /** Fails {@code future} when its deadline passes or its caller's Context is cancelled. */
+  private void armDeadline(CompletableFuture<Lookup> future, Deadline callDeadline) {
+    long nanos = callDeadline.timeRemaining(TimeUnit.NANOSECONDS);
+    ScheduledFuture<?> timer;
+    try {
+      timer =
+          timers.schedule(
+              () ->
+                  future.completeExceptionally(
+                      Status.DEADLINE_EXCEEDED
+                          .withDescription(
+                              "deadline of " + deadline.toMillis() + " ms exceeded before the gate answered")
+                          .asRuntimeException()),
+              Math.max(0, nanos),
+              TimeUnit.NANOSECONDS);
+    } catch (RejectedExecutionException e) {
+      future.completeExceptionally(Status.CANCELLED.withDescription("client closed").asRuntimeException());
+      return;
+    }
+    Context context = Context.current();
+    Context.CancellationListener onCancel =
+        cancelled -> {
+          Status status = Contexts.statusFromCancelled(cancelled);
+          future.completeExceptionally(
+              (status != null ? status : Status.CANCELLED.withDescription("context cancelled"))
+                  .asRuntimeException());
+        };
+    context.addListener(onCancel, Runnable::run);
+    future.whenComplete(
+        (answer, error) -> {
+          timer.cancel(false);
+          context.removeListener(onCancel);
+        });
+  }
+
+  private void unaryLookup(ByteString key, CompletableFuture<Lookup> future, Deadline callDeadline) {
+    MayExistRequest request = MayExistRequest.newBuilder().setNamespace(namespace).setKey(key).build();
+    this.<MayExistResponse>invoke(
+            (stub, observer) -> stub.mayExist(request, observer), callDeadline, -1, gateCalls::increment)
+        .whenComplete(
+            (answered, error) -> {
+              if (error != null) {
+                future.completeExceptionally(error);
+                return;
+              }
+              MayExistResponse r = answered.response();
+              future.complete(
+                  new Lookup(
+                      r.getAnswer() != Answer.ANSWER_ABSENT,
+                      r.getObservedSeq(),
+                      r.getBasis() == Basis.BASIS_WARMING,
+                      answered.address()));
+            });
+  }
+
+  private void enqueue(Pending pending) {
+    Batch full = null;
+    synchronized (batchLock) {
+      if (current == null) {
+        Batch batch = new Batch();
+        try {
+          batch.timer = timers.schedule(() -> flush(batch), windowNanos, TimeUnit.NANOSECONDS);
+        } catch (RejectedExecutionException e) { // closed meanwhile
+          pending.future().completeExceptionally(
+              Status.CANCELLED.withDescription("client closed").asRuntimeException());
+          return;
+        }
+        current = batch;
+      }
+      current.items.add(pending);
+      if (current.items.size() >= maxKeys) {
+        full = current;
+        current = null;
+      }
+    }
+    if (full != null) {
+      full.timer.cancel(false);
+      send(full);
+    }
+  }
+
+  private void flush(Batch batch) {
+    synchronized (batchLock) {
+      if (current != batch) {
+        return; // sent already, full
+      }
+      current = null;
+    }
+    send(batch);
+  }
+
+  /** Sends one coalesced batch (packed keys) and answers each of its callers. */
+  private void send(Batch batch) {
+    List<Pending> items = new ArrayList<>(batch.items.size());
+    Deadline latest = null;
+    for (Pending p : batch.items) {
+      if (!p.future().isDone()) { // callers already cancelled or past their deadline are left out
+        items.add(p);
+        if (latest == null || latest.isBefore(p.deadline())) {
+          latest = p.deadline(); // the batch lives as long as its last caller may wait
+        }
+      }
+    }
+    if (items.isEmpty()) {
+      return;
+    }
+    List<ByteString> keys = new ArrayList<>(items.size());
+    items.forEach(p -> keys.add(p.key()));
+    BatchMayExistRequest request =
+        BatchMayExistRequest.newBuilder().setNamespace(namespace).setPackedKeys(pack(keys)).build();
+    int count = items.size();
+    this.<BatchMayExistResponse>invoke(
+            (stub, observer) -> stub.batchMayExist(request, observer),
+            latest,
+            -1,
+            () -> {
+              gateCalls.increment();
+              batchedKeys.add(count);
+            })
+        .whenComplete(
+            (answered, error) -> {
+              if (error != null) {
+                Status status = Status.fromThrowable(error);
+                Metadata trailers = Status.trailersFromThrowable(error);
+                for (Pending p : items) {
+                  p.future().completeExceptionally(status.asRuntimeException(trailers));
+                }
+                return;
+              }
+              BatchMayExistResponse r = answered.response();
+              ByteString bitmap = r.getMayExistBitmap();
+              for (int i = 0; i < count; i++) {
+                items
+                    .get(i)
+                    .future()
+                    .complete(
+                        new Lookup(bit(bitmap, i), r.getObservedSeq(), r.getWarming(), answered.address()));
+              }
+            });
+  }
+
+  /** Bit i of the bitmap (least significant bit first); a bitmap too short answers "may exist" (fail open). */
+  static boolean bit(ByteString bitmap, int i) {
+    return i / 8 >= bitmap.size() || ((bitmap.byteAt(i / 8) >> (i % 8)) & 1) != 0;
+  }
+
+  /** The keys concatenated, each preceded by its length as a varint. */
+  static ByteString pack(List<ByteString> keys) {
+    try {
+      ByteString.Output out = ByteString.newOutput();
+      CodedOutputStream coded = CodedOutputStream.newInstance(out);
+      for (ByteString key : keys) {
+        coded.writeUInt32NoTag(key.size());
+        coded.writeRawBytes(key);
+      }
+      coded.flush();
+      return out.toByteString();
+    } catch (IOException e) {
+      throw new UncheckedIOException(e); // an in-memory stream does not fail
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------------------
+  // Direct calls.
+
+  /** Many keys (UTF-8) at once, in packed batches of at most 10,000 keys; not coalesced. */
+  public BatchLookup mayExistMany(List<String> keys) {
+    List<ByteString> bytes = new ArrayList<>(keys.size());
+    keys.forEach(k -> bytes.add(ByteString.copyFromUtf8(k)));
+    return await(mayExistManyAsync(bytes));
+  }
+
+  /** Many keys at once, in packed batches of at most 10,000 keys; not coalesced. */
+  public BatchLookup mayExistManyBytes(List<byte[]> keys) {
+    List<ByteString> bytes = new ArrayList<>(keys.size());
+    keys.forEach(k -> bytes.add(ByteString.copyFrom(k)));
+    return await(mayExistManyAsync(bytes));
+  }
+
+  CompletableFuture<BatchLookup> mayExistManyAsync(List<ByteString> keys) {
+    if (keys.isEmpty()) {
+      return CompletableFuture.completedFuture(new BatchLookup(List.of(), 0, false));
+    }
+    Deadline callDeadline = newDeadline();
+    List<CompletableFuture<Answered<BatchMayExistResponse>>> parts = new ArrayList<>();
+    List<Integer> sizes = new ArrayList<>();
+    for (int from = 0; from < keys.size(); from += MAX_BATCH_KEYS) {
+      List<ByteString> part = keys.subList(from, Math.min(keys.size(), from + MAX_BATCH_KEYS));
+      BatchMayExistRequest request =
+          BatchMayExistRequest.newBuilder().setNamespace(namespace).setPackedKeys(pack(part)).build();
+      sizes.add(part.size());
+      parts.add(invoke((stub, observer) -> stub.batchMayExist(request, observer), callDeadline, -1,
+          gateCalls::increment));
+    }
+    return CompletableFuture.allOf(parts.toArray(new CompletableFuture<?>[0]))
+        .thenApply(
+            done -> {
+              List<Boolean> answers = new ArrayList<>(keys.size());
+              long seq = Long.MAX_VALUE;
+              boolean warming = false;
+              for (int p = 0; p < parts.size(); p++) {
+                BatchMayExistResponse r = parts.get(p).join().response();
+                for (int i = 0; i < sizes.get(p); i++) {
+                  answers.add(bit(r.getMayExistBitmap(), i));
+                }
+                seq = Math.min(seq, r.getObservedSeq());
+                warming |= r.getWarming();
+              }
+              return new BatchLookup(answers, seq, warming);
+            });
+  }
+
+  /**
+   * Declares that keys (UTF-8) exist; returns the seq of the Add (the largest one when more than 10,000 keys
+   * are split into several Adds). Call it before the rows become visible at the source.
+   */
+  public long add(Collection<String> keys) {
+    return await(addAsync(keys));
+  }
+
+  /** {@link #add} of raw keys. */
+  public long addBytes(Collection<byte[]> keys) {
+    List<ByteString> bytes = new ArrayList<>(keys.size());
+    keys.forEach(k -> bytes.add(ByteString.copyFrom(k)));
+    return await(addKeys(bytes));
+  }
+
+  /** {@link #add}, asynchronously. */
+  public CompletableFuture<Long> addAsync(Collection<String> keys) {
+    List<ByteString> bytes = new ArrayList<>(keys.size());
+    keys.forEach(k -> bytes.add(ByteString.copyFromUtf8(k)));
+    return addKeys(bytes);
+  }
+
+  private CompletableFuture<Long> addKeys(List<ByteString> keys) {
+    Deadline callDeadline = newDeadline();
+    CompletableFuture<Long> chain = CompletableFuture.completedFuture(0L);
+    // An empty list is still sent: the gate's INVALID_ARGUMENT is the answer.
+    for (int from = 0; from == 0 || from < keys.size(); from += MAX_BATCH_KEYS) {
+      AddRequest request =
+          AddRequest.newBuilder()
+              .setNamespace(namespace)
+              .addAllKeys(keys.subList(from, Math.min(keys.size(), from + MAX_BATCH_KEYS)))
+              .build();
+      chain =
+          chain.thenCompose(
+              seq ->
+                  this.<AddResponse>invoke((stub, observer) -> stub.add(request, observer), callDeadline, -1,
+                          null)
+                      .thenApply(answered -> Math.max(seq, answered.response().getSeq())));
+    }
+    return chain;
+  }
+
+  /**
+   * Records that the source said {@code key} (UTF-8) does not exist, with the {@code observedSeq} of the
+   * lookup that sent the caller to the source.
+   */
+  public RecordResult recordAbsent(String key, AbsenceKind kind, long observedSeq) {
+    return recordAbsent(key, kind, observedSeq, null);
+  }
+
+  /**
+   * {@link #recordAbsent(String, AbsenceKind, long)} sent first to {@code address} (the one that answered
+   * the lookup, {@link Lookup#address()}), when it is up.
+   */
+  public RecordResult recordAbsent(String key, AbsenceKind kind, long observedSeq, String address) {
+    return await(recordAbsentAsync(ByteString.copyFromUtf8(key), kind, observedSeq, address));
+  }
+
+  CompletableFuture<RecordResult> recordAbsentAsync(
+      ByteString key, AbsenceKind kind, long observedSeq, String address) {
+    RecordAbsentRequest request =
+        RecordAbsentRequest.newBuilder()
+            .setNamespace(namespace)
+            .setKey(key)
+            .setKind(
+                kind == AbsenceKind.DELETED
+                    ? io.existencegate.v1.AbsenceKind.ABSENCE_KIND_DELETED
+                    : io.existencegate.v1.AbsenceKind.ABSENCE_KIND_MISSING)
+            .setObservedSeq(observedSeq)
+            .build();
+    int preferred = address == null ? -1 : addresses.indexOf(address);
+    return this.<RecordAbsentResponse>invoke(
+            (stub, observer) -> stub.recordAbsent(request, observer), newDeadline(), preferred, null)
+        .thenApply(
+            answered -> {
+              RecordAbsentResponse r = answered.response();
+              RecordOutcome outcome =
+                  switch (r.getOutcome()) {
+                    case RECORD_OUTCOME_RECORDED -> RecordOutcome.RECORDED;
+                    case RECORD_OUTCOME_REDUNDANT -> RecordOutcome.REDUNDANT;
+                    case RECORD_OUTCOME_SUPERSEDED -> RecordOutcome.SUPERSEDED;
+                    case RECORD_OUTCOME_THROTTLED -> RecordOutcome.THROTTLED;
+                    default -> RecordOutcome.UNKNOWN;
+                  };
+              return new RecordResult(outcome, r.getSeq(), r.getExpiresInMs(), answered.address());
+            });
+  }
+
+  // ------------------------------------------------------------------------------------------------------
+  // Addresses and retries.
+
+  /**
+   * Starts {@code rpc} on an address chosen by the policy ({@code preferred} first when it is up) and, when
+   * an address answers UNAVAILABLE, marks it down for 1 s and retries on the next address that is up and
+   * not tried yet, within {@code callDeadline}. Every other status ends the call as it is.
+   */
+  <R> CompletableFuture<Answered<R>> invoke(Rpc<R> rpc, Deadline callDeadline, int preferred, Runnable onAttempt) {
+    CompletableFuture<Answered<R>> result = new CompletableFuture<>();
+    boolean[] tried = new boolean[addresses.size()];
+    attempt(rpc, callDeadline, pick(tried, preferred, -1), tried, onAttempt, result);
+    return result;
+  }
+
+  private <R> void attempt(
+      Rpc<R> rpc,
+      Deadline callDeadline,
+      int index,
+      boolean[] tried,
+      Runnable onAttempt,
+      CompletableFuture<Answered<R>> result) {
+    tried[index] = true;
+    if (onAttempt != null) {
+      onAttempt.run();
+    }
+    StreamObserver<R> observer =
+        new StreamObserver<>() {
+          private R response;
+
+          @Override
+          public void onNext(R value) {
+            response = value;
+          }
+
+          @Override
+          public void onError(Throwable error) {
+            Status status = Status.fromThrowable(error);
+            if (status.getCode() == Status.Code.UNAVAILABLE) {
+              markDown(index);
+              int next = callDeadline.isExpired() || closed ? -1 : pick(tried, -1, index);
+              if (next >= 0) {
+                retries.increment();
+                attempt(rpc, callDeadline, next, tried, onAttempt, result);
+                return;
+              }
+            }
+            result.completeExceptionally(asStatusException(error));
+          }
+
+          @Override
+          public void onCompleted() {
+            downUntil.set(index, 0);
+            result.complete(new Answered<>(response, addresses.get(index)));
+          }
+        };
+    try {
+      rpc.start(stubs.get(index).withDeadline(callDeadline), observer);
+    } catch (RuntimeException e) {
+      result.completeExceptionally(asStatusException(e));
+    }
+  }
+
+  private long now() {
+    return System.nanoTime() - base;
+  }
+
+  private void markDown(int index) {
+    downUntil.set(index, Math.max(1, now() + DOWN_NANOS));
+  }
+
+  /**
+   * The address for an attempt: {@code preferred} if up; else, by the policy, the next one that is up and not
+   * tried (after {@code last} for a retry). A first attempt with every address down goes to the one down the
+   * longest; a retry with none left returns -1.
+   */
+  private int pick(boolean[] tried, int preferred, int last) {
+    int n = addresses.size();
+    long now = now();
+    if (preferred >= 0 && downUntil.get(preferred) <= now) {
+      return preferred;
+    }
+    int start;
+    if (policy == AddressPolicy.PICK_FIRST) {
+      start = 0;
+    } else if (last >= 0) {
+      start = last + 1;
+    } else {
+      start = Math.floorMod(roundRobin.getAndIncrement(), n);
+    }
+    for (int k = 0; k < n; k++) {
+      int i = (start + k) % n;
+      if (!tried[i] && downUntil.get(i) <= now) {
+        return i;
+      }
+    }
+    if (last >= 0) {
+      return -1;
+    }
+    int longest = 0;
+    for (int i = 1; i < n; i++) {
+      if (downUntil.get(i) < downUntil.get(longest)) {
+        longest = i;
+      }
+    }
+    return longest;
+  }
+
+  // ------------------------------------------------------------------------------------------------------
+
+  /** The client's counters (the reader counters are 0 here; see {@link GatedReader#stats()}). */
+  public Stats stats() {
+    return new Stats(lookups.sum(), gateCalls.sum(), batchedKeys.sum(), retries.sum(), 0, 0, 0, 0, 0, 0, 0);
+  }
+
+  /** Sends the batch being gathered, then closes the channels (in-flight calls get a moment to finish). */
+  @Override
+  public void close() {
+    Batch last;
+    synchronized (batchLock) {
+      closed = true;
+      last = current;
+      current = null;
+    }
+    if (last != null) {
+      last.timer.cancel(false);
+      send(last);
+    }
+    for (ManagedChannel channel : channels) {
+      channel.shutdown();
+    }
+    try {
+      for (ManagedChannel channel : channels) {
+        if (!channel.awaitTermination(deadline.toNanos(), TimeUnit.NANOSECONDS)) {
+          channel.shutdownNow();
+        }
+      }
+    } catch (InterruptedException e) {
+      channels.forEach(ManagedChannel::shutdownNow);
+      Thread.currentThread().interrupt();
+    }
+    timers.shutdownNow();
+  }
+
+  /** The result of a future, or its failure as the gRPC status it carries. */
+  static <T> T await(CompletableFuture<T> future) {
+    try {
+      return future.get();
+    } catch (InterruptedException e) {
+      future.cancel(false);
+      Thread.currentThread().interrupt();
+      throw Status.CANCELLED.withDescription("interrupted").withCause(e).asRuntimeException();
+    } catch (ExecutionException e) {
+      throw asStatusException(e.getCause());
+    } catch (CancellationException e) {
+      throw Status.CANCELLED.withDescription("cancelled").withCause(e).asRuntimeException();
+    }
+  }
+
+  /** {@code error} as a StatusRuntimeException: the one it is or wraps, else UNKNOWN with it as cause. */
+  static StatusRuntimeException asStatusException(Throwable error) {
+    for (Throwable t = error; t != null; t = t.getCause()) {
+      if (t instanceof StatusRuntimeException sre) {
+        return sre;
+      }
+      if (t instanceof StatusException se) {
+        return se.getStatus().asRuntimeException(se.getTrailers());
+      }
+    }
+    return Status.fromThrowable(error).asRuntimeException();
+  }
+
+  static String utf8(ByteString key) {
+    return key.toString(StandardCharsets.UTF_8);
+  }
+}
