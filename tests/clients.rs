@@ -26,3 +26,8 @@ fn python_client() {
 fn node_client() {
     client_tests("node");
 }
+
+#[test]
+fn java_client() {
+    client_tests("java");
+}
