@@ -88,6 +88,14 @@ done
 [ "$stale" = 0 ] || exit 1
 echo "ok   existencepb/ is what proto/ generates"
 
+step "gofmt"
+unformatted=$(gofmt -l "$here"/*.go "$root/examples/go"/*.go)
+if [ -n "$unformatted" ]; then
+    echo "FAIL gofmt would reformat: $unformatted"
+    exit 1
+fi
+echo "ok   gofmt -l is empty"
+
 step "GOPATH mode: go vet, go build, go test"
 (
     export GO111MODULE=off GOPATH=$gopath:/usr/share/gocode
@@ -132,7 +140,7 @@ if [ -n "$unprovided" ]; then
     exit 1
 fi
 (
-    export GO111MODULE=on GOFLAGS=-mod=vendor GOPATH=$work/modpath
+    export GO111MODULE=on GOFLAGS="-mod=vendor -trimpath" GOPATH=$work/modpath
     cd "$mod" &&
         bounded go vet ./... &&
         bounded go build ./... &&
