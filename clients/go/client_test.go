@@ -163,7 +163,7 @@ func TestCoalescingOffSendsUnaryCalls(t *testing.T) {
 func TestCallerDeadlineAndCancellationLeaveTheBatchToTheOthers(t *testing.T) {
 	ns := "cancel"
 	waitReady(t, shared.addr, ns)
-	window := 300 * time.Millisecond
+	window := time.Second
 	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(window), WithDeadline(10*time.Second))
 	if _, err := c.Add(context.Background(), []string{"cancel:added"}); err != nil {
 		t.Fatal(err)
@@ -197,7 +197,7 @@ func TestCallerDeadlineAndCancellationLeaveTheBatchToTheOthers(t *testing.T) {
 	run(shortCtx, "cancel:timed-out", &timedOut)
 	cancelCtx, cancel := context.WithCancel(context.Background())
 	run(cancelCtx, "cancel:cancelled", &cancelled)
-	time.Sleep(10 * time.Millisecond) // let the callers join the batch (the window is far longer)
+	time.Sleep(50 * time.Millisecond) // let the callers join the batch (the window is far longer)
 	cancel()
 	wg.Wait()
 

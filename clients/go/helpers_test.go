@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -203,6 +204,12 @@ func waitReady(t *testing.T, addr, namespace string) {
 		return err == nil && reply.Basis != existencepb.Basis_BASIS_WARMING
 	})
 }
+
+var uniqCount atomic.Uint64
+
+// uniq is a key prefix of its own for each test run, so that a test can run again (go test -count=N)
+// against the same server.
+func uniq() string { return fmt.Sprintf("%d.%d/", os.Getpid(), uniqCount.Add(1)) }
 
 // eventually polls condition until it holds, failing the test after the patience.
 func eventually(t *testing.T, what string, condition func() bool) {

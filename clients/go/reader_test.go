@@ -50,6 +50,7 @@ func mustAdd(t *testing.T, c *GateClient, keys ...string) uint64 {
 }
 
 func TestReaderReadPath(t *testing.T) {
+	u := uniq()
 	ns := "reader"
 	waitReady(t, shared.addr, ns)
 	src := newMemorySource()
@@ -60,14 +61,14 @@ func TestReaderReadPath(t *testing.T) {
 	get := getter(t, r)
 
 	// A key never added: absent without a source read, then from the local cache without a gate call.
-	if _, found := get("reader:never"); found || src.readsOf("reader:never") != 0 {
-		t.Fatalf("a key never added: found %v, %d source reads", found, src.readsOf("reader:never"))
+	if _, found := get(u + "reader:never"); found || src.readsOf(u+"reader:never") != 0 {
+		t.Fatalf("a key never added: found %v, %d source reads", found, src.readsOf(u+"reader:never"))
 	}
-	if !r.CachedAbsent("reader:never") {
+	if !r.CachedAbsent(u + "reader:never") {
 		t.Fatal("the absence is not cached")
 	}
 	calls := r.Stats().GateCalls
-	if _, found := get("reader:never"); found {
+	if _, found := get(u + "reader:never"); found {
 		t.Fatal("found on the second read")
 	}
 	if s := r.Stats(); s.GateCalls != calls || s.CacheHits != 1 {
@@ -75,15 +76,15 @@ func TestReaderReadPath(t *testing.T) {
 	}
 
 	// A found key: read from the source once.
-	mustAdd(t, writer, "reader:1")
-	src.set("reader:1", "Ada")
-	if value, found := get("reader:1"); !found || value != "Ada" || src.readsOf("reader:1") != 1 {
-		t.Errorf("an added row: %q %v, %d source reads", value, found, src.readsOf("reader:1"))
+	mustAdd(t, writer, u+"reader:1")
+	src.set(u+"reader:1", "Ada")
+	if value, found := get(u + "reader:1"); !found || value != "Ada" || src.readsOf(u+"reader:1") != 1 {
+		t.Errorf("an added row: %q %v, %d source reads", value, found, src.readsOf(u+"reader:1"))
 	}
 
 	// Single flight: 8 concurrent reads of a slow key make one source read.
-	mustAdd(t, writer, "reader:slow")
-	src.set("reader:slow", "Grace")
+	mustAdd(t, writer, u+"reader:slow")
+	src.set(u+"reader:slow", "Grace")
 	src.setDelay(300 * time.Millisecond)
 	values := make([]string, 8)
 	var wg sync.WaitGroup
@@ -91,49 +92,49 @@ func TestReaderReadPath(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			values[i], _, _ = r.Get(context.Background(), "reader:slow")
+			values[i], _, _ = r.Get(context.Background(), u+"reader:slow")
 		}(i)
 	}
 	wg.Wait()
 	src.setDelay(0)
-	if strings.Join(values, ",") != strings.Repeat("Grace,", 7)+"Grace" || src.readsOf("reader:slow") != 1 {
-		t.Errorf("8 concurrent reads: %v with %d source reads", values, src.readsOf("reader:slow"))
+	if strings.Join(values, ",") != strings.Repeat("Grace,", 7)+"Grace" || src.readsOf(u+"reader:slow") != 1 {
+		t.Errorf("8 concurrent reads: %v with %d source reads", values, src.readsOf(u+"reader:slow"))
 	}
 
 	// A key the gate knows but the source lacks: read once, RECORDED, then the gate answers it.
-	mustAdd(t, writer, "reader:2")
-	if _, found := get("reader:2"); found {
+	mustAdd(t, writer, u+"reader:2")
+	if _, found := get(u + "reader:2"); found {
 		t.Fatal("a key the source lacks was found")
 	}
-	if s := r.Stats(); s.AbsencesRecorded != 1 || src.readsOf("reader:2") != 1 {
-		t.Errorf("stats %+v, %d source reads: want 1 absence recorded after 1 read", s, src.readsOf("reader:2"))
+	if s := r.Stats(); s.AbsencesRecorded != 1 || src.readsOf(u+"reader:2") != 1 {
+		t.Errorf("stats %+v, %d source reads: want 1 absence recorded after 1 read", s, src.readsOf(u+"reader:2"))
 	}
-	if reply := rawAnswer(t, raw, ns, "reader:2"); reply.Answer != existencepb.Answer_ANSWER_ABSENT ||
+	if reply := rawAnswer(t, raw, ns, u+"reader:2"); reply.Answer != existencepb.Answer_ANSWER_ABSENT ||
 		reply.Basis != existencepb.Basis_BASIS_TOMBSTONE {
 		t.Errorf("the gate answers %v %v for the recorded absence", reply.Answer, reply.Basis)
 	}
-	get("reader:2")
-	if !r.CachedAbsent("reader:2") || src.readsOf("reader:2") != 1 {
-		t.Errorf("the recorded absence is not a local hit (%d source reads)", src.readsOf("reader:2"))
+	get(u + "reader:2")
+	if !r.CachedAbsent(u+"reader:2") || src.readsOf(u+"reader:2") != 1 {
+		t.Errorf("the recorded absence is not a local hit (%d source reads)", src.readsOf(u+"reader:2"))
 	}
 
 	// A deleted row: recorded (as DELETED) and cached.
-	mustAdd(t, writer, "reader:3")
-	src.set("reader:3", "Edsger")
-	if _, found := get("reader:3"); !found {
-		t.Fatal("reader:3 not found")
+	mustAdd(t, writer, u+"reader:3")
+	src.set(u+"reader:3", "Edsger")
+	if _, found := get(u + "reader:3"); !found {
+		t.Fatal(u + "reader:3 not found")
 	}
-	src.remove("reader:3")
-	if _, found := get("reader:3"); found || !r.CachedAbsent("reader:3") || r.Stats().AbsencesRecorded != 2 {
-		t.Errorf("a deleted row: found %v, cached %v, stats %+v", found, r.CachedAbsent("reader:3"), r.Stats())
+	src.remove(u + "reader:3")
+	if _, found := get(u + "reader:3"); found || !r.CachedAbsent(u+"reader:3") || r.Stats().AbsencesRecorded != 2 {
+		t.Errorf("a deleted row: found %v, cached %v, stats %+v", found, r.CachedAbsent(u+"reader:3"), r.Stats())
 	}
 
 	// Another client's Add drops a cached absence (ADDED), and the new row is read.
 	before := r.Stats().Invalidations
-	mustAdd(t, writer, "reader:never")
-	src.set("reader:never", "Linus")
-	eventually(t, "ADDED drops the cached absence", func() bool { return !r.CachedAbsent("reader:never") })
-	if value, found := get("reader:never"); !found || value != "Linus" {
+	mustAdd(t, writer, u+"reader:never")
+	src.set(u+"reader:never", "Linus")
+	eventually(t, "ADDED drops the cached absence", func() bool { return !r.CachedAbsent(u + "reader:never") })
+	if value, found := get(u + "reader:never"); !found || value != "Linus" {
 		t.Errorf("after the Add: %q %v", value, found)
 	}
 	if s := r.Stats(); s.Invalidations <= before || s.FailOpens != 0 || s.Resubscribes != 0 {
@@ -143,6 +144,7 @@ func TestReaderReadPath(t *testing.T) {
 }
 
 func TestReaderWithoutSubscriptionCachesNothing(t *testing.T) {
+	u := uniq()
 	ns := "reader"
 	waitReady(t, shared.addr, ns)
 	src := newMemorySource()
@@ -151,14 +153,15 @@ func TestReaderWithoutSubscriptionCachesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	get := getter(t, r)
-	get("reader:nosub")
-	get("reader:nosub")
-	if s := r.Stats(); s.CacheHits != 0 || s.GateCalls != 2 || r.CachedAbsent("reader:nosub") {
+	get(u + "reader:nosub")
+	get(u + "reader:nosub")
+	if s := r.Stats(); s.CacheHits != 0 || s.GateCalls != 2 || r.CachedAbsent(u+"reader:nosub") {
 		t.Errorf("stats %+v: want 2 gate calls and no cache", s)
 	}
 }
 
 func TestReaderWarmingAddsWithTheNextAnswer(t *testing.T) {
+	u := uniq()
 	ns := "warming"
 	waitReady(t, shared.addr, ns)
 	raw := rawStub(t, shared.addr)
@@ -181,52 +184,54 @@ func TestReaderWarmingAddsWithTheNextAnswer(t *testing.T) {
 	waitLive(t, r)
 	get := getter(t, r)
 
-	src.set("warming:legacy", "Edsger") // a row the gate does not know
-	if reply := rawAnswer(t, raw, ns, "warming:legacy"); reply.Answer != existencepb.Answer_ANSWER_ABSENT {
+	src.set(u+"warming:legacy", "Edsger") // a row the gate does not know
+	if reply := rawAnswer(t, raw, ns, u+"warming:legacy"); reply.Answer != existencepb.Answer_ANSWER_ABSENT {
 		t.Fatalf("the gate answers %v", reply.Answer)
 	}
 	warmNext.Store(true)
-	if value, found := get("warming:legacy"); !found || value != "Edsger" {
+	if value, found := get(u + "warming:legacy"); !found || value != "Edsger" {
 		t.Fatalf("read while the gate warms: %q %v", value, found)
 	}
-	if reply := rawAnswer(t, raw, ns, "warming:legacy"); reply.Answer != existencepb.Answer_ANSWER_ABSENT {
+	if reply := rawAnswer(t, raw, ns, u+"warming:legacy"); reply.Answer != existencepb.Answer_ANSWER_ABSENT {
 		t.Errorf("added while the gate was warming (it refuses writes then): %v", reply.Answer)
 	}
-	get("warming:other") // a warm answer
-	if reply := rawAnswer(t, raw, ns, "warming:legacy"); reply.Answer != existencepb.Answer_ANSWER_MAY_EXIST {
+	get(u + "warming:other") // a warm answer
+	if reply := rawAnswer(t, raw, ns, u+"warming:legacy"); reply.Answer != existencepb.Answer_ANSWER_MAY_EXIST {
 		t.Errorf("not added with the next answer: %v", reply.Answer)
 	}
 }
 
 func TestReaderFailsOpenWithTheGateDown(t *testing.T) {
+	u := uniq()
 	src := newMemorySource()
-	src.set("failopen:1", "Ada")
+	src.set(u+"failopen:1", "Ada")
 	r := newReader(t, newClient(t, []string{deadAddress(t)}, "failopen"), src)
 	get := getter(t, r)
 	for i := 0; i < 3; i++ {
 		started := time.Now()
-		if value, found := get("failopen:1"); !found || value != "Ada" {
+		if value, found := get(u + "failopen:1"); !found || value != "Ada" {
 			t.Errorf("a row read with the gate down: %q %v", value, found)
 		}
 		if elapsed := time.Since(started); elapsed > 2*DefaultDeadline {
 			t.Errorf("a read with the gate down took %v", elapsed)
 		}
 	}
-	if _, found := get("failopen:missing"); found {
+	if _, found := get(u + "failopen:missing"); found {
 		t.Error("a row the source lacks was found")
 	}
-	if s := r.Stats(); s.FailOpens != 4 || s.SourceReads != 4 || s.AbsencesRecorded != 0 || r.CachedAbsent("failopen:missing") {
+	if s := r.Stats(); s.FailOpens != 4 || s.SourceReads != 4 || s.AbsencesRecorded != 0 || r.CachedAbsent(u+"failopen:missing") {
 		t.Errorf("stats %+v: want 4 fail-opens and source reads, nothing recorded or cached", s)
 	}
 	// A caller that gives up gets its ctx's error, not a source read.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, _, err := r.Get(ctx, "failopen:1"); err == nil {
+	if _, _, err := r.Get(ctx, u+"failopen:1"); err == nil {
 		t.Error("a cancelled Get succeeded")
 	}
 }
 
 func TestReaderResumesAfterADroppedStream(t *testing.T) {
+	u := uniq()
 	ns := "resume"
 	waitReady(t, shared.addr, ns)
 	p := startProxy(t, shared.addr)
@@ -237,37 +242,38 @@ func TestReaderResumesAfterADroppedStream(t *testing.T) {
 	get := getter(t, r)
 
 	// An event applied first, so the reader resumes after its seq (not "from now on").
-	mustAdd(t, writer, "resume:first")
+	mustAdd(t, writer, u+"resume:first")
 	eventually(t, "the first invalidation arrives", func() bool { return r.Stats().Invalidations >= 1 })
-	get("resume:gap")
-	get("resume:stay")
-	if !r.CachedAbsent("resume:gap") || !r.CachedAbsent("resume:stay") {
+	get(u + "resume:gap")
+	get(u + "resume:stay")
+	if !r.CachedAbsent(u+"resume:gap") || !r.CachedAbsent(u+"resume:stay") {
 		t.Fatal("absences not cached")
 	}
 	before := r.Stats()
 
 	p.cut(true) // the connection drops, and reconnecting fails for now
-	mustAdd(t, writer, "resume:gap")
-	src.set("resume:gap", "Barbara")
-	if !r.CachedAbsent("resume:gap") {
+	mustAdd(t, writer, u+"resume:gap")
+	src.set(u+"resume:gap", "Barbara")
+	if !r.CachedAbsent(u + "resume:gap") {
 		t.Fatal("the Add reached a reader that is cut off")
 	}
 	p.resume()
-	eventually(t, "the Add made while disconnected reaches the reader", func() bool { return !r.CachedAbsent("resume:gap") })
+	eventually(t, "the Add made while disconnected reaches the reader", func() bool { return !r.CachedAbsent(u + "resume:gap") })
 	after := r.Stats()
 	if after.Resubscribes <= before.Resubscribes {
 		t.Errorf("no resubscription counted: %+v", after)
 	}
-	if !r.CachedAbsent("resume:stay") || after.Invalidations != before.Invalidations+1 {
+	if !r.CachedAbsent(u+"resume:stay") || after.Invalidations != before.Invalidations+1 {
 		t.Errorf("resumed with a RESYNC instead of after_seq (stay cached %v, invalidations %d -> %d)",
-			r.CachedAbsent("resume:stay"), before.Invalidations, after.Invalidations)
+			r.CachedAbsent(u+"resume:stay"), before.Invalidations, after.Invalidations)
 	}
-	if value, found := get("resume:gap"); !found || value != "Barbara" {
+	if value, found := get(u + "resume:gap"); !found || value != "Barbara" {
 		t.Errorf("the new row: %q %v", value, found)
 	}
 }
 
 func TestReaderResyncClearsTheCache(t *testing.T) {
+	u := uniq()
 	server := resyncServer(t)
 	ns := "resync"
 	writer := newClient(t, []string{server.addr}, ns, WithCoalesceWindow(0), WithToken(resyncToken))
@@ -280,10 +286,10 @@ func TestReaderResyncClearsTheCache(t *testing.T) {
 	r := newReader(t, newClient(t, []string{p.addr()}, ns, WithToken(resyncToken)), src, WithCacheTTL(time.Minute))
 	waitLive(t, r)
 	get := getter(t, r)
-	mustAdd(t, writer, "resync:first")
+	mustAdd(t, writer, u+"resync:first")
 	eventually(t, "the first invalidation arrives", func() bool { return r.Stats().Invalidations >= 1 })
-	get("resync:absent")
-	if !r.CachedAbsent("resync:absent") {
+	get(u + "resync:absent")
+	if !r.CachedAbsent(u + "resync:absent") {
 		t.Fatal("absence not cached")
 	}
 	before := r.Stats()
@@ -293,18 +299,18 @@ func TestReaderResyncClearsTheCache(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		keys := make([]string, 20)
 		for k := range keys {
-			keys[k] = fmt.Sprintf("resync:filler:%d:%d:%s", i, k, strings.Repeat("x", 32))
+			keys[k] = fmt.Sprintf(u+"resync:filler:%d:%d:%s", i, k, strings.Repeat("x", 32))
 		}
 		mustAdd(t, writer, keys...)
 	}
 	p.resume()
-	eventually(t, "RESYNC drops every cached absence", func() bool { return !r.CachedAbsent("resync:absent") })
+	eventually(t, "RESYNC drops every cached absence", func() bool { return !r.CachedAbsent(u + "resync:absent") })
 	after := r.Stats()
 	if after.Resubscribes <= before.Resubscribes || after.Invalidations != before.Invalidations+1 {
 		t.Errorf("stats %+v -> %+v: want a resubscription and one RESYNC", before, after)
 	}
 	// The stream goes on after the RESYNC.
-	get("resync:later")
-	mustAdd(t, writer, "resync:later")
-	eventually(t, "ADDED after the RESYNC", func() bool { return !r.CachedAbsent("resync:later") })
+	get(u + "resync:later")
+	mustAdd(t, writer, u+"resync:later")
+	eventually(t, "ADDED after the RESYNC", func() bool { return !r.CachedAbsent(u + "resync:later") })
 }
