@@ -63,8 +63,6 @@ func (c *absenceCache) clear() {
 	c.entries = make(map[string]*list.Element)
 }
 
-func (c *absenceCache) len() int { return c.order.Len() }
-
 // singleFlight runs one load per key at a time; concurrent callers of the same key share its result.
 type singleFlight[V any] struct {
 	mu    sync.Mutex
