@@ -1,6 +1,6 @@
-// Command example is a small service's read path over existence-gate, with an in-memory map standing in
-// for the database. It runs a short self-check against the server (each step prints ok/FAIL) and exits 0
-// when every step passed:
+// Command example is a small service's read path over existence-gate, using the Go client library
+// (clients/go: GateClient and GatedReader), with an in-memory map standing in for the database. It runs a
+// short self-check against the server (each step prints ok/FAIL) and exits 0 when every step passed:
 //
 //	example -addr 127.0.0.1:50051 -namespace default
 //
@@ -11,13 +11,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log"
 	"os"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	existencev1 "example.com/existence-gate/gen/existence/v1"
+	existencegate "example.com/existence-gate/clients/go"
+	"example.com/existence-gate/clients/go/existencepb"
 	"google.golang.org/grpc"
 )
 
@@ -34,7 +35,8 @@ func newDatabase() *database {
 	return &database{rows: map[string]string{}, deleted: map[string]bool{}, reads: map[string]int{}}
 }
 
-func (db *database) load(_ context.Context, key string) (string, SourceStatus, error) {
+// load is the reader's source.
+func (db *database) load(_ context.Context, key string) (string, existencegate.SourceStatus, error) {
 	db.mu.Lock()
 	delay := db.delay
 	db.mu.Unlock()
@@ -43,12 +45,12 @@ func (db *database) load(_ context.Context, key string) (string, SourceStatus, e
 	defer db.mu.Unlock()
 	db.reads[key]++
 	if db.deleted[key] {
-		return "", Deleted, nil
+		return "", existencegate.Deleted, nil
 	}
 	if value, ok := db.rows[key]; ok {
-		return value, Found, nil
+		return value, existencegate.Found, nil
 	}
-	return "", Missing, nil
+	return "", existencegate.Missing, nil
 }
 
 func (db *database) insert(key, value string) {
@@ -89,14 +91,13 @@ func (db *database) setDelay(d time.Duration) {
 
 // writer is the write path: Add the key to the gate before the insert becomes visible in the source.
 type writer struct {
-	gate      existencev1.ExistenceGateClient
-	namespace string
-	db        *database
+	reader *existencegate.GatedReader[string]
+	db     *database
 }
 
 func (w *writer) create(ctx context.Context, key, value string) error {
-	if _, err := w.gate.Add(ctx, &existencev1.AddRequest{Namespace: w.namespace, Keys: [][]byte{[]byte(key)}}); err != nil {
-		return err
+	if _, err := w.reader.Add(ctx, []string{key}); err != nil {
+		return err // a writer that cannot Add must not insert
 	}
 	w.db.insert(key, value)
 	return nil
@@ -104,7 +105,7 @@ func (w *writer) create(ctx context.Context, key, value string) error {
 
 // createFailed: the Add succeeded but the insert then failed, so the gate holds a key the source lacks.
 func (w *writer) createFailed(ctx context.Context, key string) error {
-	_, err := w.gate.Add(ctx, &existencev1.AddRequest{Namespace: w.namespace, Keys: [][]byte{[]byte(key)}})
+	_, err := w.reader.Add(ctx, []string{key})
 	return err
 }
 
@@ -137,20 +138,46 @@ func must(err error) {
 	}
 }
 
-func selfCheck(conn *grpc.ClientConn, namespace string) {
+// warmNext makes the next BatchMayExist answer look like a warming gate's (every key MAY_EXIST, warming):
+// this server is warm, so the check feeds the reader such an answer through a client interceptor.
+var warmNext atomic.Bool
+
+func warmingInterceptor(ctx context.Context, method string, req, reply interface{}, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if batch, ok := reply.(*existencepb.BatchMayExistResponse); ok && err == nil && warmNext.CompareAndSwap(true, false) {
+		batch.Warming = true
+		for i := range batch.MayExistBitmap {
+			batch.MayExistBitmap[i] = 0xff
+		}
+	}
+	return err
+}
+
+func selfCheck(addr, namespace string) {
 	ctx := context.Background()
 	db := newDatabase()
-	gate := existencev1.NewExistenceGateClient(conn)
-	w := &writer{gate: gate, namespace: namespace, db: db}
-	reader := NewGatedReader(conn, namespace, db.load, Options{})
-	gateAnswer := func(key string) (existencev1.Answer, existencev1.Basis) {
-		reply, err := gate.MayExist(ctx, &existencev1.MayExistRequest{Namespace: namespace, Key: []byte(key)})
+	client, err := existencegate.NewGateClient([]string{addr}, namespace,
+		existencegate.WithDialOptions(grpc.WithUnaryInterceptor(warmingInterceptor)))
+	must(err)
+	defer client.Close()
+	reader := existencegate.NewGatedReader(client, db.load)
+	defer reader.Close()
+	w := &writer{reader: reader, db: db}
+
+	// The gate's own answers (with their basis), asked directly to check what the reader did.
+	conn, err := grpc.Dial(addr, grpc.WithInsecure())
+	must(err)
+	defer conn.Close()
+	gate := existencepb.NewExistenceGateClient(conn)
+	gateAnswer := func(key string) (existencepb.Answer, existencepb.Basis) {
+		reply, err := gate.MayExist(ctx, &existencepb.MayExistRequest{Namespace: namespace, Key: []byte(key)})
 		must(err)
 		return reply.Answer, reply.Basis
 	}
 	// latestSeq is the namespace's latest seq, which every answer carries (never 0: seqs start at 1).
 	latestSeq := func() uint64 {
-		reply, err := gate.MayExist(ctx, &existencev1.MayExistRequest{Namespace: namespace, Key: []byte("user:0")})
+		reply, err := gate.MayExist(ctx, &existencepb.MayExistRequest{Namespace: namespace, Key: []byte("user:0")})
 		must(err)
 		return reply.ObservedSeq
 	}
@@ -161,8 +188,9 @@ func selfCheck(conn *grpc.ClientConn, namespace string) {
 	}
 	absent := func(key string) bool { _, found := get(key); return !found }
 
-	check("the invalidation subscription goes live", reader.Start(10*time.Second))
-	defer reader.Close()
+	liveCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	check("the invalidation subscription goes live", reader.WaitLive(liveCtx) == nil)
+	cancel()
 
 	must(w.create(ctx, "user:1", "Ada"))
 	value, found := get("user:1")
@@ -171,16 +199,16 @@ func selfCheck(conn *grpc.ClientConn, namespace string) {
 
 	check("a key never added does not exist", absent("user:404"))
 	check("... and the gate spared the source", db.totalReads() == 1, db.totalReads())
-	check("... and the absence is cached locally", reader.IsCachedAbsent("user:404"))
-	calls := reader.Stats.GateCalls.Load()
-	check("a second read of it is a local hit", absent("user:404") && reader.Stats.GateCalls.Load() == calls)
+	check("... and the absence is cached locally", reader.CachedAbsent("user:404"))
+	calls := reader.Stats().GateCalls
+	check("a second read of it is a local hit", absent("user:404") && reader.Stats().GateCalls == calls)
 
 	must(w.createFailed(ctx, "user:2"))
 	check("a key the gate knows but the source lacks does not exist", absent("user:2"))
 	check("... the source was read once", db.readsOf("user:2") == 1, db.readsOf("user:2"))
-	check("... and the absence RECORDED at the gate", reader.Stats.AbsencesRecorded.Load() == 1)
+	check("... and the absence RECORDED at the gate", reader.Stats().AbsencesRecorded == 1)
 	answer, basis := gateAnswer("user:2")
-	check("... so the gate now answers it", answer == existencev1.Answer_ANSWER_ABSENT && basis == existencev1.Basis_BASIS_TOMBSTONE, answer, basis)
+	check("... so the gate now answers it", answer == existencepb.Answer_ANSWER_ABSENT && basis == existencepb.Basis_BASIS_TOMBSTONE, answer, basis)
 	absent("user:2")
 	check("... and the next read is a local hit", db.readsOf("user:2") == 1, db.readsOf("user:2"))
 
@@ -201,81 +229,68 @@ func selfCheck(conn *grpc.ClientConn, namespace string) {
 	check("8 concurrent reads of one key all get the row", reflect.DeepEqual(results, want), results)
 	check("... through a single source read", db.readsOf("user:3") == 1, db.readsOf("user:3"))
 
-	check("user:404 is cached absent", reader.IsCachedAbsent("user:404"))
+	check("user:404 is cached absent", reader.CachedAbsent("user:404"))
 	must(w.create(ctx, "user:404", "Linus"))
-	check("ADDED drops the cached absence", eventually(func() bool { return !reader.IsCachedAbsent("user:404") }))
+	check("ADDED drops the cached absence", eventually(func() bool { return !reader.CachedAbsent("user:404") }))
 	value, _ = get("user:404")
 	check("... and the new row is read", value == "Linus", value)
 
-	check("user:405 does not exist yet", absent("user:405") && reader.IsCachedAbsent("user:405"))
-	subscriptions := reader.Stats.Subscriptions.Load()
+	check("user:405 does not exist yet", absent("user:405") && reader.CachedAbsent("user:405"))
+	resubscribes := reader.Stats().Resubscribes
 	reader.Resubscribe()                       // as if the connection dropped
 	must(w.create(ctx, "user:405", "Barbara")) // lands while the reader is reconnecting
 	check("an Add made while reconnecting reaches the reader (resumed by after_seq)",
-		eventually(func() bool { return !reader.IsCachedAbsent("user:405") }))
-	check("... over a new subscription", eventually(func() bool { return reader.Stats.Subscriptions.Load() > subscriptions }))
+		eventually(func() bool { return !reader.CachedAbsent("user:405") }))
+	check("... over a new subscription", eventually(func() bool { return reader.Stats().Resubscribes > resubscribes }))
 	value, _ = get("user:405")
 	check("... and the new row is read", value == "Barbara", value)
 
 	db.remove("user:1")
 	check("a deleted row does not exist", absent("user:1"))
 	answer, basis = gateAnswer("user:1")
-	check("... its absence RECORDED as DELETED", answer == existencev1.Answer_ANSWER_ABSENT && basis == existencev1.Basis_BASIS_TOMBSTONE, answer, basis)
-	check("... and cached locally", reader.IsCachedAbsent("user:1"))
+	check("... its absence RECORDED as DELETED", answer == existencepb.Answer_ANSWER_ABSENT && basis == existencepb.Basis_BASIS_TOMBSTONE, answer, basis)
+	check("... and cached locally", reader.CachedAbsent("user:1"))
 
 	// While the gate loads its state it answers MAY_EXIST + WARMING for every key and refuses writes; a row
-	// found then is added with the first answer that is not WARMING. (This server is warm: the check feeds
-	// the reader such an answer.)
+	// found then is added with the first answer that is not WARMING.
 	db.insert("user:legacy", "Edsger")
 	answer, _ = gateAnswer("user:legacy")
-	check("a row the gate does not know is ABSENT there", answer == existencev1.Answer_ANSWER_ABSENT, answer)
-	// Such an answer carries the seq loaded so far; here, the latest.
-	warming := &existencev1.MayExistResponse{Answer: existencev1.Answer_ANSWER_MAY_EXIST, Basis: existencev1.Basis_BASIS_WARMING,
-		ObservedSeq: latestSeq()}
-	value, found, err := reader.loadAndReport(ctx, "user:legacy", warming, 0, false)
-	check("read while the gate warms: found", err == nil && found && value == "Edsger", value, err)
+	check("a row the gate does not know is ABSENT there", answer == existencepb.Answer_ANSWER_ABSENT, answer)
+	warmNext.Store(true)
+	value, found = get("user:legacy")
+	check("read while the gate warms: found", found && value == "Edsger", value)
 	answer, _ = gateAnswer("user:legacy")
-	check("... and not added yet", answer == existencev1.Answer_ANSWER_ABSENT && reader.Stats.Adds.Load() == 0, answer)
-	get("user:406") // the gate is ready: this answer is not WARMING
+	check("... and not added yet", answer == existencepb.Answer_ANSWER_ABSENT, answer)
+	get("user:406") // this answer is not WARMING
 	answer, _ = gateAnswer("user:legacy")
-	check("... added with the next answer", answer == existencev1.Answer_ANSWER_MAY_EXIST && reader.Stats.Adds.Load() == 1, answer)
+	check("... added with the next answer", answer == existencepb.Answer_ANSWER_MAY_EXIST, answer)
 
 	// RESYNC (events were missed, e.g. a long disconnection) clears every cached absence.
-	check("some absences are cached", reader.IsCachedAbsent("user:2"))
+	check("some absences are cached", reader.CachedAbsent("user:2"))
 	// A RESYNC carries the namespace's latest seq.
-	reader.ApplyInvalidation(&existencev1.Invalidation{Namespace: namespace, Seq: latestSeq(),
-		Cause: existencev1.InvalidationCause_INVALIDATION_CAUSE_RESYNC})
-	check("RESYNC drops them all", !reader.IsCachedAbsent("user:2") && !reader.IsCachedAbsent("user:1"))
+	reader.ApplyInvalidation(&existencepb.Invalidation{Namespace: namespace, Seq: latestSeq(),
+		Cause: existencepb.InvalidationCause_INVALIDATION_CAUSE_RESYNC})
+	check("RESYNC drops them all", !reader.CachedAbsent("user:2") && !reader.CachedAbsent("user:1"))
 
-	s := &reader.Stats
-	fmt.Printf("reader stats: local_hits=%d gate_calls=%d gate_absent=%d source_reads=%d absences_recorded=%d adds=%d invalidations=%d resyncs=%d subscriptions=%d\n",
-		s.LocalHits.Load(), s.GateCalls.Load(), s.GateAbsent.Load(), s.SourceReads.Load(), s.AbsencesRecorded.Load(),
-		s.Adds.Load(), s.Invalidations.Load(), s.Resyncs.Load(), s.Subscriptions.Load())
+	s := reader.Stats()
+	fmt.Printf("reader stats: lookups=%d gate_calls=%d batched_keys=%d retries=%d cache_hits=%d fail_opens=%d source_reads=%d absences_recorded=%d invalidations=%d resubscribes=%d\n",
+		s.Lookups, s.GateCalls, s.BatchedKeys, s.Retries, s.CacheHits, s.FailOpens, s.SourceReads,
+		s.AbsencesRecorded, s.Invalidations, s.Resubscribes)
 }
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:50051", "the gate's gRPC address")
 	namespace := flag.String("namespace", "default", "a namespace only this check writes to")
 	flag.Parse()
-	log.SetFlags(0)
-	log.SetPrefix("existence-gate reader: ")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	conn, err := grpc.DialContext(ctx, *addr, grpc.WithInsecure(), grpc.WithBlock())
-	cancel()
-	if err != nil {
-		check("connects to "+*addr, false, err)
-	} else {
-		func() {
-			defer func() {
-				if r := recover(); r != nil {
-					check("self-check ran to the end", false, r)
-				}
-			}()
-			selfCheck(conn, *namespace)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				check("self-check ran to the end", false, r)
+			}
 		}()
-		conn.Close()
-	}
+		selfCheck(*addr, *namespace)
+	}()
 	fmt.Printf("example: %d passed, %d failed\n", passed, failed)
 	if failed > 0 || passed == 0 {
 		os.Exit(1)

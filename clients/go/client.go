@@ -1,0 +1,531 @@
+package existencegate
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"example.com/existence-gate/clients/go/existencepb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Defaults of the GateClient options.
+const (
+	DefaultCoalesceWindow  = 200 * time.Microsecond
+	DefaultCoalesceMaxKeys = 256
+	DefaultDeadline        = 500 * time.Millisecond
+	// MaxBatchKeys is where MayExistMany splits its batches (the server's default max_batch_keys).
+	MaxBatchKeys = 10000
+	// MaxKeyBytes is the server's default max_key_bytes. A lookup of a key that is empty or longer is sent
+	// on its own (a unary MayExist), so that its INVALID_ARGUMENT cannot fail the batch it would share.
+	MaxKeyBytes = 1024
+	// downFor is how long an address that answered UNAVAILABLE (or could not be reached) is avoided.
+	downFor = time.Second
+)
+
+// AddressPolicy chooses the address of each call or batch.
+type AddressPolicy int
+
+const (
+	// RoundRobin sends each call or batch to the next address that is up.
+	RoundRobin AddressPolicy = iota
+	// PickFirst sends every call to the first address that is up, in the order given.
+	PickFirst
+)
+
+func (p AddressPolicy) String() string {
+	if p == PickFirst {
+		return "pick_first"
+	}
+	return "round_robin"
+}
+
+// Option tunes a GateClient.
+type Option func(*clientOptions)
+
+type clientOptions struct {
+	window      time.Duration
+	maxKeys     int
+	deadline    time.Duration
+	policy      AddressPolicy
+	token       string
+	dialOptions []grpc.DialOption
+}
+
+// WithCoalesceWindow sets how long a single-key lookup waits for others to share its BatchMayExist
+// (default 200 µs); 0 turns coalescing off: each lookup is a unary MayExist.
+func WithCoalesceWindow(d time.Duration) Option {
+	return func(o *clientOptions) { o.window = d }
+}
+
+// WithCoalesceMaxKeys sets the number of keys at which a batch is sent at once (default 256).
+func WithCoalesceMaxKeys(n int) Option {
+	return func(o *clientOptions) { o.maxKeys = n }
+}
+
+// WithDeadline sets the deadline of each call, retries included (default 500 ms).
+func WithDeadline(d time.Duration) Option {
+	return func(o *clientOptions) { o.deadline = d }
+}
+
+// WithAddressPolicy chooses RoundRobin (the default) or PickFirst.
+func WithAddressPolicy(p AddressPolicy) Option {
+	return func(o *clientOptions) { o.policy = p }
+}
+
+// WithToken sends "authorization: Bearer <token>" with every call.
+func WithToken(token string) Option {
+	return func(o *clientOptions) { o.token = token }
+}
+
+// WithDialOptions adds gRPC dial options (TLS credentials, interceptors, ...) to every channel. Without
+// transport credentials among them the channels are plaintext.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *clientOptions) { o.dialOptions = append(o.dialOptions, opts...) }
+}
+
+// Answer is the gate's answer for one key.
+type Answer struct {
+	// MayExist is false when the key definitely does not exist (ABSENT), true when the source must be asked.
+	MayExist bool
+	// ObservedSeq is the namespace's seq the answer was computed at: pass it to RecordAbsent.
+	ObservedSeq uint64
+	// Warming is true while the gate is still loading (every answer is then MAY_EXIST).
+	Warming bool
+	addr    int // the address that answered (RecordAbsent of this key goes there); -1 when unknown
+}
+
+// AbsenceKind says why the source lacks a key.
+type AbsenceKind int
+
+const (
+	// AbsenceMissing: the source said "not found".
+	AbsenceMissing AbsenceKind = iota
+	// AbsenceDeleted: the entity was deleted.
+	AbsenceDeleted
+)
+
+// RecordOutcome is what RecordAbsent did.
+type RecordOutcome int
+
+const (
+	// OutcomeUnspecified: a server that sent no outcome.
+	OutcomeUnspecified RecordOutcome = iota
+	// Recorded: a tombstone was stored.
+	Recorded
+	// Redundant: the filter already answers ABSENT for the key; nothing stored.
+	Redundant
+	// Superseded: an Add of the key may have been applied after observed_seq; nothing stored.
+	Superseded
+	// Throttled: the namespace's tombstone admission rate was exceeded; nothing stored.
+	Throttled
+)
+
+func (o RecordOutcome) String() string {
+	switch o {
+	case Recorded:
+		return "RECORDED"
+	case Redundant:
+		return "REDUNDANT"
+	case Superseded:
+		return "SUPERSEDED"
+	case Throttled:
+		return "THROTTLED"
+	}
+	return "UNSPECIFIED"
+}
+
+// RecordResult is RecordAbsent's answer.
+type RecordResult struct {
+	Outcome RecordOutcome
+	// Seq is the tombstone's seq when Recorded; otherwise the namespace's latest seq.
+	Seq uint64
+	// ExpiresIn is the tombstone's TTL when Recorded.
+	ExpiresIn time.Duration
+}
+
+// Stats is a snapshot of monotonically increasing counters. A GateClient fills the first four; a
+// GatedReader's Stats adds its own to its client's.
+type Stats struct {
+	Lookups     uint64 // single-key lookups asked of the client
+	GateCalls   uint64 // lookup RPCs sent (MayExist or BatchMayExist)
+	BatchedKeys uint64 // keys sent in coalesced batches (BatchedKeys / GateCalls = mean batch size)
+	Retries     uint64 // calls retried on another address
+
+	CacheHits          uint64 // Gets answered by the local absence cache
+	FailOpens          uint64 // Gets that read the source because the gate failed
+	SourceReads        uint64 // source reads (after single flight)
+	AbsencesRecorded   uint64 // RecordAbsent answered RECORDED
+	Invalidations      uint64 // ADDED keys applied, plus one per RESYNC
+	Resubscribes       uint64 // subscriptions reopened
+	PendingAddsDropped uint64 // keys found while the gate was warming that could not wait to be added
+}
+
+// ErrClosed is the cause of the status (CANCELED) a closed client answers with.
+var ErrClosed = errors.New("existencegate: client closed")
+
+type address struct {
+	target string
+	conn   *grpc.ClientConn
+	stub   existencepb.ExistenceGateClient
+
+	mu        sync.Mutex
+	downSince time.Time // zero while up
+	downUntil time.Time
+}
+
+func (a *address) state(now time.Time) (up bool, since time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.downSince.IsZero() || !now.Before(a.downUntil), a.downSince
+}
+
+func (a *address) markDown(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.downSince.IsZero() {
+		a.downSince = now
+	}
+	a.downUntil = now.Add(downFor)
+}
+
+func (a *address) markUp() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.downSince = time.Time{}
+}
+
+// GateClient makes the gate's calls for one namespace over one channel per address, coalescing concurrent
+// single-key lookups into BatchMayExist calls. It is safe for concurrent use.
+type GateClient struct {
+	namespace string
+	opts      clientOptions
+	addrs     []*address
+	rr        atomic.Uint64
+
+	lookups, gateCalls, batchedKeys, retries atomic.Uint64
+
+	queue     chan *pending
+	closed    chan struct{}
+	closeOnce sync.Once
+	inFlight  sync.WaitGroup // the dispatcher and the batches it sent
+}
+
+// NewGateClient makes a client of namespace ("" is "default") over the given addresses (host:port,
+// replicas of one deployment). Channels connect lazily: an unreachable address is no error here.
+func NewGateClient(addresses []string, namespace string, opts ...Option) (*GateClient, error) {
+	if len(addresses) == 0 {
+		return nil, errors.New("existencegate: no address")
+	}
+	o := clientOptions{window: DefaultCoalesceWindow, maxKeys: DefaultCoalesceMaxKeys, deadline: DefaultDeadline}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.window < 0 || o.maxKeys < 1 || o.deadline <= 0 {
+		return nil, fmt.Errorf("existencegate: invalid options (window %v, max keys %d, deadline %v)", o.window, o.maxKeys, o.deadline)
+	}
+	c := &GateClient{namespace: namespace, opts: o, closed: make(chan struct{})}
+	for _, target := range addresses {
+		conn, err := c.dial(target)
+		if err != nil {
+			c.closeConns()
+			return nil, err
+		}
+		c.addrs = append(c.addrs, &address{target: target, conn: conn, stub: existencepb.NewExistenceGateClient(conn)})
+	}
+	if o.window > 0 {
+		c.queue = make(chan *pending)
+		c.inFlight.Add(1)
+		go c.dispatch()
+	}
+	return c, nil
+}
+
+// dial opens a channel to target with the client's options (also used for a reader's subscription).
+func (c *GateClient) dial(target string) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{
+		grpc.WithInsecure(),
+		// Reconnect soon after an outage: the default backoff grows to two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
+	opts = append(opts, c.opts.dialOptions...)
+	conn, err := grpc.Dial(target, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("existencegate: %s: %w", target, err)
+	}
+	return conn, nil
+}
+
+// Namespace is the client's namespace as given.
+func (c *GateClient) Namespace() string { return c.namespace }
+
+// Stats returns the client's counters (the reader's are zero).
+func (c *GateClient) Stats() Stats {
+	return Stats{Lookups: c.lookups.Load(), GateCalls: c.gateCalls.Load(), BatchedKeys: c.batchedKeys.Load(),
+		Retries: c.retries.Load()}
+}
+
+// Close fails the lookups still waiting for a batch with CANCELED, waits for the batches in flight and
+// closes the channels.
+func (c *GateClient) Close() error {
+	c.closeOnce.Do(func() {
+		close(c.closed)
+		c.inFlight.Wait()
+		c.closeConns()
+	})
+	return nil
+}
+
+func (c *GateClient) closeConns() {
+	for _, a := range c.addrs {
+		a.conn.Close()
+	}
+}
+
+func (c *GateClient) withToken(ctx context.Context) context.Context {
+	if c.opts.token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.token)
+}
+
+// invoke runs call on an address chosen by the policy (prefer first, if it is up and not negative),
+// within one deadline; an UNAVAILABLE answer marks the address down and the call moves to the next address
+// that is up. It returns the index of the address that answered last.
+func (c *GateClient) invoke(ctx context.Context, prefer int, call func(ctx context.Context, a *address) error) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.deadline)
+	defer cancel()
+	ctx = c.withToken(ctx)
+	n := len(c.addrs)
+	start := 0
+	if c.opts.policy == RoundRobin {
+		start = int((c.rr.Add(1) - 1) % uint64(n))
+	}
+	tried := make([]bool, n)
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		i := c.pick(prefer, start, tried, attempt == 0)
+		if i < 0 {
+			return -1, lastErr
+		}
+		if attempt > 0 {
+			c.retries.Add(1)
+		}
+		tried[i] = true
+		a := c.addrs[i]
+		err := call(ctx, a)
+		if err == nil {
+			a.markUp()
+			return i, nil
+		}
+		if status.Code(err) != codes.Unavailable {
+			return i, err
+		}
+		a.markDown(time.Now())
+		lastErr = err
+		if ctx.Err() != nil {
+			return i, err
+		}
+	}
+}
+
+// pick chooses the next address of a call: prefer if up, else the first up and untried one from start
+// (round robin) or from 0 (pick first); on the first attempt with every address down, the one down longest.
+func (c *GateClient) pick(prefer, start int, tried []bool, first bool) int {
+	now := time.Now()
+	n := len(c.addrs)
+	if prefer >= 0 && prefer < n && !tried[prefer] {
+		if up, _ := c.addrs[prefer].state(now); up {
+			return prefer
+		}
+	}
+	for k := 0; k < n; k++ {
+		i := (start + k) % n
+		if tried[i] {
+			continue
+		}
+		if up, _ := c.addrs[i].state(now); up {
+			return i
+		}
+	}
+	if !first {
+		return -1
+	}
+	longest := -1
+	var longestSince time.Time
+	for i, a := range c.addrs {
+		if _, since := a.state(now); longest < 0 || since.Before(longestSince) {
+			longest, longestSince = i, since
+		}
+	}
+	return longest
+}
+
+// MayExist asks whether key may exist. With coalescing on, concurrent calls are gathered into one
+// BatchMayExist; a caller whose ctx ends gets its error at once, the batch goes on for the others.
+func (c *GateClient) MayExist(ctx context.Context, key string) (Answer, error) {
+	c.lookups.Add(1)
+	if c.queue == nil || len(key) == 0 || len(key) > MaxKeyBytes {
+		return c.mayExistUnary(ctx, key)
+	}
+	p := &pending{key: key, done: make(chan result, 1)}
+	select {
+	case c.queue <- p:
+	case <-ctx.Done():
+		return Answer{}, status.FromContextError(ctx.Err()).Err()
+	case <-c.closed:
+		return Answer{}, closedError()
+	}
+	select {
+	case r := <-p.done:
+		return r.answer, r.err
+	case <-ctx.Done():
+		return Answer{}, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+func closedError() error { return status.Error(codes.Canceled, ErrClosed.Error()) }
+
+func (c *GateClient) mayExistUnary(ctx context.Context, key string) (Answer, error) {
+	var reply *existencepb.MayExistResponse
+	i, err := c.invoke(ctx, -1, func(ctx context.Context, a *address) (err error) {
+		c.gateCalls.Add(1)
+		reply, err = a.stub.MayExist(ctx, &existencepb.MayExistRequest{Namespace: c.namespace, Key: []byte(key)})
+		return err
+	})
+	if err != nil {
+		return Answer{}, err
+	}
+	return Answer{
+		MayExist:    reply.Answer != existencepb.Answer_ANSWER_ABSENT,
+		ObservedSeq: reply.ObservedSeq,
+		Warming:     reply.Basis == existencepb.Basis_BASIS_WARMING,
+		addr:        i,
+	}, nil
+}
+
+// MayExistMany answers many keys at once with packed BatchMayExist calls of at most MaxBatchKeys keys;
+// every answer carries the smallest observed_seq of the parts (the conservative one to record an absence
+// with). An error of any part is returned as it is.
+func (c *GateClient) MayExistMany(ctx context.Context, keys []string) ([]Answer, error) {
+	answers := make([]Answer, 0, len(keys))
+	var minSeq uint64
+	for begin := 0; begin < len(keys); begin += MaxBatchKeys {
+		end := begin + MaxBatchKeys
+		if end > len(keys) {
+			end = len(keys)
+		}
+		part, err := c.batch(ctx, keys[begin:end])
+		if err != nil {
+			return nil, err
+		}
+		if begin == 0 || part[0].ObservedSeq < minSeq {
+			minSeq = part[0].ObservedSeq
+		}
+		answers = append(answers, part...)
+	}
+	for i := range answers {
+		answers[i].ObservedSeq = minSeq
+	}
+	return answers, nil
+}
+
+// batch sends one packed BatchMayExist (keys not empty).
+func (c *GateClient) batch(ctx context.Context, keys []string) ([]Answer, error) {
+	size := 0
+	for _, key := range keys {
+		size += binary.MaxVarintLen64 + len(key)
+	}
+	packed := make([]byte, 0, size)
+	for _, key := range keys {
+		packed = binary.AppendUvarint(packed, uint64(len(key)))
+		packed = append(packed, key...)
+	}
+	var reply *existencepb.BatchMayExistResponse
+	i, err := c.invoke(ctx, -1, func(ctx context.Context, a *address) (err error) {
+		c.gateCalls.Add(1)
+		reply, err = a.stub.BatchMayExist(ctx, &existencepb.BatchMayExistRequest{Namespace: c.namespace, PackedKeys: packed})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(reply.MayExistBitmap) < (len(keys)+7)/8 {
+		return nil, status.Errorf(codes.Internal, "existencegate: a bitmap of %d bytes answered %d keys",
+			len(reply.MayExistBitmap), len(keys))
+	}
+	answers := make([]Answer, len(keys))
+	for k := range keys {
+		answers[k] = Answer{
+			MayExist:    reply.MayExistBitmap[k/8]&(1<<(k%8)) != 0,
+			ObservedSeq: reply.ObservedSeq,
+			Warming:     reply.Warming,
+			addr:        i,
+		}
+	}
+	return answers, nil
+}
+
+// Add declares that keys exist and returns the Add's seq.
+func (c *GateClient) Add(ctx context.Context, keys []string) (uint64, error) {
+	raw := make([][]byte, len(keys))
+	for i, key := range keys {
+		raw[i] = []byte(key)
+	}
+	var reply *existencepb.AddResponse
+	_, err := c.invoke(ctx, -1, func(ctx context.Context, a *address) (err error) {
+		reply, err = a.stub.Add(ctx, &existencepb.AddRequest{Namespace: c.namespace, Keys: raw})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return reply.Seq, nil
+}
+
+// RecordAbsent records that the source lacks key, with the ObservedSeq of the answer that sent the caller
+// to the source (0: unknown).
+func (c *GateClient) RecordAbsent(ctx context.Context, key string, kind AbsenceKind, observedSeq uint64) (RecordResult, error) {
+	return c.recordAbsentAt(ctx, -1, key, kind, observedSeq)
+}
+
+// recordAbsentAt prefers the address that answered the lookup: its seqs are the ones observedSeq counts.
+func (c *GateClient) recordAbsentAt(ctx context.Context, prefer int, key string, kind AbsenceKind, observedSeq uint64) (RecordResult, error) {
+	pbKind := existencepb.AbsenceKind_ABSENCE_KIND_MISSING
+	if kind == AbsenceDeleted {
+		pbKind = existencepb.AbsenceKind_ABSENCE_KIND_DELETED
+	}
+	var reply *existencepb.RecordAbsentResponse
+	_, err := c.invoke(ctx, prefer, func(ctx context.Context, a *address) (err error) {
+		reply, err = a.stub.RecordAbsent(ctx, &existencepb.RecordAbsentRequest{
+			Namespace: c.namespace, Key: []byte(key), Kind: pbKind, ObservedSeq: observedSeq,
+		})
+		return err
+	})
+	if err != nil {
+		return RecordResult{}, err
+	}
+	outcome := OutcomeUnspecified
+	switch reply.Outcome {
+	case existencepb.RecordOutcome_RECORD_OUTCOME_RECORDED:
+		outcome = Recorded
+	case existencepb.RecordOutcome_RECORD_OUTCOME_REDUNDANT:
+		outcome = Redundant
+	case existencepb.RecordOutcome_RECORD_OUTCOME_SUPERSEDED:
+		outcome = Superseded
+	case existencepb.RecordOutcome_RECORD_OUTCOME_THROTTLED:
+		outcome = Throttled
+	}
+	return RecordResult{Outcome: outcome, Seq: reply.Seq, ExpiresIn: time.Duration(reply.ExpiresInMs) * time.Millisecond}, nil
+}
