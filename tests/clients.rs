@@ -23,11 +23,16 @@ fn python_client() {
 }
 
 #[test]
-fn node_client() {
-    client_tests("node");
+fn go_client() {
+    client_tests("go");
 }
 
 #[test]
 fn java_client() {
     client_tests("java");
+}
+
+#[test]
+fn node_client() {
+    client_tests("node");
 }
