@@ -84,7 +84,12 @@ pub async fn run() {
             single(&unary, &pool),
         ),
         (
-            format!("gate, Rust client, {BATCH}-key `may_exist_many`"),
+            format!("gate, Rust client, {BATCH}-key `may_exist_many`, coalescing"),
+            &gate,
+            batches(&coalescing, &pool),
+        ),
+        (
+            format!("gate, Rust client, {BATCH}-key `may_exist_many`, coalescing off"),
             &gate,
             batches(&unary, &pool),
         ),
@@ -106,7 +111,11 @@ pub async fn run() {
     println!("one caller alone: what the window costs when nobody shares it...");
     let alone = measure(
         &[
-            ("1 caller, coalescing (200 µs window)".to_string(), &gate, single(&coalescing, &pool)),
+            (
+                "1 caller, coalescing (200 µs window)".to_string(),
+                &gate,
+                single(&coalescing, &pool),
+            ),
             ("1 caller, unary".to_string(), &gate, single(&unary, &pool)),
         ],
         1,
@@ -149,7 +158,10 @@ fn single(client: &GateClient, pool: &Arc<Vec<Bytes>>) -> Op {
     drive::op(move |_, n| {
         let (client, key) = (client.clone(), pool[n as usize % pool.len()].clone());
         async move {
-            client.may_exist(key).await.map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+            client
+                .may_exist(key)
+                .await
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
             Ok(1)
         }
     })
@@ -184,7 +196,8 @@ async fn measure(sides: &[(String, &Server, Op)], callers: usize) -> Vec<Row> {
         for ((_, server, op), row) in sides.iter().zip(&mut rows) {
             let pid = [server.pid()];
             drive::closed_loop_until(callers, 1, Until::Elapsed(WARM_UP), &pid, op).await;
-            let sample = drive::closed_loop_until(callers, 1, Until::Elapsed(STRETCH), &pid, op).await;
+            let sample =
+                drive::closed_loop_until(callers, 1, Until::Elapsed(STRETCH), &pid, op).await;
             row.sample.merge(sample);
         }
     }
@@ -194,7 +207,10 @@ async fn measure(sides: &[(String, &Server, Op)], callers: usize) -> Vec<Row> {
 
 fn report(rows: &[Row], alone: &[Row], sweep: &[Row], took: Duration) -> String {
     let mut w = String::new();
-    let _ = writeln!(w, "# Single-key callers: coalescing against per-call cost\n");
+    let _ = writeln!(
+        w,
+        "# Single-key callers: coalescing against per-call cost\n"
+    );
     let _ = writeln!(
         w,
         "`cargo bench --bench load -- callers` ({:.0} s). The gate (bench profile, `default` filled with \
@@ -210,7 +226,10 @@ fn report(rows: &[Row], alone: &[Row], sweep: &[Row], took: Duration) -> String 
     table(&mut w, alone);
     let _ = writeln!(w, "\n## The coalescing window at {CALLERS} callers\n");
     table(&mut w, sweep);
-    let _ = writeln!(w, "\n![server CPU per key and p99 by window](callers-window.svg)\n");
+    let _ = writeln!(
+        w,
+        "\n![server CPU per key and p99 by window](callers-window.svg)\n"
+    );
     targets(&mut w, rows);
     w
 }
@@ -298,7 +317,10 @@ fn plot(sweep: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(56)
-            .build_cartesian_2d(0f64..*WINDOWS_US.last().unwrap() as f64, 0f64..high.max(1.0))?;
+            .build_cartesian_2d(
+                0f64..*WINDOWS_US.last().unwrap() as f64,
+                0f64..high.max(1.0),
+            )?;
         chart
             .configure_mesh()
             .x_desc("coalescing window (µs)")

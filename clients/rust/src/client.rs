@@ -8,15 +8,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::{Request, Status};
 
-use crate::coalesce::{Coalescer, Waiter};
+use crate::coalesce::{Coalescer, InFlight, Waiter, MAX_BATCH_KEYS};
 pub use crate::endpoints::InvalidAddress;
 use crate::endpoints::{deadline_exceeded, Endpoints};
 use crate::options::ClientOptions;
 use crate::proto;
 use crate::stats::{count, Counters, Stats};
-
-/// The most keys one `BatchMayExist` carries: the gate's default `max_batch_keys`.
-pub const MAX_BATCH_KEYS: usize = 10_000;
 
 /// The answer to one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +51,17 @@ pub struct Recorded {
     pub expires_in: Duration,
 }
 
-type Answer = Result<Lookup, Status>;
+/// A coalesced caller's share of a batch's answer: its keys are bits `offset..` of `bitmap`.
+#[derive(Debug, Clone)]
+struct Share {
+    bitmap: Bytes,
+    offset: usize,
+    observed_seq: u64,
+    warming: bool,
+    address: usize,
+}
+
+type Answer = Result<Share, Status>;
 
 /// Sends the calls: shared by the client and the batches its coalescer hands over.
 pub(crate) struct Calls {
@@ -103,8 +110,8 @@ impl GateClient {
             Arc::new(Coalescer::start(
                 calls.options.coalesce_window,
                 calls.options.coalesce_max_keys,
-                Box::new(move |batch| {
-                    runtime.spawn(sending.clone().answer_batch(batch));
+                Box::new(move |batch, in_flight| {
+                    runtime.spawn(sending.clone().answer_batch(batch, in_flight));
                 }),
             ))
         });
@@ -117,22 +124,22 @@ impl GateClient {
         let key = key.into();
         let calls = &self.calls;
         count(&calls.counters.lookups, 1);
-        let coalescable = !key.is_empty() && key.len() <= calls.options.max_key_bytes;
         match &self.coalescer {
-            Some(coalescer) if coalescable => {
-                let answer = coalescer.submit(key);
-                match tokio::time::timeout(calls.options.deadline, answer).await {
-                    Ok(Ok(answer)) => answer,
-                    Ok(Err(_)) => Err(Status::cancelled("the gate client was closed")),
-                    Err(_) => Err(deadline_exceeded(calls.options.deadline)),
-                }
+            Some(coalescer) if self.coalescable(&key) => {
+                let share = self.shared_call(coalescer, vec![key]).await?;
+                Ok(Lookup {
+                    may_exist: bit(&share.bitmap, share.offset),
+                    observed_seq: share.observed_seq,
+                    warming: share.warming,
+                    address: share.address,
+                })
             }
             _ => calls.unary(key).await,
         }
     }
 
-    /// Whether each of `keys` may exist, in order: packed batches of at most [`MAX_BATCH_KEYS`], not
-    /// coalesced with anything else.
+    /// Whether each of `keys` may exist, in order: packed batches of at most [`MAX_BATCH_KEYS`] keys, which
+    /// concurrent batches and single-key lookups share when coalescing is on.
     pub async fn may_exist_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<BatchLookup, Status> {
         let mut answers = BatchLookup {
             may_exist: Vec::with_capacity(keys.len()),
@@ -140,16 +147,51 @@ impl GateClient {
             warming: false,
         };
         for part in keys.chunks(MAX_BATCH_KEYS) {
-            let (packed, len) = pack(part.iter().map(AsRef::as_ref));
-            let (bitmap, observed_seq, warming, _) = self.calls.batch(packed, len).await?;
-            answers.may_exist.extend((0..len).map(|i| bit(&bitmap, i)));
-            answers.observed_seq = answers.observed_seq.min(observed_seq);
-            answers.warming |= warming;
+            let part: Vec<Bytes> = part
+                .iter()
+                .map(|key| Bytes::copy_from_slice(key.as_ref()))
+                .collect();
+            let len = part.len();
+            let share = match &self.coalescer {
+                Some(coalescer) if part.iter().all(|key| self.coalescable(key)) => {
+                    self.shared_call(coalescer, part).await?
+                }
+                _ => {
+                    let (packed, _) = pack(part.iter().map(|key| key.as_ref()));
+                    self.calls.batch(packed, len).await?
+                }
+            };
+            let bits = share.offset..share.offset + len;
+            answers
+                .may_exist
+                .extend(bits.map(|i| bit(&share.bitmap, i)));
+            answers.observed_seq = answers.observed_seq.min(share.observed_seq);
+            answers.warming |= share.warming;
         }
         if keys.is_empty() {
             answers.observed_seq = 0;
         }
         Ok(answers)
+    }
+
+    /// Whether `key` may share a batch: the gate would refuse an empty or over-long key with
+    /// `INVALID_ARGUMENT` for the whole batch, so such a key is sent alone and its caller alone is refused.
+    fn coalescable(&self, key: &[u8]) -> bool {
+        !key.is_empty() && key.len() <= self.calls.options.max_key_bytes
+    }
+
+    /// `keys`' share of a coalesced batch, within the client's deadline.
+    async fn shared_call(
+        &self,
+        coalescer: &Coalescer<Answer>,
+        keys: Vec<Bytes>,
+    ) -> Result<Share, Status> {
+        let deadline = self.calls.options.deadline;
+        match tokio::time::timeout(deadline, coalescer.submit(keys)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Status::cancelled("the gate client was closed")),
+            Err(_) => Err(deadline_exceeded(deadline)),
+        }
     }
 
     /// Adds `keys` (a writer calls this before inserting the rows): the seq that covers them.
@@ -279,7 +321,7 @@ impl Calls {
     }
 
     /// One unary `MayExist`.
-    async fn unary(&self, key: Bytes) -> Answer {
+    async fn unary(&self, key: Bytes) -> Result<Lookup, Status> {
         count(&self.counters.gate_calls, 1);
         let (response, address) = self
             .call(None, |mut client, timeout| {
@@ -302,8 +344,8 @@ impl Calls {
         })
     }
 
-    /// One packed `BatchMayExist` of `len` keys: the bitmap, `observed_seq`, `warming` and the address.
-    async fn batch(&self, packed: Bytes, len: usize) -> Result<(Bytes, u64, bool, usize), Status> {
+    /// One packed `BatchMayExist` of `len` keys, answered as a share from bit 0.
+    async fn batch(&self, packed: Bytes, len: usize) -> Answer {
         count(&self.counters.gate_calls, 1);
         let (response, address) = self
             .call(None, |mut client, timeout| {
@@ -325,34 +367,31 @@ impl Calls {
                 response.may_exist_bitmap.len()
             )));
         }
-        Ok((
-            response.may_exist_bitmap,
-            response.observed_seq,
-            response.warming,
+        Ok(Share {
+            bitmap: response.may_exist_bitmap,
+            offset: 0,
+            observed_seq: response.observed_seq,
+            warming: response.warming,
             address,
-        ))
+        })
     }
 
-    /// Sends a coalesced batch and answers each of its callers: its own key's bit, or the batch's status.
-    async fn answer_batch(self: Arc<Self>, batch: Vec<Waiter<Answer>>) {
-        let (packed, len) = pack(batch.iter().map(|waiter| waiter.key.as_ref()));
+    /// Sends a coalesced batch and answers each of its callers: its own keys' bits, or the batch's status.
+    async fn answer_batch(
+        self: Arc<Self>,
+        batch: Vec<Waiter<Answer>>,
+        in_flight: InFlight<Answer>,
+    ) {
+        let keys = batch.iter().flat_map(|waiter| &waiter.keys);
+        let (packed, len) = pack(keys.map(|key| key.as_ref()));
         count(&self.counters.batched_keys, len as u64);
-        match self.batch(packed, len).await {
-            Ok((bitmap, observed_seq, warming, address)) => {
-                for (i, waiter) in batch.into_iter().enumerate() {
-                    let _ = waiter.reply.send(Ok(Lookup {
-                        may_exist: bit(&bitmap, i),
-                        observed_seq,
-                        warming,
-                        address,
-                    }));
-                }
-            }
-            Err(status) => {
-                for waiter in batch {
-                    let _ = waiter.reply.send(Err(status.clone()));
-                }
-            }
+        let answer = self.batch(packed, len).await;
+        drop(in_flight);
+        let mut offset = 0;
+        for waiter in batch {
+            let share = answer.clone().map(|share| Share { offset, ..share });
+            offset += waiter.keys.len();
+            let _ = waiter.reply.send(share);
         }
     }
 }

@@ -1,10 +1,15 @@
-//! Gathers concurrent single-key lookups into batches: the first key waits at most `window` for others,
-//! and a batch leaves as soon as it holds `max_keys`.
+//! Gathers concurrent lookups into batches. A pending batch leaves when
+//! - no batch is in flight (an idle client adds no latency: the first lookup leaves at once),
+//! - its oldest lookup has waited `window`, or
+//! - it holds `max_keys` keys,
+//!
+//! so under load each batch carries what arrived while the previous ones were out, and a lone caller pays
+//! one round trip, not a window. A waiter may bring several keys (`may_exist_many`); a batch never splits
+//! one, and never exceeds `MAX_BATCH_KEYS`.
 //!
 //! Why a thread: tokio's timer wheel has a 1 ms resolution, five times the default window, so an async
-//! timer would add up to 1 ms to every lone lookup. A condition variable's timed wait is a futex with
+//! timer would stretch every window to a millisecond. A condition variable's timed wait is a futex with
 //! microsecond precision; the thread only gathers and hands each batch to the runtime, where it is sent.
-//! Its cost is one wake-up per batch, on the client.
 //!
 //! Each caller waits on its own oneshot: a caller that gives up (deadline, cancellation) just drops its end,
 //! and the batch goes on for the others.
@@ -18,21 +23,34 @@ use tokio::sync::oneshot;
 
 use crate::endpoints::lock;
 
-/// One caller's key and where its answer goes.
+/// The most keys one batch carries: the gate's default `max_batch_keys`.
+pub const MAX_BATCH_KEYS: usize = 10_000;
+
+/// One caller's keys and where their answer goes.
 pub struct Waiter<A> {
-    /// The key looked up.
-    pub key: Bytes,
+    /// The keys looked up (one for `may_exist`).
+    pub keys: Vec<Bytes>,
     /// The caller's end; sending fails harmlessly when the caller has gone.
     pub reply: oneshot::Sender<A>,
+    /// When it was queued.
+    arrived: Instant,
 }
 
-/// Where a full or due batch is handed (it must not block: it spawns the call).
-pub type Sink<A> = Box<dyn Fn(Vec<Waiter<A>>) + Send + 'static>;
+/// Held by a batch until it is answered: dropping it tells the gatherer one batch fewer is in flight.
+pub struct InFlight<A> {
+    shared: Arc<Shared<A>>,
+}
+
+/// Where a batch is handed (it must not block: it spawns the call), with its [`InFlight`] to drop once
+/// answered.
+pub type Sink<A> = Box<dyn Fn(Vec<Waiter<A>>, InFlight<A>) + Send + 'static>;
 
 struct Pending<A> {
     waiters: Vec<Waiter<A>>,
-    /// When the oldest waiter arrived.
-    since: Option<Instant>,
+    /// Keys of all waiters.
+    keys: usize,
+    /// Batches sent and not yet answered.
+    in_flight: usize,
     closed: bool,
 }
 
@@ -51,11 +69,12 @@ pub struct Coalescer<A: Send + 'static> {
 impl<A: Send + 'static> Coalescer<A> {
     /// Starts the thread; each batch goes to `sink`.
     pub fn start(window: Duration, max_keys: usize, sink: Sink<A>) -> Self {
-        let max_keys = max_keys.max(1);
+        let max_keys = max_keys.clamp(1, MAX_BATCH_KEYS);
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending {
-                waiters: Vec::with_capacity(max_keys),
-                since: None,
+                waiters: Vec::new(),
+                keys: 0,
+                in_flight: 0,
                 closed: false,
             }),
             wake: Condvar::new(),
@@ -72,23 +91,38 @@ impl<A: Send + 'static> Coalescer<A> {
         }
     }
 
-    /// Queues `key`; the answer arrives on the returned receiver (closed without one if the coalescer
-    /// stops first).
-    pub fn submit(&self, key: Bytes) -> oneshot::Receiver<A> {
+    /// Queues `keys` (at most [`MAX_BATCH_KEYS`]); the answer arrives on the returned receiver (closed
+    /// without one if the coalescer stops first).
+    pub fn submit(&self, keys: Vec<Bytes>) -> oneshot::Receiver<A> {
+        debug_assert!(keys.len() <= MAX_BATCH_KEYS);
         let (reply, answer) = oneshot::channel();
         let mut pending = lock(&self.shared.pending);
-        pending.waiters.push(Waiter { key, reply });
-        let queued = pending.waiters.len();
-        if queued == 1 {
-            pending.since = Some(Instant::now());
-        }
+        let was_full = pending.keys >= self.max_keys;
+        let first = pending.waiters.is_empty();
+        pending.keys += keys.len();
+        pending.waiters.push(Waiter {
+            keys,
+            reply,
+            arrived: Instant::now(),
+        });
+        let now_full = !was_full && pending.keys >= self.max_keys;
         drop(pending);
-        // The thread sleeps with nothing queued (needs the first key) or until the window ends (needs a
-        // full batch); other arrivals need not wake it.
-        if queued == 1 || queued == self.max_keys {
+        // The thread sleeps with nothing queued (needs the first waiter) or until the window ends or a batch
+        // comes back (needs a full batch); other arrivals need not wake it.
+        if first || now_full {
             self.shared.wake.notify_one();
         }
         answer
+    }
+}
+
+impl<A> Drop for InFlight<A> {
+    fn drop(&mut self) {
+        let mut pending = lock(&self.shared.pending);
+        pending.in_flight -= 1;
+        if pending.in_flight == 0 && !pending.waiters.is_empty() {
+            self.shared.wake.notify_one();
+        }
     }
 }
 
@@ -102,12 +136,12 @@ impl<A: Send + 'static> Drop for Coalescer<A> {
     }
 }
 
-/// The thread: waits for a first key, then until the window ends or the batch is full, and hands the batch
-/// to `sink`. On close, what is queued is still sent.
-fn gather<A>(shared: &Shared<A>, window: Duration, max_keys: usize, sink: Sink<A>) {
+/// The thread: waits for a first waiter, then until a rule at the top of this file sends the batch, and
+/// hands it to `sink`. On close, what is queued is still sent.
+fn gather<A>(shared: &Arc<Shared<A>>, window: Duration, max_keys: usize, sink: Sink<A>) {
     let mut pending = lock(&shared.pending);
     loop {
-        let Some(since) = pending.since else {
+        let Some(since) = pending.waiters.first().map(|oldest| oldest.arrived) else {
             if pending.closed {
                 return;
             }
@@ -119,12 +153,16 @@ fn gather<A>(shared: &Shared<A>, window: Duration, max_keys: usize, sink: Sink<A
         };
         let due = since + window;
         let now = Instant::now();
-        if pending.waiters.len() >= max_keys || now >= due || pending.closed {
-            let take = pending.waiters.len().min(max_keys);
-            let batch: Vec<_> = pending.waiters.drain(..take).collect();
-            pending.since = (!pending.waiters.is_empty()).then(Instant::now);
+        let leave =
+            pending.in_flight == 0 || pending.keys >= max_keys || now >= due || pending.closed;
+        if leave {
+            let batch = take_batch(&mut pending, max_keys);
+            pending.in_flight += 1;
             drop(pending);
-            sink(batch);
+            let in_flight = InFlight {
+                shared: Arc::clone(shared),
+            };
+            sink(batch, in_flight);
             pending = lock(&shared.pending);
             continue;
         }
@@ -134,4 +172,20 @@ fn gather<A>(shared: &Shared<A>, window: Duration, max_keys: usize, sink: Sink<A
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .0;
     }
+}
+
+/// The oldest waiters, up to `max_keys` keys (at least one waiter, never past `MAX_BATCH_KEYS`).
+fn take_batch<A>(pending: &mut Pending<A>, max_keys: usize) -> Vec<Waiter<A>> {
+    let mut keys = 0;
+    let mut count = 0;
+    for waiter in &pending.waiters {
+        let more = waiter.keys.len();
+        if count > 0 && (keys >= max_keys || keys + more > MAX_BATCH_KEYS) {
+            break;
+        }
+        keys += more;
+        count += 1;
+    }
+    pending.keys -= keys;
+    pending.waiters.drain(..count).collect()
 }
