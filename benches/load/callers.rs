@@ -46,6 +46,8 @@ const REDISBLOOM_MEXISTS_US: f64 = 0.36;
 struct Row {
     what: String,
     sample: Sample,
+    /// Lookup RPCs the client sent (its counters), where a client of ours asked.
+    rpcs: Option<u64>,
 }
 
 pub async fn run() {
@@ -70,64 +72,65 @@ pub async fn run() {
     let pool = Arc::new(keys((0..POOL).map(lookup_index)));
 
     println!("64 single-key callers: coalescing on and off, Redis...");
-    let coalescing = client(&gate, Duration::from_micros(200));
-    let unary = client(&gate, Duration::ZERO);
+    let coalescing = client(&gate, Duration::from_micros(200), 256);
+    let unary = client(&gate, Duration::ZERO, 256);
+    let wide = client(&gate, Duration::from_micros(200), 1_024);
     let mut sides = vec![
-        (
-            "gate, Rust client, coalescing (200 µs window)".to_string(),
+        Side::single(
+            "gate, Rust client, coalescing (200 µs window)",
             &gate,
-            single(&coalescing, &pool),
+            &coalescing,
+            &pool,
         ),
-        (
-            "gate, Rust client, unary (coalescing off)".to_string(),
+        Side::single(
+            "gate, Rust client, unary (coalescing off)",
             &gate,
-            single(&unary, &pool),
+            &unary,
+            &pool,
         ),
-        (
-            format!("gate, Rust client, {BATCH}-key `may_exist_many`, coalescing"),
+        Side::batches(
+            "coalescing (at most 256 keys a call)",
             &gate,
-            batches(&coalescing, &pool),
+            &coalescing,
+            &pool,
         ),
-        (
-            format!("gate, Rust client, {BATCH}-key `may_exist_many`, coalescing off"),
-            &gate,
-            batches(&unary, &pool),
-        ),
+        Side::batches("coalescing, at most 1,024 keys a call", &gate, &wide, &pool),
+        Side::batches("coalescing off", &gate, &unary, &pool),
     ];
     if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
-        sides.push((
-            "Redis, Redisson-style GETBIT ×7, 1 key per pipeline".to_string(),
-            redis,
-            getbit(connections, 1),
-        ));
-        sides.push((
-            format!("Redis, Redisson-style GETBIT ×7, {BATCH} keys per pipeline"),
-            redis,
-            getbit(connections, BATCH),
-        ));
+        sides.push(Side {
+            what: "Redis, Redisson-style GETBIT ×7, 1 key per pipeline".to_string(),
+            server: redis,
+            op: getbit(connections, 1),
+            client: None,
+        });
+        sides.push(Side {
+            what: format!("Redis, Redisson-style GETBIT ×7, {BATCH} keys per pipeline"),
+            server: redis,
+            op: getbit(connections, BATCH),
+            client: None,
+        });
     }
     let rows = measure(&sides, CALLERS).await;
 
-    println!("one caller alone: what the window costs when nobody shares it...");
-    let alone = measure(
-        &[
-            (
-                "1 caller, coalescing (200 µs window)".to_string(),
-                &gate,
-                single(&coalescing, &pool),
-            ),
-            ("1 caller, unary".to_string(), &gate, single(&unary, &pool)),
-        ],
-        1,
-    )
-    .await;
+    println!("one caller alone: what coalescing costs when nobody shares a call...");
+    let alone = [
+        Side::single(
+            "1 caller, coalescing (200 µs window)",
+            &gate,
+            &coalescing,
+            &pool,
+        ),
+        Side::single("1 caller, unary", &gate, &unary, &pool),
+    ];
+    let alone = measure(&alone, 1).await;
 
     println!("the window swept at 64 callers...");
     let windows: Vec<_> = WINDOWS_US
         .iter()
         .map(|&us| {
-            let client = client(&gate, Duration::from_micros(us));
-            (format!("{us} µs"), &gate, single(&client, &pool))
+            let client = client(&gate, Duration::from_micros(us), 256);
+            Side::single(&format!("{us} µs"), &gate, &client, &pool)
         })
         .collect();
     let sweep = measure(&windows, CALLERS).await;
@@ -142,62 +145,92 @@ pub async fn run() {
     println!("{markdown}");
 }
 
-/// A client of `gate`'s `default` namespace with `window` (0 = coalescing off).
-fn client(gate: &Server, window: Duration) -> GateClient {
+/// A client of `gate`'s `default` namespace with `window` (0 = coalescing off) and `max_keys` a batch.
+fn client(gate: &Server, window: Duration, max_keys: usize) -> GateClient {
     let options = ClientOptions {
         coalesce_window: window,
+        coalesce_max_keys: max_keys,
         deadline: Duration::from_secs(10),
         ..ClientOptions::default()
     };
     GateClient::new([gate.addr.to_string()], options).expect("a valid address")
 }
 
-/// One key per call through `client`.
-fn single(client: &GateClient, pool: &Arc<Vec<Bytes>>) -> Op {
-    let (client, pool) = (client.clone(), Arc::clone(pool));
-    drive::op(move |_, n| {
-        let (client, key) = (client.clone(), pool[n as usize % pool.len()].clone());
-        async move {
-            client
-                .may_exist(key)
-                .await
-                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
-            Ok(1)
-        }
-    })
+/// One way of asking: the server asked, the call, and the client whose counters tell its RPCs.
+struct Side<'a> {
+    what: String,
+    server: &'a Server,
+    op: Op,
+    client: Option<GateClient>,
 }
 
-/// `BATCH` keys per call through `client.may_exist_many`.
-fn batches(client: &GateClient, pool: &Arc<Vec<Bytes>>) -> Op {
-    let (client, pool) = (client.clone(), Arc::clone(pool));
-    drive::op(move |_, n| {
-        let (client, pool) = (client.clone(), Arc::clone(&pool));
-        async move {
-            let start = (n as usize * BATCH) % (pool.len() - BATCH);
-            let answers = client
-                .may_exist_many(&pool[start..start + BATCH])
-                .await
-                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
-            Ok(answers.may_exist.len() as u64)
+impl<'a> Side<'a> {
+    /// One key per call through `client`.
+    fn single(what: &str, gate: &'a Server, client: &GateClient, pool: &Arc<Vec<Bytes>>) -> Self {
+        let (caller, pool) = (client.clone(), Arc::clone(pool));
+        let op = drive::op(move |_, n| {
+            let (client, key) = (caller.clone(), pool[n as usize % pool.len()].clone());
+            async move {
+                client
+                    .may_exist(key)
+                    .await
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+                Ok(1)
+            }
+        });
+        Self {
+            what: what.to_string(),
+            server: gate,
+            op,
+            client: Some(client.clone()),
         }
-    })
+    }
+
+    /// `BATCH` keys per call through `client.may_exist_many`.
+    fn batches(how: &str, gate: &'a Server, client: &GateClient, pool: &Arc<Vec<Bytes>>) -> Self {
+        let (caller, pool) = (client.clone(), Arc::clone(pool));
+        let op = drive::op(move |_, n| {
+            let (client, pool) = (caller.clone(), Arc::clone(&pool));
+            async move {
+                let start = (n as usize * BATCH) % (pool.len() - BATCH);
+                let answers = client
+                    .may_exist_many(&pool[start..start + BATCH])
+                    .await
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+                Ok(answers.may_exist.len() as u64)
+            }
+        });
+        let what = format!("gate, Rust client, {BATCH}-key `may_exist_many`, {how}");
+        Self {
+            what,
+            server: gate,
+            op,
+            client: Some(client.clone()),
+        }
+    }
 }
 
 /// Each side in `ROUNDS` alternating stretches from `callers` tasks with one call in flight each.
-async fn measure(sides: &[(String, &Server, Op)], callers: usize) -> Vec<Row> {
+async fn measure(sides: &[Side<'_>], callers: usize) -> Vec<Row> {
     let mut rows: Vec<Row> = sides
         .iter()
-        .map(|(what, _, _)| Row {
-            what: what.clone(),
+        .map(|side| Row {
+            what: side.what.clone(),
             sample: Sample::default(),
+            rpcs: side.client.as_ref().map(|_| 0),
         })
         .collect();
     for _ in 0..ROUNDS {
-        for ((_, server, op), row) in sides.iter().zip(&mut rows) {
-            let pid = [server.pid()];
-            drive::closed_loop_until(callers, 1, Until::Elapsed(WARM_UP), &pid, op).await;
+        for (side, row) in sides.iter().zip(&mut rows) {
+            let pid = [side.server.pid()];
+            drive::closed_loop_until(callers, 1, Until::Elapsed(WARM_UP), &pid, &side.op).await;
+            let before = side.client.as_ref().map(|c| c.stats().gate_calls);
             let sample =
-                drive::closed_loop_until(callers, 1, Until::Elapsed(STRETCH), &pid, op).await;
+                drive::closed_loop_until(callers, 1, Until::Elapsed(STRETCH), &pid, &side.op).await;
+            if let (Some(client), Some(before), Some(rpcs)) = (&side.client, before, &mut row.rpcs)
+            {
+                *rpcs += client.stats().gate_calls - before;
+            }
             row.sample.merge(sample);
         }
     }
@@ -237,17 +270,21 @@ fn report(rows: &[Row], alone: &[Row], sweep: &[Row], took: Duration) -> String 
 fn table(w: &mut String, rows: &[Row]) {
     let _ = writeln!(
         w,
-        "| callers ask | server CPU per key | server CPU per call | keys/s | calls/s | p50 | p99 | client CPU per key |"
+        "| callers ask | server CPU per key | server CPU per call | keys per RPC | keys/s | calls/s | p50 | p99 | client CPU per key |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let s = &row.sample;
         let _ = writeln!(
             w,
-            "| {} | {:.3} µs | {:.2} µs | {:.0} | {:.0} | {:.0} µs | {:.0} µs | {:.2} µs |",
+            "| {} | {:.3} µs | {:.2} µs | {} | {:.0} | {:.0} | {:.0} µs | {:.0} µs | {:.2} µs |",
             row.what,
             s.server_us_per_key(),
             s.server_us_per_call(),
+            match row.rpcs {
+                Some(rpcs) => format!("{:.1}", s.keys as f64 / rpcs.max(1) as f64),
+                None => "—".to_string(),
+            },
             s.keys_per_second(),
             s.calls_per_second(),
             s.latency_us(0.5),
