@@ -60,13 +60,15 @@ type clientOptions struct {
 	dialOptions []grpc.DialOption
 }
 
-// WithCoalesceWindow sets how long a single-key lookup waits for others to share its BatchMayExist
-// (default 200 µs); 0 turns coalescing off: each lookup is a unary MayExist.
+// WithCoalesceWindow sets the longest a lookup waits for others to share its BatchMayExist while another
+// batch is in flight (default 200 µs; with none in flight it leaves at once); 0 turns coalescing off: each
+// lookup is a unary MayExist, each MayExistMany part its own BatchMayExist.
 func WithCoalesceWindow(d time.Duration) Option {
 	return func(o *clientOptions) { o.window = d }
 }
 
-// WithCoalesceMaxKeys sets the number of keys at which a batch is sent at once (default 256).
+// WithCoalesceMaxKeys sets the number of keys at which a batch is sent at once (default 256; at most
+// MaxBatchKeys).
 func WithCoalesceMaxKeys(n int) Option {
 	return func(o *clientOptions) { o.maxKeys = n }
 }
@@ -213,10 +215,10 @@ type GateClient struct {
 
 	lookups, gateCalls, batchedKeys, retries atomic.Uint64
 
-	queue     chan *pending
+	coal      *coalescer // nil with coalescing off
 	closed    chan struct{}
 	closeOnce sync.Once
-	inFlight  sync.WaitGroup // the dispatcher and the batches it sent
+	inFlight  sync.WaitGroup // the coalesced batches in flight
 }
 
 // NewGateClient makes a client of namespace ("" is "default") over the given addresses (host:port,
@@ -232,6 +234,9 @@ func NewGateClient(addresses []string, namespace string, opts ...Option) (*GateC
 	if o.window < 0 || o.maxKeys < 1 || o.deadline <= 0 {
 		return nil, fmt.Errorf("existencegate: invalid options (window %v, max keys %d, deadline %v)", o.window, o.maxKeys, o.deadline)
 	}
+	if o.maxKeys > MaxBatchKeys {
+		o.maxKeys = MaxBatchKeys
+	}
 	c := &GateClient{namespace: namespace, opts: o, closed: make(chan struct{})}
 	for _, target := range addresses {
 		conn, err := c.dial(target)
@@ -242,9 +247,7 @@ func NewGateClient(addresses []string, namespace string, opts ...Option) (*GateC
 		c.addrs = append(c.addrs, &address{target: target, conn: conn, stub: existencepb.NewExistenceGateClient(conn)})
 	}
 	if o.window > 0 {
-		c.queue = make(chan *pending)
-		c.inFlight.Add(1)
-		go c.dispatch()
+		c.coal = &coalescer{maxKeys: o.maxKeys, window: o.window}
 	}
 	return c, nil
 }
@@ -281,6 +284,9 @@ func (c *GateClient) Stats() Stats {
 func (c *GateClient) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.closed)
+		if c.coal != nil {
+			c.closeCoalescer()
+		}
 		c.inFlight.Wait()
 		c.closeConns()
 	})
@@ -372,26 +378,39 @@ func (c *GateClient) pick(prefer, start int, tried []bool, first bool) int {
 	return longest
 }
 
-// MayExist asks whether key may exist. With coalescing on, concurrent calls are gathered into one
-// BatchMayExist; a caller whose ctx ends gets its error at once, the batch goes on for the others.
+// MayExist asks whether key may exist. With coalescing on, concurrent calls share BatchMayExist calls (a
+// lone caller's leaves at once); a caller whose ctx ends gets its error at once, the batch goes on for the
+// others.
 func (c *GateClient) MayExist(ctx context.Context, key string) (Answer, error) {
 	c.lookups.Add(1)
-	if c.queue == nil || len(key) == 0 || len(key) > MaxKeyBytes {
+	if c.coal == nil || !coalescable(key) {
 		return c.mayExistUnary(ctx, key)
 	}
-	p := &pending{key: key, done: make(chan result, 1)}
-	select {
-	case c.queue <- p:
-	case <-ctx.Done():
-		return Answer{}, status.FromContextError(ctx.Err()).Err()
-	case <-c.closed:
-		return Answer{}, closedError()
+	answers, err := c.shared(ctx, []string{key})
+	if err != nil {
+		return Answer{}, err
+	}
+	return answers[0], nil
+}
+
+// coalescable says whether key may share a batch: the gate refuses an empty or over-long key with
+// INVALID_ARGUMENT for the whole batch, so such a key is sent alone and its caller alone is refused.
+func coalescable(key string) bool { return len(key) > 0 && len(key) <= MaxKeyBytes }
+
+// shared queues keys (one waiter) for a coalesced batch and waits for their answers, within ctx and the
+// client's deadline.
+func (c *GateClient) shared(ctx context.Context, keys []string) ([]Answer, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.deadline)
+	defer cancel()
+	done, err := c.submit(keys)
+	if err != nil {
+		return nil, err
 	}
 	select {
-	case r := <-p.done:
-		return r.answer, r.err
+	case r := <-done:
+		return r.answers, r.err
 	case <-ctx.Done():
-		return Answer{}, status.FromContextError(ctx.Err()).Err()
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
 
@@ -417,7 +436,9 @@ func (c *GateClient) mayExistUnary(ctx context.Context, key string) (Answer, err
 
 // MayExistMany answers many keys at once with packed BatchMayExist calls of at most MaxBatchKeys keys;
 // every answer carries the smallest observed_seq of the parts (the conservative one to record an absence
-// with). An error of any part is returned as it is.
+// with). With coalescing on, each part whose keys are all coalescable joins the coalesced batches as one
+// waiter (a batch never splits it), so concurrent small MayExistMany calls and MayExist calls share gate
+// calls. An error of any part is returned as it is.
 func (c *GateClient) MayExistMany(ctx context.Context, keys []string) ([]Answer, error) {
 	answers := make([]Answer, 0, len(keys))
 	var minSeq uint64
@@ -426,7 +447,13 @@ func (c *GateClient) MayExistMany(ctx context.Context, keys []string) ([]Answer,
 		if end > len(keys) {
 			end = len(keys)
 		}
-		part, err := c.batch(ctx, keys[begin:end])
+		var part []Answer
+		var err error
+		if c.coal != nil && allCoalescable(keys[begin:end]) {
+			part, err = c.shared(ctx, keys[begin:end])
+		} else {
+			part, err = c.batch(ctx, keys[begin:end])
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -439,6 +466,15 @@ func (c *GateClient) MayExistMany(ctx context.Context, keys []string) ([]Answer,
 		answers[i].ObservedSeq = minSeq
 	}
 	return answers, nil
+}
+
+func allCoalescable(keys []string) bool {
+	for _, key := range keys {
+		if !coalescable(key) {
+			return false
+		}
+	}
+	return true
 }
 
 // batch sends one packed BatchMayExist (keys not empty).

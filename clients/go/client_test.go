@@ -2,12 +2,14 @@ package existencegate
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"example.com/existence-gate/clients/go/existencepb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -34,6 +36,74 @@ func (m *methodCounter) count(method string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.calls[method]
+}
+
+// batchHold is a unary interceptor recording the keys of each BatchMayExist sent and, when holding,
+// keeping the first one from the gate until released: a batch stays in flight as long as the test wants.
+type batchHold struct {
+	holding bool
+	held    chan struct{} // closed once the first batch is held
+	free    chan struct{} // closed to let it go
+	once    sync.Once
+
+	mu    sync.Mutex
+	sizes []int
+}
+
+func newBatchHold(t *testing.T, holding bool) *batchHold {
+	h := &batchHold{holding: holding, held: make(chan struct{}), free: make(chan struct{})}
+	t.Cleanup(h.release) // registered before the client's Close, so it runs first
+	return h
+}
+
+func (h *batchHold) option() Option {
+	return WithDialOptions(grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply interface{},
+		cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*existencepb.BatchMayExistRequest); ok {
+			keys := 0
+			for packed := r.PackedKeys; len(packed) > 0; keys++ {
+				n, size := binary.Uvarint(packed)
+				packed = packed[size+int(n):]
+			}
+			h.mu.Lock()
+			h.sizes = append(h.sizes, keys)
+			first := len(h.sizes) == 1
+			h.mu.Unlock()
+			if first && h.holding {
+				close(h.held)
+				select {
+				case <-h.free:
+				case <-ctx.Done():
+				}
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}))
+}
+
+func (h *batchHold) release() { h.once.Do(func() { close(h.free) }) }
+
+// batches returns the number of keys of each BatchMayExist sent so far, in order.
+func (h *batchHold) batches() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.sizes...)
+}
+
+// waitHeld waits until the first batch is held.
+func (h *batchHold) waitHeld(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.held:
+	case <-time.After(patience):
+		t.Fatalf("no batch held within %v", patience)
+	}
+}
+
+// waitPending waits until keys keys wait for a batch.
+func waitPending(t *testing.T, c *GateClient, keys int) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%d keys pending", keys), func() bool { return c.pendingKeys() == keys })
 }
 
 // lookupAll runs one MayExist per key from its own goroutine, all released at once.
@@ -112,25 +182,257 @@ func TestCoalescingUnderConcurrencyMatchesUnaryAnswers(t *testing.T) {
 func TestCoalesceMaxKeysSendsAFullBatchAtOnce(t *testing.T) {
 	ns := "coalesce"
 	waitReady(t, shared.addr, ns)
-	// A window far longer than the test: only full batches can answer quickly.
-	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(time.Minute), WithCoalesceMaxKeys(8),
-		WithDeadline(10*time.Second))
-	var keys []string
-	for i := 0; i < 64; i++ {
-		keys = append(keys, fmt.Sprintf("max-keys:%d", i))
+	// A window far longer than the test, and the first batch kept in flight: only full batches can leave.
+	hold := newBatchHold(t, true)
+	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(time.Hour), WithCoalesceMaxKeys(8),
+		WithDeadline(10*time.Second), hold.option())
+	var wg sync.WaitGroup
+	errs := make([]error, 64)
+	lookup := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.MayExist(context.Background(), fmt.Sprintf("max-keys:%d", i))
+		}()
 	}
-	started := time.Now()
-	_, errs := lookupAll(c, keys)
+	lookup(0) // no batch in flight: it leaves at once, and is held
+	hold.waitHeld(t)
+	for i := 1; i < 64; i++ {
+		lookup(i)
+	}
+	// 63 callers: 7 full batches of 8 leave while the first is held; 7 keys wait (window, not full).
+	eventually(t, "7 full batches sent", func() bool { return len(hold.batches()) == 8 && c.pendingKeys() == 7 })
+	hold.release() // nothing in flight any more: the 7 leave at once
+	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	if elapsed := time.Since(started); elapsed > 20*time.Second {
-		t.Errorf("full batches waited for the window: %v", elapsed)
+	if got, want := fmt.Sprint(hold.batches()), "[1 8 8 8 8 8 8 8 7]"; got != want {
+		t.Errorf("batches of %s keys, want %s", got, want)
 	}
-	if s := c.Stats(); s.GateCalls != 8 || s.BatchedKeys != 64 {
-		t.Errorf("stats %+v: want 8 batches of 8 keys", s)
+	if s := c.Stats(); s.GateCalls != 9 || s.BatchedKeys != 64 || s.Lookups != 64 {
+		t.Errorf("stats %+v: want 9 batches, 64 keys", s)
+	}
+}
+
+func TestALoneCallerDoesNotWaitForTheWindow(t *testing.T) {
+	ns := "coalesce"
+	waitReady(t, shared.addr, ns)
+	u := uniq()
+	// A window far beyond the deadline: a caller that waited for it would get DEADLINE_EXCEEDED.
+	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(time.Hour), WithDeadline(10*time.Second))
+	seq, err := c.Add(context.Background(), []string{u + "lone:0", u + "lone:2", u + "lone:4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		a, err := c.MayExist(context.Background(), fmt.Sprintf("%slone:%d", u, i))
+		if err != nil {
+			t.Fatalf("lookup %d: %v", i, err)
+		}
+		if i%2 == 0 && !a.MayExist || a.ObservedSeq < seq {
+			t.Errorf("lookup %d: %+v (the Add's seq is %d)", i, a, seq)
+		}
+	}
+	answers, err := c.MayExistMany(context.Background(), []string{u + "lone:0", u + "lone:2"})
+	if err != nil || len(answers) != 2 || !answers[0].MayExist || !answers[1].MayExist {
+		t.Errorf("MayExistMany alone: %+v, %v", answers, err)
+	}
+	if s := c.Stats(); s.Lookups != 5 || s.GateCalls != 6 || s.BatchedKeys != 7 {
+		t.Errorf("stats %+v: want 6 batches (5 lookups and one MayExistMany of 2 keys)", s)
+	}
+}
+
+// manyKeys is callers × perCaller keys, one in three added (by unary), and the gate's uncoalesced answers.
+func manyKeys(t *testing.T, ns string, callers, perCaller int) ([][]string, [][]Answer) {
+	t.Helper()
+	u := uniq()
+	unary := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(0), WithDeadline(10*time.Second))
+	keys := make([][]string, callers)
+	var added []string
+	for i := range keys {
+		for k := 0; k < perCaller; k++ {
+			key := fmt.Sprintf("%smany:%d:%d", u, i, k)
+			keys[i] = append(keys[i], key)
+			if (i*perCaller+k)%3 == 0 {
+				added = append(added, key)
+			}
+		}
+	}
+	if _, err := unary.Add(context.Background(), added); err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]Answer, callers)
+	for i := range keys {
+		var err error
+		if want[i], err = unary.MayExistMany(context.Background(), keys[i]); err != nil {
+			t.Fatal(err)
+		}
+		for k, a := range want[i] {
+			if (i*perCaller+k)%3 == 0 && !a.MayExist {
+				t.Fatalf("the gate answers ABSENT for the added %q", keys[i][k])
+			}
+		}
+	}
+	if s := unary.Stats(); s.BatchedKeys != 0 {
+		t.Errorf("an uncoalesced client batched keys: %+v", s)
+	}
+	return keys, want
+}
+
+func sameAnswers(t *testing.T, caller int, got, want []Answer) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("caller %d: %d answers, want %d", caller, len(got), len(want))
+		return
+	}
+	for k := range got {
+		if got[k].MayExist != want[k].MayExist || got[k].Warming {
+			t.Errorf("caller %d key %d: %+v coalesced, %+v uncoalesced", caller, k, got[k], want[k])
+		}
+	}
+}
+
+func TestConcurrentMayExistManyShareBatches(t *testing.T) {
+	ns := "batching"
+	waitReady(t, shared.addr, ns)
+	keys, want := manyKeys(t, ns, 10, 100)
+
+	c := newClient(t, []string{shared.addr}, ns) // the defaults: 200 µs, 256 keys
+	got := make([][]Answer, len(keys))
+	errs := make([]error, len(keys))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			<-start
+			got[i], errs[i] = c.MayExistMany(context.Background(), keys[i])
+		}(i)
+	}
+	close(start)
+	wg.Wait()
+	for i := range keys {
+		if errs[i] != nil {
+			t.Fatalf("caller %d: %v", i, errs[i])
+		}
+		sameAnswers(t, i, got[i], want[i])
+	}
+	s := c.Stats()
+	t.Logf("10 × MayExistMany(100 keys) in %d gate calls", s.GateCalls)
+	if s.BatchedKeys != 1000 || s.Lookups != 0 || s.GateCalls >= 10 {
+		t.Errorf("stats %+v: want 1,000 batched keys, no lookups, fewer than 10 gate calls", s)
+	}
+}
+
+func TestMayExistManyPartsAndLookupsShareABatchWhole(t *testing.T) {
+	ns := "batching"
+	waitReady(t, shared.addr, ns)
+	keys, want := manyKeys(t, ns, 4, 100)
+	hold := newBatchHold(t, true)
+	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(time.Hour), WithDeadline(10*time.Second),
+		hold.option())
+	got := make([][]Answer, len(keys))
+	errs := make([]error, len(keys))
+	single := make([]Answer, len(keys))
+	singleErrs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	// In order, each queued before the next: caller 0's 100 keys (held in flight), then caller 1's 100, a
+	// single key, caller 2's 100, a single key, caller 3's 100: 100 + 1 + 100 + 1 = 202 < 256 keys, so
+	// caller 3's part joins whole (302 keys), which makes the batch full: it leaves while the first is held.
+	pending := 0
+	for i := range keys {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			got[i], errs[i] = c.MayExistMany(context.Background(), keys[i])
+		}(i)
+		if i == 0 {
+			hold.waitHeld(t)
+			continue
+		}
+		pending += len(keys[i])
+		if i == len(keys)-1 {
+			eventually(t, "a full batch sent", func() bool { return len(hold.batches()) == 2 && c.pendingKeys() == 0 })
+			break
+		}
+		waitPending(t, c, pending)
+		if i == 1 || i == 2 {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				single[i], singleErrs[i] = c.MayExist(context.Background(), keys[i][0])
+			}(i)
+			pending++
+			waitPending(t, c, pending)
+		}
+	}
+	hold.release()
+	wg.Wait()
+	for i := range keys {
+		if errs[i] != nil {
+			t.Fatalf("caller %d: %v", i, errs[i])
+		}
+		sameAnswers(t, i, got[i], want[i])
+	}
+	for _, i := range []int{1, 2} {
+		if singleErrs[i] != nil || single[i].MayExist != want[i][0].MayExist {
+			t.Errorf("MayExist(%q) between the parts: %+v, %v (want %v)", keys[i][0], single[i], singleErrs[i],
+				want[i][0].MayExist)
+		}
+	}
+	if got, want := fmt.Sprint(hold.batches()), "[100 302]"; got != want {
+		t.Errorf("batches of %s keys, want %s", got, want)
+	}
+	if s := c.Stats(); s.BatchedKeys != 402 || s.Lookups != 2 || s.GateCalls != 2 {
+		t.Errorf("stats %+v: want 2 batches of 402 keys, 2 lookups", s)
+	}
+}
+
+func TestACoalescedBatchNeverExceedsTheServersLimit(t *testing.T) {
+	ns := "batching"
+	waitReady(t, shared.addr, ns)
+	keys, want := manyKeys(t, ns, 3, 4000)
+	hold := newBatchHold(t, true)
+	// CoalesceMaxKeys beyond the limit is the limit.
+	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(time.Hour), WithCoalesceMaxKeys(50000),
+		WithDeadline(10*time.Second), hold.option())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, err := c.MayExist(context.Background(), "limit:first"); err != nil {
+			t.Error(err)
+		}
+	}()
+	hold.waitHeld(t)
+	got := make([][]Answer, len(keys))
+	errs := make([]error, len(keys))
+	for i := range keys {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			got[i], errs[i] = c.MayExistMany(context.Background(), keys[i])
+		}(i)
+		if i < 2 {
+			waitPending(t, c, 4000*(i+1))
+		}
+	}
+	// 12,000 keys reach the limit: a batch of 8,000 leaves (a third part would exceed 10,000), 4,000 wait.
+	eventually(t, "a batch of 8,000 keys sent", func() bool { return len(hold.batches()) == 2 && c.pendingKeys() == 4000 })
+	hold.release()
+	wg.Wait()
+	for i := range keys {
+		if errs[i] != nil {
+			t.Fatalf("caller %d: %v", i, errs[i])
+		}
+		sameAnswers(t, i, got[i], want[i])
+	}
+	if got, want := fmt.Sprint(hold.batches()), "[1 8000 4000]"; got != want {
+		t.Errorf("batches of %s keys, want %s", got, want)
 	}
 }
 
@@ -163,8 +465,10 @@ func TestCoalescingOffSendsUnaryCalls(t *testing.T) {
 func TestCallerDeadlineAndCancellationLeaveTheBatchToTheOthers(t *testing.T) {
 	ns := "cancel"
 	waitReady(t, shared.addr, ns)
-	window := time.Second
-	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(window), WithDeadline(10*time.Second))
+	// The first batch is held in flight and the window is long: the others wait in the next batch.
+	hold := newBatchHold(t, true)
+	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(time.Hour), WithDeadline(10*time.Second),
+		hold.option())
 	if _, err := c.Add(context.Background(), []string{"cancel:added"}); err != nil {
 		t.Fatal(err)
 	}
@@ -173,8 +477,8 @@ func TestCallerDeadlineAndCancellationLeaveTheBatchToTheOthers(t *testing.T) {
 		err     error
 		elapsed time.Duration
 	}
-	var wg sync.WaitGroup
-	run := func(ctx context.Context, key string, out *outcome) {
+	var wg, leaving sync.WaitGroup
+	run := func(ctx context.Context, key string, out *outcome, wg *sync.WaitGroup) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -190,22 +494,28 @@ func TestCallerDeadlineAndCancellationLeaveTheBatchToTheOthers(t *testing.T) {
 		if i%2 == 0 {
 			key = "cancel:added"
 		}
-		run(context.Background(), key, &others[i])
+		run(context.Background(), key, &others[i], &wg)
+		if i == 0 {
+			hold.waitHeld(t)
+		}
 	}
 	shortCtx, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancelShort()
-	run(shortCtx, "cancel:timed-out", &timedOut)
+	run(shortCtx, "cancel:timed-out", &timedOut, &leaving)
 	cancelCtx, cancel := context.WithCancel(context.Background())
-	run(cancelCtx, "cancel:cancelled", &cancelled)
-	time.Sleep(50 * time.Millisecond) // let the callers join the batch (the window is far longer)
+	run(cancelCtx, "cancel:cancelled", &cancelled, &leaving)
+	waitPending(t, c, 5) // every caller but the held one waits for the next batch
 	cancel()
+	leaving.Wait() // both leave while their batch has not even been sent
+	hold.release()
 	wg.Wait()
 
-	if status.Code(timedOut.err) != codes.DeadlineExceeded || timedOut.elapsed >= window {
+	const soon = 5 * time.Second // the client's deadline is 10 s
+	if status.Code(timedOut.err) != codes.DeadlineExceeded || timedOut.elapsed >= soon {
 		t.Errorf("the caller whose deadline passed: %v after %v (want DEADLINE_EXCEEDED before the window ends)",
 			timedOut.err, timedOut.elapsed)
 	}
-	if status.Code(cancelled.err) != codes.Canceled || cancelled.elapsed >= window {
+	if status.Code(cancelled.err) != codes.Canceled || cancelled.elapsed >= soon {
 		t.Errorf("the cancelled caller: %v after %v (want CANCELED at once)", cancelled.err, cancelled.elapsed)
 	}
 	for i, o := range others {
@@ -213,17 +523,35 @@ func TestCallerDeadlineAndCancellationLeaveTheBatchToTheOthers(t *testing.T) {
 			t.Errorf("caller %d of the same batch: %+v, %v", i, o.answer, o.err)
 		}
 	}
-	if s := c.Stats(); s.GateCalls != 1 || s.BatchedKeys != 6 {
-		t.Errorf("stats %+v: want the 6 callers in one batch", s)
+	if got, want := fmt.Sprint(hold.batches()), "[1 5]"; got != want {
+		t.Errorf("batches of %s keys, want %s (the keys of the callers that left are still sent)", got, want)
+	}
+	if s := c.Stats(); s.GateCalls != 2 || s.BatchedKeys != 6 {
+		t.Errorf("stats %+v: want the 6 callers in 2 batches", s)
 	}
 }
 
 func TestAFailedBatchFailsEveryCallerWithItsStatus(t *testing.T) {
 	waitReady(t, shared.addr, "cancel")
-	c := newClient(t, []string{shared.addr}, "no_such_namespace", WithCoalesceWindow(50*time.Millisecond),
-		WithDeadline(10*time.Second))
+	hold := newBatchHold(t, true)
+	c := newClient(t, []string{shared.addr}, "no_such_namespace", WithCoalesceWindow(time.Hour),
+		WithDeadline(10*time.Second), hold.option())
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
-	_, errs := lookupAll(c, keys)
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, key := range keys {
+		wg.Add(1)
+		go func(i int, key string) {
+			defer wg.Done()
+			_, errs[i] = c.MayExist(context.Background(), key)
+		}(i, key)
+		if i == 0 {
+			hold.waitHeld(t)
+		}
+	}
+	waitPending(t, c, 7)
+	hold.release()
+	wg.Wait()
 	first := status.Convert(errs[0])
 	for i, err := range errs {
 		st := status.Convert(err)
@@ -231,8 +559,8 @@ func TestAFailedBatchFailsEveryCallerWithItsStatus(t *testing.T) {
 			t.Errorf("caller %d: %v (want NOT_FOUND, as every caller: %v)", i, err, errs[0])
 		}
 	}
-	if s := c.Stats(); s.GateCalls != 1 {
-		t.Errorf("stats %+v: want one batch", s)
+	if s := c.Stats(); s.GateCalls != 2 || fmt.Sprint(hold.batches()) != "[1 7]" {
+		t.Errorf("stats %+v, batches %v: want the first caller's batch and one of the 7 others", s, hold.batches())
 	}
 	t.Logf("every caller got: %v", errs[0])
 }

@@ -2,81 +2,172 @@ package existencegate
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
-// pending is one single-key lookup waiting for its batch.
+// The coalescer gathers concurrent lookups into batches. A pending batch leaves when
+//   - no batch is in flight (sent and not yet answered): an idle client adds no latency, the first lookup
+//     leaves at once,
+//   - its oldest waiter has waited the window, or
+//   - it holds CoalesceMaxKeys keys,
+//
+// so under load each batch carries what arrived while the previous ones were out, and a lone caller pays one
+// round trip, not a window. A waiter may bring several keys (a MayExistMany part): a batch takes whole
+// waiters, oldest first, stops adding once it holds CoalesceMaxKeys keys (at least one waiter) and never
+// exceeds MaxBatchKeys.
+//
+// There is no gathering goroutine: the rules are checked (under one mutex) where they can become true, when
+// a waiter arrives, when a batch is answered, and when the window's timer fires; each batch is sent from
+// its own goroutine.
+
+// pending is one caller's keys waiting for their batch.
 type pending struct {
-	key  string
-	done chan result // buffered: the batch never blocks on a caller that left
+	keys    []string
+	arrived time.Time
+	done    chan result // buffered: the batch never blocks on a caller that left
 }
 
 type result struct {
-	answer Answer
-	err    error
+	answers []Answer // one per key of the waiter
+	err     error
 }
 
-// dispatch gathers lookups for the window after the first one (or until the batch holds maxKeys keys) and
-// sends each batch from its own goroutine, so gathering the next one never waits for the gate.
-func (c *GateClient) dispatch() {
-	defer c.inFlight.Done()
-	timer := time.NewTimer(time.Hour)
-	if !timer.Stop() {
-		<-timer.C
+// coalescer is the queue of waiters and the batches in flight.
+type coalescer struct {
+	maxKeys int
+	window  time.Duration
+
+	mu       sync.Mutex
+	waiters  []*pending
+	keys     int // keys of all waiters
+	inFlight int // batches sent and not yet answered
+	closed   bool
+	timer    *time.Timer // fires when the oldest waiter's window ends (armed only while needed)
+	armed    bool
+	armedFor time.Time
+}
+
+// submit queues keys (1 to MaxBatchKeys) and returns the channel their answer arrives on.
+func (c *GateClient) submit(keys []string) (<-chan result, error) {
+	q := c.coal
+	p := &pending{keys: keys, arrived: time.Now(), done: make(chan result, 1)}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, closedError()
 	}
-	var batch []*pending
-	var expired <-chan time.Time // nil while no batch is open
-	send := func() {
-		if expired != nil && !timer.Stop() {
-			<-timer.C
+	q.waiters = append(q.waiters, p)
+	q.keys += len(keys)
+	c.flushLocked()
+	return p.done, nil
+}
+
+// flushLocked sends every batch the rules let leave now and arms the timer for the oldest waiter left.
+func (c *GateClient) flushLocked() {
+	q := c.coal
+	for len(q.waiters) > 0 && !q.closed {
+		due := q.waiters[0].arrived.Add(q.window)
+		if q.inFlight > 0 && q.keys < q.maxKeys {
+			now := time.Now()
+			if now.Before(due) {
+				if !q.armed || due.Before(q.armedFor) {
+					q.armed, q.armedFor = true, due
+					if q.timer == nil {
+						q.timer = time.AfterFunc(due.Sub(now), c.windowEnded)
+					} else {
+						q.timer.Reset(due.Sub(now))
+					}
+				}
+				return
+			}
 		}
-		expired = nil
-		b := batch
-		batch = nil
+		batch := q.takeLocked()
+		q.inFlight++
 		c.inFlight.Add(1)
-		go func() {
-			defer c.inFlight.Done()
-			c.sendBatch(b)
-		}()
-	}
-	for {
-		select {
-		case p := <-c.queue:
-			batch = append(batch, p)
-			if len(batch) >= c.opts.maxKeys {
-				send()
-			} else if len(batch) == 1 {
-				timer.Reset(c.opts.window)
-				expired = timer.C
-			}
-		case <-expired:
-			expired = nil // the timer fired and its value was received: nothing to drain
-			send()
-		case <-c.closed:
-			if expired != nil && !timer.Stop() {
-				<-timer.C
-			}
-			for _, p := range batch {
-				p.done <- result{err: closedError()}
-			}
-			return
-		}
+		go c.sendBatch(batch)
 	}
 }
 
-// sendBatch answers every lookup of one batch: each its own key's answer, or all the batch's error.
-func (c *GateClient) sendBatch(batch []*pending) {
-	keys := make([]string, len(batch))
-	for i, p := range batch {
-		keys[i] = p.key
+// windowEnded runs when the timer fires: the oldest waiter's window may have ended.
+func (c *GateClient) windowEnded() {
+	c.coal.mu.Lock()
+	defer c.coal.mu.Unlock()
+	c.coal.armed = false
+	c.flushLocked()
+}
+
+// takeLocked removes the oldest waiters up to maxKeys keys (at least one waiter, never past MaxBatchKeys).
+func (q *coalescer) takeLocked() []*pending {
+	keys, count := 0, 0
+	for _, p := range q.waiters {
+		if count > 0 && (keys >= q.maxKeys || keys+len(p.keys) > MaxBatchKeys) {
+			break
+		}
+		keys += len(p.keys)
+		count++
 	}
-	c.batchedKeys.Add(uint64(len(keys)))
+	batch := make([]*pending, count)
+	copy(batch, q.waiters)
+	rest := copy(q.waiters, q.waiters[count:])
+	for i := rest; i < len(q.waiters); i++ {
+		q.waiters[i] = nil
+	}
+	q.waiters = q.waiters[:rest]
+	q.keys -= keys
+	return batch
+}
+
+// closeCoalescer fails the waiters not yet sent with CANCELED; the batches in flight are answered.
+func (c *GateClient) closeCoalescer() {
+	q := c.coal
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	if q.timer != nil {
+		q.timer.Stop()
+	}
+	for _, p := range q.waiters {
+		p.done <- result{err: closedError()}
+	}
+	q.waiters, q.keys = nil, 0
+}
+
+// pendingKeys is the number of keys waiting for a batch (for the tests).
+func (c *GateClient) pendingKeys() int {
+	c.coal.mu.Lock()
+	defer c.coal.mu.Unlock()
+	return c.coal.keys
+}
+
+// sendBatch answers every waiter of one batch: each its own keys' answers, or all the batch's error. Once
+// the gate has answered, the batch is no longer in flight: what waits may leave at once.
+func (c *GateClient) sendBatch(batch []*pending) {
+	defer c.inFlight.Done()
+	n := 0
+	for _, p := range batch {
+		n += len(p.keys)
+	}
+	keys := make([]string, 0, n)
+	for _, p := range batch {
+		keys = append(keys, p.keys...)
+	}
+	c.batchedKeys.Add(uint64(n))
 	answers, err := c.batch(context.Background(), keys) // bounded by the client deadline
-	for i, p := range batch {
+
+	q := c.coal
+	q.mu.Lock()
+	q.inFlight--
+	c.flushLocked()
+	q.mu.Unlock()
+
+	offset := 0
+	for _, p := range batch {
 		if err != nil {
 			p.done <- result{err: err}
 		} else {
-			p.done <- result{answer: answers[i]}
+			p.done <- result{answers: answers[offset : offset+len(p.keys) : offset+len(p.keys)]}
 		}
+		offset += len(p.keys)
 	}
 }

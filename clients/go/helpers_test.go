@@ -34,7 +34,7 @@ type gateServer struct {
 
 // testNamespaces are configured on the shared server, one per test that writes.
 var testNamespaces = []string{"coalesce", "unary", "cancel", "invalid", "failopen", "multi", "reader", "warming",
-	"resume", "many", "closing"}
+	"resume", "many", "batching", "closing"}
 
 var shared *gateServer
 
