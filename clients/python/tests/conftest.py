@@ -47,6 +47,17 @@ def closed_port_address():
     return "127.0.0.1:{}".format(port)
 
 
+@pytest.fixture
+def black_hole():
+    """An address that accepts connections (the kernel completes them) and never answers: a call sent there
+    stays in flight until its deadline, or until the client is closed."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield "127.0.0.1:{}".format(sock.getsockname()[1])
+    sock.close()
+
+
 class Gate:
     """One server process: `serve --in-memory` on free loopback ports."""
 

@@ -14,13 +14,28 @@ from existence_gate_client import AbsenceKind, GateClient, GateError, RecordOutc
 from existence_gate_client._gen import existence_pb2 as pb
 from existence_gate_client._gen import existence_pb2_grpc as pb_grpc
 
-from conftest import closed_port_address
+from conftest import closed_port_address, eventually
 
 
 def unary_answer(gate, namespace, key):
     with grpc.insecure_channel(gate.grpc_addr) as channel:
         stub = pb_grpc.ExistenceGateStub(channel)
         return stub.MayExist(pb.MayExistRequest(namespace=namespace, key=key.encode()), timeout=5)
+
+
+def add_keys(gate, namespace, keys):
+    """Adds keys through a client of its own, so the client under test sends no call it does not expect."""
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0, deadline=5) as writer:
+        return writer.add(keys)
+
+
+def hold_a_batch(client, timeout):
+    """Sends a lookup that stays in flight (the client's first address is a black hole, and round robin sends
+    its first batch there) and waits until it is sent: pending lookups then wait for their window, a full
+    batch or this one's end (at `timeout`)."""
+    held = client.may_exist_future("held", timeout=timeout)
+    assert eventually(lambda: client.stats().gate_calls == 1), client.stats()
+    return held
 
 
 def concurrently(n, fn):
@@ -65,14 +80,44 @@ def test_concurrent_lookups_are_coalesced_and_match_unary_answers(gate, namespac
     assert gate.requests("BatchMayExist") - batches_before == stats.gate_calls
 
 
-def test_a_full_batch_is_sent_without_waiting_for_the_window(gate, namespace):
-    with GateClient(gate.grpc_addr, namespace, coalesce_window=10.0, coalesce_max_keys=4, deadline=20) as client:
+def test_a_lone_caller_does_not_wait_for_the_window(gate, namespace):
+    # Nothing in flight: each lookup leaves at once. Were the window waited, each would fail at its deadline.
+    add_keys(gate, namespace, ["lone:2"])
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=3600, deadline=10) as client:
+        answers = [client.may_exist("lone:{}".format(i)) for i in range(5)]
+        stats = client.stats()
+    assert [a.may_exist for a in answers] == [False, False, True, False, False]
+    assert stats.lookups == 5 and stats.gate_calls == 5 and stats.batched_keys == 5
+
+
+def test_a_pending_batch_leaves_when_the_batch_in_flight_is_answered(gate, namespace, black_hole):
+    # The held batch ends (DEADLINE_EXCEEDED) long before the window: the lookup waiting behind it is sent then.
+    with GateClient([black_hole, gate.grpc_addr], namespace, coalesce_window=3600, deadline=10) as client:
+        held = hold_a_batch(client, timeout=0.3)
+        waiting = client.may_exist_future("behind")
+        assert waiting.result(timeout=10).may_exist is False
+        with pytest.raises(GateError) as failure:
+            held.result(timeout=10)
+        assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        stats = client.stats()
+    assert stats.gate_calls == 2 and stats.batched_keys == 2, stats
+
+
+def test_a_full_batch_is_sent_without_waiting_for_the_window(gate, namespace, black_hole):
+    # A batch is in flight (for 10 s) and the window is an hour: only holding coalesce_max_keys keys sends it.
+    with GateClient(
+        [black_hole, gate.grpc_addr], namespace, coalesce_window=3600, coalesce_max_keys=4, deadline=20
+    ) as client:
+        held = hold_a_batch(client, timeout=10)
         started = time.monotonic()
-        answers = concurrently(4, lambda i: client.may_exist("key:{}".format(i)))
+        futures = [client.may_exist_future("key:{}".format(i)) for i in range(4)]
+        answers = [f.result(timeout=20) for f in futures]
         elapsed = time.monotonic() - started
         assert all(a.may_exist is False for a in answers), answers
         assert elapsed < 5, elapsed
-        assert client.stats().gate_calls == 1
+        assert not held.done()
+        stats = client.stats()
+        assert stats.gate_calls == 2 and stats.batched_keys == 5, stats
 
 
 def test_window_zero_sends_unary_calls(gate, namespace):
@@ -89,10 +134,12 @@ def test_window_zero_sends_unary_calls(gate, namespace):
     assert gate.requests("BatchMayExist") == batches_before
 
 
-def test_a_caller_whose_deadline_passes_fails_alone(gate, namespace):
-    # A long window holds the batch; the impatient caller fails at its own deadline, the others are answered.
-    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.5, deadline=5) as client:
-        client.add(["k:1"])
+def test_a_caller_whose_deadline_passes_fails_alone(gate, namespace, black_hole):
+    # A batch in flight makes the others wait the window; the impatient caller fails at its own deadline, the
+    # others are answered.
+    add_keys(gate, namespace, ["k:1"])
+    with GateClient([black_hole, gate.grpc_addr], namespace, coalesce_window=0.5, deadline=5) as client:
+        hold_a_batch(client, timeout=5)
 
         def lookup(i):
             started = time.monotonic()
@@ -107,12 +154,13 @@ def test_a_caller_whose_deadline_passes_fails_alone(gate, namespace):
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert elapsed < 0.4, elapsed  # at its deadline, not when the batch came back
     assert [r.may_exist for r in results[1:]] == [True, False, False, False, False]
-    assert stats.gate_calls == 1
-    assert stats.batched_keys == 5  # the expired lookup was not sent
+    assert stats.gate_calls == 2
+    assert stats.batched_keys == 1 + 5  # the expired lookup was not sent
 
 
-def test_a_deadline_is_kept_by_the_future_api_too(gate, namespace):
-    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.5, deadline=5) as client:
+def test_a_deadline_is_kept_by_the_future_api_too(gate, namespace, black_hole):
+    with GateClient([black_hole, gate.grpc_addr], namespace, coalesce_window=0.5, deadline=5) as client:
+        hold_a_batch(client, timeout=5)
         impatient = client.may_exist_future("a", timeout=0.05)
         patient = client.may_exist_future("b")
         with pytest.raises(GateError) as failure:
@@ -121,20 +169,25 @@ def test_a_deadline_is_kept_by_the_future_api_too(gate, namespace):
         assert patient.result(timeout=5).may_exist is False
 
 
-def test_a_cancelled_caller_does_not_break_its_batch(gate, namespace):
-    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.2, deadline=5) as client:
-        client.add(["c:1"])
+def test_a_cancelled_caller_does_not_break_its_batch(gate, namespace, black_hole):
+    add_keys(gate, namespace, ["c:1", "c:2"])
+    # Cancelled while pending (a batch in flight holds the others for the window): never sent.
+    with GateClient([black_hole, gate.grpc_addr], namespace, coalesce_window=0.2, deadline=5) as client:
+        hold_a_batch(client, timeout=5)
         futures = [client.may_exist_future("c:{}".format(i)) for i in range(4)]
         assert futures[0].cancel()
         with pytest.raises(cf.CancelledError):
             futures[0].result()
-        assert [f.result(timeout=5).may_exist for f in futures[1:]] == [True, False, False]
-        # Cancelled once the batch is in flight: the others still get their answers.
+        assert [f.result(timeout=5).may_exist for f in futures[1:]] == [True, True, False]
+        assert client.stats().batched_keys == 1 + 3
+    # Cancelled at once, whatever state its batch is in (the first lookup leaves at once): the others still
+    # get their answers.
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.2, deadline=5) as client:
         futures = [client.may_exist_future("c:{}".format(i)) for i in range(4)]
-        time.sleep(0)  # nothing to wait for: cancel at once, whatever state the batch is in
+        futures[0].cancel()
         futures[3].cancel()
-        assert [f.result(timeout=5).may_exist for f in futures[:3]] == [False, True, False]
-        assert client.stats().batched_keys == 6
+        assert [f.result(timeout=5).may_exist for f in futures[1:3]] == [True, True]
+        assert 2 <= client.stats().batched_keys <= 4
 
 
 def test_a_failed_batch_fails_every_caller_with_its_status(gate):
@@ -162,12 +215,20 @@ def test_invalid_input_keeps_its_status(gate, namespace, window):
             client.add([])
         assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert isinstance(failure.value, grpc.RpcError)
+        # A part holding such a key is sent on its own: its INVALID_ARGUMENT is its caller's alone.
+        batched = client.stats().batched_keys
+        with pytest.raises(GateError) as failure:
+            client.may_exist_many(["fine:3", ""])
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.stats().batched_keys == batched
 
 
-def test_may_exist_many_splits_at_the_batch_limit(gate, namespace):
+@pytest.mark.parametrize("window", [0, 0.0002])
+def test_may_exist_many_splits_at_the_batch_limit(gate, namespace, window):
     keys = ["many:{}".format(i) for i in range(10_001)]
-    with GateClient(gate.grpc_addr, namespace, deadline=10) as client:
-        client.add(keys[::1000])
+    add_keys(gate, namespace, keys[::1000])
+    # coalesce_max_keys at the limit: when both parts are pending, only the 10,000-key limit keeps them apart.
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=window, coalesce_max_keys=10_000, deadline=10) as client:
         answers = client.may_exist_many(keys)
         stats = client.stats()
     assert len(answers) == len(keys)
@@ -176,7 +237,42 @@ def test_may_exist_many_splits_at_the_batch_limit(gate, namespace):
             assert answer.may_exist, i
     assert sum(a.may_exist for a in answers) < 200  # the rest absent, but for a few false positives
     assert len({a.observed_seq for a in answers}) == 1
-    assert stats.gate_calls == 2 and stats.lookups == 0 and stats.batched_keys == 0
+    assert stats.gate_calls == 2 and stats.lookups == 0
+    assert stats.batched_keys == (len(keys) if window else 0)
+
+
+def test_concurrent_may_exist_many_share_batches(gate, namespace):
+    parts = [["part:{}:{}".format(c, i) for i in range(100)] for c in range(10)]
+    add_keys(gate, namespace, [k for part in parts for k in part[::3]])
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0, deadline=10) as plain:
+        expected = [[a.may_exist for a in plain.may_exist_many(part)] for part in parts]
+        assert plain.stats().gate_calls == 10 and plain.stats().batched_keys == 0
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.005, deadline=10) as client:
+        answers = concurrently(10, lambda c: client.may_exist_many(parts[c]))
+        stats = client.stats()
+    for c, part_answers in enumerate(answers):
+        assert not isinstance(part_answers, BaseException), part_answers
+        assert [a.may_exist for a in part_answers] == expected[c], c
+        assert all(part_answers[i].may_exist for i in range(0, 100, 3))
+        assert len({a.observed_seq for a in part_answers}) == 1
+    assert stats.batched_keys == 1000 and stats.lookups == 0
+    assert stats.gate_calls < 10, stats
+
+
+def test_single_lookups_and_parts_share_a_batch(gate, namespace, black_hole):
+    # Pending together behind a batch in flight, a lookup and a part go out as one call, each answered with its
+    # own keys' bits.
+    add_keys(gate, namespace, ["mix:one", "mix:b"])
+    with GateClient([black_hole, gate.grpc_addr], namespace, coalesce_window=0.2, deadline=5) as client:
+        hold_a_batch(client, timeout=5)
+        one = client.may_exist_future("mix:one")
+        many = cf.ThreadPoolExecutor(1).submit(client.may_exist_many, ["mix:a", "mix:b", "mix:c"])
+        other = client.may_exist_future("mix:other")
+        assert [a.may_exist for a in many.result(timeout=5)] == [False, True, False]
+        assert one.result(timeout=5).may_exist is True
+        assert other.result(timeout=5).may_exist is False
+        stats = client.stats()
+    assert stats.gate_calls == 2 and stats.batched_keys == 1 + 5 and stats.lookups == 3
 
 
 def test_record_absent_outcomes(gate, namespace):

@@ -234,18 +234,22 @@ class _Pool:
 
 
 class _Waiter:
-    """One coalesced lookup: its key, its future and its own deadline."""
+    """One coalesced caller: its keys (one for `may_exist`, a part for `may_exist_many`), its future and its
+    own deadline. A single-key waiter's result is an `Answer`; a part's is `(bits, observed_seq, warming,
+    address)`."""
 
-    __slots__ = ("key", "future", "deadline")
+    __slots__ = ("keys", "single", "future", "deadline", "arrived")
 
-    def __init__(self, key: bytes, deadline: float):
-        self.key = key
+    def __init__(self, keys: List[bytes], deadline: float, single: bool = True):
+        self.keys = keys
+        self.single = single
         self.future = cf.Future()
         self.deadline = deadline
+        self.arrived = time.monotonic()
 
-    def resolve(self, answer: Answer) -> None:
+    def resolve(self, result) -> None:
         try:
-            self.future.set_result(answer)
+            self.future.set_result(result)
         except cf.InvalidStateError:  # cancelled or timed out meanwhile
             pass
 
@@ -257,18 +261,25 @@ class _Waiter:
 
 
 class _Coalescer:
-    """Gathers single-key lookups for `window` after the first (or until `max_keys`) into one BatchMayExist.
+    """Gathers concurrent lookups into packed BatchMayExist calls. A pending batch leaves when
+    - no batch is in flight (sent and not yet answered): a lone caller pays one round trip, never a window,
+    - its oldest caller has waited `window`, or
+    - it holds `max_keys` keys,
+    so under load each batch carries what arrived while the previous ones were out. A waiter may bring several
+    keys (a `may_exist_many` part); a batch takes whole waiters, oldest first, and never exceeds 10,000 keys.
 
-    One dispatcher thread waits on a condition for exactly as long as the open batch's window or the nearest
-    caller deadline; the RPCs themselves are asynchronous (grpc futures), so batches overlap freely."""
+    One dispatcher thread waits on a condition for exactly as long as the pending batch's window or the
+    nearest caller deadline, and is woken when the last batch in flight is answered; the RPCs themselves are
+    asynchronous (grpc futures), so batches overlap freely."""
 
     def __init__(self, client: "GateClient", window: float, max_keys: int):
         self._client = client
         self._window = window
-        self._max_keys = max_keys
+        self._max_keys = min(max_keys, MAX_BATCH_KEYS)
         self._cond = threading.Condition()
         self._pending: List[_Waiter] = []
-        self._opened = 0.0  # when the open batch's first lookup arrived
+        self._pending_keys = 0  # keys of the pending waiters
+        self._in_flight = 0  # batches sent and not yet answered
         self._deadlines: list = []  # heap of (deadline, n, waiter) of unfinished lookups
         self._n = itertools.count()
         self._closed = False
@@ -279,19 +290,23 @@ class _Coalescer:
         with self._cond:
             if self._closed:
                 raise GateError(grpc.StatusCode.CANCELLED, "the client is closed")
+            was_full = self._pending_keys >= self._max_keys
             self._pending.append(waiter)
+            self._pending_keys += len(waiter.keys)
             heapq.heappush(self._deadlines, (waiter.deadline, next(self._n), waiter))
-            if len(self._pending) == 1:
-                self._opened = time.monotonic()
+            if len(self._pending) == 1 or (not was_full and self._pending_keys >= self._max_keys):
+                # The first waiter (it leaves at once when nothing is in flight, or starts the window), or a
+                # full batch.
                 self._cond.notify()
-            elif len(self._pending) >= self._max_keys or self._deadlines[0][2] is waiter:
-                # A full batch, or a deadline before the one the dispatcher sleeps towards.
+            elif self._deadlines[0][2] is waiter:
+                # A deadline before the one the dispatcher sleeps towards.
                 self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             pending, self._pending = self._pending, []
+            self._pending_keys = 0
             self._cond.notify()
         for waiter in pending:
             waiter.fail(GateError(grpc.StatusCode.CANCELLED, "the client is closed"))
@@ -306,6 +321,23 @@ class _Coalescer:
                 expired.append(waiter)
         return expired
 
+    def _take_batch(self) -> List[_Waiter]:
+        """The oldest live waiters, up to `max_keys` keys (at least one waiter, never past 10,000 keys); waiters
+        cancelled or expired meanwhile are dropped on the way."""
+        batch: List[_Waiter] = []
+        keys = taken = 0
+        for waiter in self._pending:
+            more = len(waiter.keys)
+            if batch and (keys >= self._max_keys or keys + more > MAX_BATCH_KEYS):
+                break
+            taken += 1
+            self._pending_keys -= more
+            if not waiter.future.done():
+                batch.append(waiter)
+                keys += more
+        del self._pending[:taken]
+        return batch
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -315,16 +347,16 @@ class _Coalescer:
                     expired = self._expired(now)
                     if expired or self._closed:
                         break
+                    wake = None
                     if self._pending:
-                        if len(self._pending) >= self._max_keys or now >= self._opened + self._window:
-                            batch = self._pending[: self._max_keys]
-                            del self._pending[: self._max_keys]
-                            if self._pending:
-                                self._opened = now
-                            break
-                        wake = self._opened + self._window
-                    else:
-                        wake = None
+                        due = self._pending[0].arrived + self._window
+                        if self._in_flight == 0 or self._pending_keys >= self._max_keys or now >= due:
+                            batch = self._take_batch()
+                            if batch:
+                                self._in_flight += 1
+                                break
+                            continue  # only abandoned waiters: look again
+                        wake = due
                     if self._deadlines:
                         wake = self._deadlines[0][0] if wake is None else min(wake, self._deadlines[0][0])
                     self._cond.wait(None if wake is None else max(0.0, wake - now))
@@ -337,27 +369,39 @@ class _Coalescer:
             if closed:
                 return
 
+    def _answered(self) -> None:
+        """One batch fewer in flight: if none is left, callers still pending leave at once."""
+        with self._cond:
+            self._in_flight -= 1
+            if self._in_flight == 0 and self._pending:
+                self._cond.notify()
+
     def _send(self, batch: List[_Waiter]) -> None:
-        batch = [w for w in batch if not w.future.done()]  # cancelled or expired before they were sent
-        if not batch:
-            return
         client = self._client
+        keys = [key for waiter in batch for key in waiter.keys]
         client._counters.add("gate_calls")
-        client._counters.add("batched_keys", len(batch))
-        request = pb.BatchMayExistRequest(namespace=client.namespace, packed_keys=_pack([w.key for w in batch]))
+        client._counters.add("batched_keys", len(keys))
+        request = pb.BatchMayExistRequest(namespace=client.namespace, packed_keys=_pack(keys))
 
         def done(response, error, address):
+            self._answered()
             if error is None:
                 try:
-                    bits = _bits(response.may_exist_bitmap, len(batch))
+                    bits = _bits(response.may_exist_bitmap, len(keys))
                 except GateError as bad:
                     error = bad
             if error is not None:
                 for waiter in batch:
                     waiter.fail(error)
                 return
-            for waiter, bit in zip(batch, bits):
-                waiter.resolve(Answer(bit, response.observed_seq, response.warming, address))
+            offset = 0
+            for waiter in batch:
+                n = len(waiter.keys)
+                if waiter.single:
+                    waiter.resolve(Answer(bits[offset], response.observed_seq, response.warming, address))
+                else:
+                    waiter.resolve((bits[offset : offset + n], response.observed_seq, response.warming, address))
+                offset += n
 
         client._call("BatchMayExist", request, max(w.deadline for w in batch), done)
 
@@ -508,8 +552,8 @@ class GateClient:
         key = _key_bytes(key)
         self._counters.add("lookups")
         timeout = self.deadline if timeout is None else timeout
-        if self._coalescer is not None and 0 < len(key) <= self.max_key_bytes:
-            waiter = _Waiter(key, time.monotonic() + timeout)
+        if self._coalescer is not None and self._coalescable(key):
+            waiter = _Waiter([key], time.monotonic() + timeout)
             self._coalescer.submit(waiter)
             return waiter.future
         self._counters.add("gate_calls")
@@ -550,10 +594,17 @@ class GateClient:
         except asyncio.TimeoutError:
             raise _deadline_error("MayExist") from None
 
+    def _coalescable(self, key: bytes) -> bool:
+        """Whether `key` may share a batch: the gate refuses an empty or over-long key with INVALID_ARGUMENT for
+        the whole batch, so such a key is sent alone and its caller alone is refused."""
+        return 0 < len(key) <= self.max_key_bytes
+
     def may_exist_many(self, keys: Iterable[Key], timeout: Optional[float] = None) -> List[Answer]:
         """One answer per key, in order, from packed BatchMayExist calls (in parallel parts of at most 10,000
         keys); every answer carries the smallest observed_seq of the parts (the conservative one to record an
-        absence with) and `warming` if any part was warming. Not coalesced."""
+        absence with) and `warming` if any part was warming. With coalescing on, a part whose keys are all
+        coalescable joins the pending batch like a single key does (a batch never splits a part), so concurrent
+        small batches and single-key lookups share calls."""
         self._check_open()
         keys = [_key_bytes(k) for k in keys]
         if not keys:
@@ -562,15 +613,38 @@ class GateClient:
         parts = [keys[i : i + MAX_BATCH_KEYS] for i in range(0, len(keys), MAX_BATCH_KEYS)]
         futures = []
         for part in parts:
+            if self._coalescer is not None and all(self._coalescable(k) for k in part):
+                waiter = _Waiter(part, deadline, single=False)
+                self._coalescer.submit(waiter)
+                futures.append(waiter.future)
+                continue
             self._counters.add("gate_calls")
             request = pb.BatchMayExistRequest(namespace=self.namespace, packed_keys=_pack(part))
-            futures.append(self._future("BatchMayExist", request, deadline - time.monotonic()))
+            uncoalesced: cf.Future = cf.Future()
+
+            def unpack(call: "cf.Future", part=part, into=uncoalesced) -> None:
+                try:
+                    response, address = call.result()
+                    result = (_bits(response.may_exist_bitmap, len(part)), response.observed_seq, response.warming, address)
+                    failure = None
+                except BaseException as error:  # noqa: B902 - handed to the caller
+                    failure = GateError.of(error)
+                try:
+                    if failure is None:
+                        into.set_result(result)
+                    else:
+                        into.set_exception(failure)
+                except cf.InvalidStateError:  # the caller gave up meanwhile
+                    pass
+
+            self._future("BatchMayExist", request, deadline - time.monotonic()).add_done_callback(unpack)
+            futures.append(uncoalesced)
         results = [self._wait(f, deadline, "BatchMayExist") for f in futures]
-        seq = min(response.observed_seq for response, _ in results)
-        warming = any(response.warming for response, _ in results)
+        seq = min(observed_seq for _, observed_seq, _, _ in results)
+        warming = any(part_warming for _, _, part_warming, _ in results)
         answers: List[Answer] = []
-        for part, (response, address) in zip(parts, results):
-            answers.extend(Answer(bit, seq, warming, address) for bit in _bits(response.may_exist_bitmap, len(part)))
+        for bits, _, _, address in results:
+            answers.extend(Answer(bit, seq, warming, address) for bit in bits)
         return answers
 
     # -- writes ---------------------------------------------------------------------------------------------
