@@ -17,7 +17,10 @@ export interface CallOptions {
 export interface GateClientOptions {
   /** The namespace ("" = "default"). */
   namespace?: string;
-  /** How long a single-key lookup waits for others to share its batch; 0 = unary MayExist. Default 0.2 (200 µs). */
+  /**
+   * While a coalesced batch is in flight, how long a lookup waits at most for others to share its batch (with
+   * none in flight it leaves at once); 0 = unary MayExist. Default 0.2 (200 µs).
+   */
   coalesceWindowMs?: number;
   /** A batch is sent as soon as it holds this many keys. Default 256. */
   coalesceMaxKeys?: number;
@@ -91,6 +94,7 @@ export declare class GateClient {
   readonly namespace: string;
   readonly addresses: string[];
   mayExist(key: Key, options?: CallOptions): Promise<MayExistAnswer>;
+  /** Parts of at most 10,000 keys; with coalescing on, each part joins the coalesced batches as one caller. */
   mayExistMany(keys: Iterable<Key>, options?: CallOptions): Promise<MayExistAnswer[]>;
   add(keys: Key | Key[], options?: CallOptions): Promise<number>;
   recordAbsent(

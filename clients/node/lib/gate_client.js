@@ -125,7 +125,15 @@ class GateClient {
       (address) => new Endpoint(address, new this.ExistenceGate(address, this.credentials, this.channelOptions)),
     );
     this.next = 0; // round robin position
-    this.pending = null; // the batch gathering single-key lookups
+    // Coalescing (see _gather): callers not sent yet, oldest first, and their keys; batches sent and not answered.
+    this.queue = [];
+    this.queuedKeys = 0;
+    this.inFlight = 0;
+    this.windowNs = BigInt(Math.round(this.coalesceWindowMs * 1e6));
+    this.gatherQueued = false; // a microtask will run _gather
+    this.windowTimer = null; // setTimeout (windows of 1 ms or more) ...
+    this.windowDue = 0n;
+    this.windowImmediate = null; // ... or the setImmediate loop (shorter windows)
     this.closed = false;
     this.counters = { lookups: 0, gate_calls: 0, batched_keys: 0, retries: 0, absences_recorded: 0 };
   }
@@ -152,31 +160,50 @@ class GateClient {
     if (this.coalesceWindowMs <= 0 || buffer.length === 0 || buffer.length > MAX_KEY_BYTES) {
       return this._unaryMayExist(buffer, deadlineAt, options.signal);
     }
-    return this._enqueue(buffer, deadlineAt, options.signal);
+    return this._enqueue([buffer], true, deadlineAt, options.signal).then((share) => ({
+      mayExist: bitAt(share.bitmap, share.offset),
+      observedSeq: share.observedSeq,
+      warming: share.warming,
+      address: share.address,
+    }));
   }
 
   /**
-   * Answers for many keys at once, in order: packed BatchMayExist calls of at most 10,000 keys (sent
-   * concurrently). Each answer carries the smallest observedSeq of the parts (the conservative one to record
-   * an absence with) and warming if any part was warming.
+   * Answers for many keys at once, in order, in parts of at most 10,000 keys (sent concurrently). With
+   * coalescing on, each part whose keys are all coalescable joins the pending batch as one caller (a batch never
+   * splits it), so concurrent small batches share calls; otherwise a part is its own packed BatchMayExist. Each
+   * answer carries the smallest observedSeq of the parts (the conservative one to record an absence with) and
+   * warming if any part was warming.
    */
   async mayExistMany(keys, options = {}) {
     const buffers = [...keys].map(toKeyBuffer);
     if (buffers.length === 0) return [];
     const deadlineAt = this._deadline(options);
+    if (this.closed) throw gateError(grpc.status.CANCELLED, 'the client is closed');
     const parts = [];
     for (let start = 0; start < buffers.length; start += MAX_BATCH_KEYS) {
-      parts.push(this._batch(buffers.slice(start, start + MAX_BATCH_KEYS), deadlineAt, options.signal));
+      const part = buffers.slice(start, start + MAX_BATCH_KEYS);
+      const coalesce = this.coalesceWindowMs > 0 && part.every((b) => b.length > 0 && b.length <= MAX_KEY_BYTES);
+      parts.push(
+        coalesce
+          ? this._enqueue(part, false, deadlineAt, options.signal)
+          : this._batch(part, deadlineAt, options.signal).then((reply) => ({ ...reply, offset: 0 })),
+      );
     }
-    const replies = await Promise.all(parts);
-    const observedSeq = Math.min(...replies.map((r) => r.observedSeq));
-    const warming = replies.some((r) => r.warming);
+    const shares = await Promise.all(parts);
+    const observedSeq = Math.min(...shares.map((r) => r.observedSeq));
+    const warming = shares.some((r) => r.warming);
     const answers = new Array(buffers.length);
-    replies.forEach((reply, part) => {
+    shares.forEach((share, part) => {
       const base = part * MAX_BATCH_KEYS;
       const count = Math.min(MAX_BATCH_KEYS, buffers.length - base);
       for (let i = 0; i < count; i++) {
-        answers[base + i] = { mayExist: bitAt(reply.bitmap, i), observedSeq, warming, address: reply.address };
+        answers[base + i] = {
+          mayExist: bitAt(share.bitmap, share.offset + i),
+          observedSeq,
+          warming,
+          address: share.address,
+        };
       }
     });
     return answers;
@@ -226,14 +253,10 @@ class GateClient {
   close() {
     if (this.closed) return;
     this.closed = true;
-    const batch = this.pending;
-    this.pending = null;
-    if (batch) {
-      batch.sent = true;
-      clearTimeout(batch.timer);
-      clearImmediate(batch.immediate);
-      for (const waiter of batch.waiters) this._settle(waiter, gateError(grpc.status.CANCELLED, 'the client is closed'));
-    }
+    this._cancelWindow();
+    for (const waiter of this.queue) this._settle(waiter, gateError(grpc.status.CANCELLED, 'the client is closed'));
+    this.queue = [];
+    this.queuedKeys = 0;
     for (const endpoint of this.endpoints) endpoint.stub.close();
   }
 
@@ -296,34 +319,32 @@ class GateClient {
   }
 
   // --- coalescing -------------------------------------------------------------------------------------------
+  //
+  // Callers wait in `queue` (a single-key lookup, or a part of mayExistMany with its keys). The gatherer
+  // (_gather) sends the oldest callers as one packed BatchMayExist when (a) no coalesced batch is in flight,
+  // (b) the oldest has waited the window, or (c) they hold coalesceMaxKeys keys. It runs in a microtask after a
+  // caller arrives (so the callers of one synchronous run share the batch, at no cost in time), when the window
+  // ends, and when the last batch in flight is answered. So a lone caller pays one round trip, and under load
+  // each batch carries what arrived while the previous ones were out.
 
-  _enqueue(buffer, deadlineAt, signal) {
+  /** Queues `keys` as one caller; resolves its share of a batch's answer: {bitmap, offset, observedSeq, ...}. */
+  _enqueue(keys, single, deadlineAt, signal) {
     if (signal && signal.aborted) return Promise.reject(cancelledError(signal));
     return new Promise((resolve, reject) => {
-      let batch = this.pending;
-      if (!batch) {
-        batch = {
-          keys: [],
-          index: new Map(), // key bytes (latin1) -> position in keys: duplicates share one slot
-          waiters: [],
-          started: process.hrtime.bigint(),
-          sent: false,
-          timer: null,
-          immediate: null,
-          abort: null, // cancels the RPC once every waiter has gone
-          open: 0, // waiters not settled yet
-        };
-        this.pending = batch;
-        this._schedule(batch);
-      }
-      const id = buffer.toString('latin1');
-      let slot = batch.index.get(id);
-      if (slot === undefined) {
-        slot = batch.keys.length;
-        batch.keys.push(buffer);
-        batch.index.set(id, slot);
-      }
-      const waiter = { batch, slot, deadlineAt, resolve, reject, settled: false, timer: null, signal, onAbort: null };
+      const waiter = {
+        keys,
+        single,
+        arrived: process.hrtime.bigint(),
+        deadlineAt,
+        resolve,
+        reject,
+        settled: false,
+        batch: null, // once sent: {abort, open}
+        offset: 0, // once sent: where its keys' bits start in the batch's bitmap
+        timer: null,
+        signal,
+        onAbort: null,
+      };
       waiter.timer = setTimeout(
         () => this._settle(waiter, gateError(grpc.status.DEADLINE_EXCEEDED, 'Deadline exceeded')),
         Math.max(0, deadlineAt - Date.now()),
@@ -332,72 +353,138 @@ class GateClient {
         waiter.onAbort = () => this._settle(waiter, cancelledError(signal));
         signal.addEventListener('abort', waiter.onAbort, { once: true });
       }
-      batch.waiters.push(waiter);
-      batch.open++;
-      if (batch.keys.length >= this.coalesceMaxKeys) this._flush(batch);
+      this.queue.push(waiter);
+      this.queuedKeys += keys.length;
+      if (!this.gatherQueued) {
+        this.gatherQueued = true;
+        queueMicrotask(() => {
+          this.gatherQueued = false;
+          this._gather();
+        });
+      }
     });
   }
 
-  /**
-   * Sends the batch when its window ends. Node's timers have a 1 ms granularity (setTimeout(f, 0.2) fires
-   * after about 1 ms), so a window under 1 ms is timed with process.hrtime: the batch is re-checked on each
-   * turn of the event loop (setImmediate, after that turn's I/O callbacks) until the window has passed.
-   * Windows of 1 ms or more use setTimeout.
-   */
-  _schedule(batch) {
-    if (this.coalesceWindowMs >= 1) {
-      batch.timer = setTimeout(() => this._flush(batch), this.coalesceWindowMs);
+  /** Sends what the rules above say must leave now; otherwise makes sure the window's end is checked. */
+  _gather() {
+    if (this.closed) return;
+    for (;;) {
+      // Callers that gave up while queued are dropped (their keys were uncounted when they settled).
+      let gone = 0;
+      while (gone < this.queue.length && this.queue[gone].settled) gone++;
+      if (gone > 0) this.queue.splice(0, gone);
+      if (this.queue.length === 0) {
+        this._cancelWindow();
+        return;
+      }
+      const due = this.queue[0].arrived + this.windowNs;
+      if (this.inFlight === 0 || this.queuedKeys >= this.coalesceMaxKeys || process.hrtime.bigint() >= due) {
+        this._send(this._take());
+        continue;
+      }
+      this._scheduleWindow(due);
       return;
     }
-    const windowNs = BigInt(Math.round(this.coalesceWindowMs * 1e6));
-    const check = () => {
-      batch.immediate = null;
-      if (batch.sent) return;
-      if (process.hrtime.bigint() - batch.started >= windowNs) this._flush(batch);
-      else batch.immediate = setImmediate(check);
-    };
-    batch.immediate = setImmediate(check);
   }
 
-  _flush(batch) {
-    if (batch.sent) return;
-    batch.sent = true;
-    if (this.pending === batch) this.pending = null;
-    clearTimeout(batch.timer);
-    if (batch.immediate) clearImmediate(batch.immediate);
-    // Keys of callers that already gave up are not sent.
-    const waiters = batch.waiters.filter((w) => !w.settled);
-    if (waiters.length === 0) return;
-    const keys = [];
-    const remap = new Map();
-    let deadlineAt = 0;
-    for (const waiter of waiters) {
-      let slot = remap.get(waiter.slot);
-      if (slot === undefined) {
-        slot = keys.length;
-        keys.push(batch.keys[waiter.slot]);
-        remap.set(waiter.slot, slot);
+  /** The oldest callers, up to coalesceMaxKeys keys (at least one caller, never past 10,000 keys). */
+  _take() {
+    const batch = [];
+    let keys = 0;
+    let count = 0;
+    for (const waiter of this.queue) {
+      if (waiter.settled) {
+        count++;
+        continue;
       }
-      waiter.slot = slot;
+      if (batch.length > 0 && (keys >= this.coalesceMaxKeys || keys + waiter.keys.length > MAX_BATCH_KEYS)) break;
+      batch.push(waiter);
+      keys += waiter.keys.length;
+      count++;
+    }
+    this.queue.splice(0, count);
+    this.queuedKeys -= keys;
+    return batch;
+  }
+
+  /**
+   * Checks the window's end. Node's timers have a 1 ms granularity (setTimeout(f, 0.2) fires after about 1 ms),
+   * so a window under 1 ms is timed with process.hrtime: _gather runs again on each turn of the event loop
+   * (setImmediate, after that turn's I/O callbacks) until the window has passed or the batch in flight is
+   * answered. This only happens while a batch is in flight and callers wait. Windows of 1 ms or more use
+   * setTimeout.
+   */
+  _scheduleWindow(due) {
+    if (this.coalesceWindowMs >= 1) {
+      if (this.windowTimer && this.windowDue === due) return;
+      clearTimeout(this.windowTimer);
+      this.windowDue = due;
+      const ms = Number(due - process.hrtime.bigint()) / 1e6;
+      // setTimeout takes at most 2^31 - 1 ms (longer fires at once); a longer window is re-armed.
+      this.windowTimer = setTimeout(
+        () => {
+          this.windowTimer = null;
+          this._gather();
+        },
+        Math.min(Math.max(0, Math.ceil(ms)), 2 ** 31 - 1),
+      );
+      return;
+    }
+    if (this.windowImmediate) return;
+    this.windowImmediate = setImmediate(() => {
+      this.windowImmediate = null;
+      this._gather();
+    });
+  }
+
+  _cancelWindow() {
+    if (this.windowTimer) clearTimeout(this.windowTimer);
+    if (this.windowImmediate) clearImmediate(this.windowImmediate);
+    this.windowTimer = null;
+    this.windowImmediate = null;
+  }
+
+  /** Sends one batch and answers each of its callers: its keys' bits, or the batch's status. */
+  _send(waiters) {
+    const keys = [];
+    const slots = new Map(); // single keys (latin1) -> position: duplicate lookups share one slot
+    let deadlineAt = 0;
+    const batch = { abort: new AbortController(), open: waiters.length };
+    for (const waiter of waiters) {
+      waiter.batch = batch;
+      if (waiter.single) {
+        const id = waiter.keys[0].toString('latin1');
+        let slot = slots.get(id);
+        if (slot === undefined) {
+          slot = keys.length;
+          keys.push(waiter.keys[0]);
+          slots.set(id, slot);
+        }
+        waiter.offset = slot;
+      } else {
+        waiter.offset = keys.length;
+        for (const key of waiter.keys) keys.push(key);
+      }
       deadlineAt = Math.max(deadlineAt, waiter.deadlineAt);
     }
     this.counters.batched_keys += keys.length;
-    batch.abort = new AbortController();
+    this.inFlight++;
     this._batch(keys, deadlineAt, batch.abort.signal).then(
       (reply) => {
-        for (const waiter of waiters) {
-          this._settle(waiter, null, {
-            mayExist: bitAt(reply.bitmap, waiter.slot),
-            observedSeq: reply.observedSeq,
-            warming: reply.warming,
-            address: reply.address,
-          });
-        }
+        this._answered();
+        for (const waiter of waiters) this._settle(waiter, null, { ...reply, offset: waiter.offset });
       },
       (error) => {
+        this._answered();
         for (const waiter of waiters) this._settle(waiter, error);
       },
     );
+  }
+
+  /** A batch came back: when none is left in flight, the callers waiting go at once. */
+  _answered() {
+    this.inFlight--;
+    if (this.inFlight === 0 && this.queue.length > 0) this._gather();
   }
 
   _settle(waiter, error, answer) {
@@ -408,8 +495,12 @@ class GateClient {
     if (error) waiter.reject(error);
     else waiter.resolve(answer);
     const batch = waiter.batch;
+    if (!batch) {
+      this.queuedKeys -= waiter.keys.length; // gave up while queued: its keys will not be sent
+      return;
+    }
     batch.open--;
-    if (batch.open === 0 && batch.sent && batch.abort && error) batch.abort.abort(); // nobody waits any more
+    if (batch.open === 0 && error) batch.abort.abort(); // nobody waits any more
   }
 
   // --- addresses and retries --------------------------------------------------------------------------------

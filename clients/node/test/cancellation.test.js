@@ -6,9 +6,10 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient } = require('..');
-const { startServer, DEADLINE_MS } = require('./server');
+const { startServer, stalledAddress, DEADLINE_MS } = require('./server');
 
 let server;
+let stalled;
 const clients = [];
 
 function client(options = {}) {
@@ -19,35 +20,57 @@ function client(options = {}) {
 
 before(async () => {
   server = await startServer();
+  stalled = await stalledAddress();
   await client().add(['cancel:a', 'cancel:b']);
 });
 
 after(async () => {
   for (const c of clients) c.close();
+  if (stalled) await stalled.close();
   if (server) await server.stop();
 });
 
+/**
+ * A client whose first address never answers: its first lookup (the blocker) stays in flight there until
+ * `blockerMs`, so the callers queued meanwhile gather (a batch leaves at once only when none is in flight).
+ * Round robin sends the next batch to the live server.
+ */
+async function withBatchInFlight(options, blockerMs) {
+  const c = new GateClient([stalled.address, server.address], { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
+  clients.push(c);
+  const blocker = c.mayExist('cancel:blocker', { deadlineMs: blockerMs }).then(
+    () => assert.fail('the stalled address answered'),
+    (error) => error,
+  );
+  await new Promise((resolve) => setImmediate(resolve)); // the blocker has left
+  assert.equal(c.stats().gate_calls, 1);
+  return { c, blocker };
+}
+
 test("a caller whose deadline passes gets DEADLINE_EXCEEDED at once; the others' batch goes on", async () => {
-  const c = client({ coalesceWindowMs: 2000 });
+  const { c, blocker } = await withBatchInFlight({ coalesceWindowMs: 60_000 }, 1000);
   const started = Date.now();
-  const hurried = c.mayExist('cancel:a', { deadlineMs: 20 }).then(
+  const hurried = c.mayExist('cancel:hurried', { deadlineMs: 20 }).then(
     () => assert.fail('the hurried caller got an answer'),
     (error) => ({ error, elapsed: Date.now() - started }),
   );
   const others = [c.mayExist('cancel:a'), c.mayExist('cancel:b'), c.mayExist('cancel:never')];
   const { error, elapsed } = await hurried;
   assert.equal(error.code, grpc.status.DEADLINE_EXCEEDED);
-  assert.ok(elapsed < 1500, `the deadline error came after ${elapsed} ms, before the 2 s window ended`);
+  assert.ok(elapsed < 900, `the deadline error came after ${elapsed} ms, while the batch still gathered`);
+  // The others leave as soon as the blocker's batch is answered (its DEADLINE_EXCEEDED), not after the window.
   const answers = await Promise.all(others);
+  assert.equal((await blocker).code, grpc.status.DEADLINE_EXCEEDED);
   assert.deepEqual(
     answers.map((a) => a.mayExist),
     [true, true, false],
   );
-  assert.equal(c.stats().gate_calls, 1);
+  // The blocker's key, then the others' three: the hurried caller's key was not sent.
+  assert.deepEqual(c.stats(), { lookups: 5, gate_calls: 2, batched_keys: 4, retries: 0, absences_recorded: 0 });
 });
 
 test('a caller cancelled by its AbortSignal gets CANCELLED at once; the others are answered', async () => {
-  const c = client({ coalesceWindowMs: 1000 });
+  const { c, blocker } = await withBatchInFlight({ coalesceWindowMs: 60_000 }, 1000);
   const controller = new AbortController();
   const cancelled = c.mayExist('cancel:b', { signal: controller.signal });
   const other = c.mayExist('cancel:a');
@@ -58,8 +81,30 @@ test('a caller cancelled by its AbortSignal gets CANCELLED at once; the others a
     return true;
   });
   assert.equal((await other).mayExist, true);
-  // Only the key still wanted was sent.
-  assert.equal(c.stats().batched_keys, 1);
+  assert.equal((await blocker).code, grpc.status.DEADLINE_EXCEEDED);
+  // Only the key still wanted was sent (after the blocker's).
+  assert.equal(c.stats().batched_keys, 2);
+});
+
+test('callers of a batch in flight that all give up cancel its RPC; the next lookup leaves at once', async () => {
+  const c = new GateClient([stalled.address, server.address], {
+    namespace: 'users',
+    deadlineMs: DEADLINE_MS,
+    coalesceWindowMs: 60_000,
+  });
+  clients.push(c);
+  const controller = new AbortController();
+  // One batch (the same synchronous run), sent to the stalled address; its RPC deadline is the later one, 10 s.
+  const cancelled = c.mayExist('cancel:a', { signal: controller.signal });
+  const hurried = c.mayExist('cancel:b', { deadlineMs: 200 });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(c.stats().gate_calls, 1);
+  controller.abort();
+  await assert.rejects(cancelled, (error) => error.code === grpc.status.CANCELLED);
+  await assert.rejects(hurried, (error) => error.code === grpc.status.DEADLINE_EXCEEDED);
+  // Were the batch still in flight, this lookup would gather for the 60 s window and miss its 5 s deadline.
+  assert.equal((await c.mayExist('cancel:a', { deadlineMs: 5_000 })).mayExist, true);
+  assert.equal(c.stats().gate_calls, 2);
 });
 
 test('an already aborted signal fails at once, coalesced or not', async () => {
@@ -73,13 +118,16 @@ test('an already aborted signal fails at once, coalesced or not', async () => {
 });
 
 test('a batch whose callers all gave up is not sent', async () => {
-  const c = client({ coalesceWindowMs: 50 });
+  const { c, blocker } = await withBatchInFlight({ coalesceWindowMs: 60_000 }, 300);
   const controller = new AbortController();
   const lookups = ['cancel:a', 'cancel:b'].map((key) => c.mayExist(key, { signal: controller.signal }));
   controller.abort();
   for (const lookup of lookups) await assert.rejects(lookup, (error) => error.code === grpc.status.CANCELLED);
-  await new Promise((resolve) => setTimeout(resolve, 80)); // past the window
-  assert.equal(c.stats().gate_calls, 0);
+  // When the blocker is answered nothing is left to send.
+  assert.equal((await blocker).code, grpc.status.DEADLINE_EXCEEDED);
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(c.stats().gate_calls, 1);
+  assert.equal(c.stats().batched_keys, 1);
 });
 
 test('unary lookups (window 0) honour the deadline and the signal', async () => {

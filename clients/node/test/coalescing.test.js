@@ -5,9 +5,10 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, loadExistencePackage, MAX_KEY_BYTES } = require('..');
-const { startServer, DEADLINE_MS } = require('./server');
+const { startServer, stalledAddress, DEADLINE_MS } = require('./server');
 
 let server;
+let stalled;
 const clients = [];
 
 function client(options = {}) {
@@ -31,6 +32,7 @@ const neverAdded = Array.from({ length: 32 }, (_, i) => `coalesce:never:${i}`);
 
 before(async () => {
   server = await startServer();
+  stalled = await stalledAddress();
   const { ExistenceGate } = loadExistencePackage();
   stub = new ExistenceGate(server.address, grpc.credentials.createInsecure());
   await client().add(added);
@@ -39,6 +41,7 @@ before(async () => {
 after(async () => {
   for (const c of clients) c.close();
   if (stub) stub.close();
+  if (stalled) await stalled.close();
   if (server) await server.stop();
 });
 
@@ -93,16 +96,108 @@ test('a batch is sent as soon as it holds coalesceMaxKeys keys, without waiting 
   assert.equal(c.stats().batched_keys, 16);
 });
 
-test('a window of 1 ms or more (setTimeout) gathers lookups made across turns of the event loop', async () => {
-  const c = client({ coalesceWindowMs: 300 });
+test('a lone caller does not wait for the window: it leaves at once when no batch is in flight', async () => {
+  // A window far beyond the deadline: only "nothing in flight, so leave now" answers in time.
+  const c = client({ coalesceWindowMs: 3_600_000, deadlineMs: 10_000 });
+  for (let i = 0; i < 5; i++) assert.equal((await c.mayExist(neverAdded[i])).mayExist, false);
+  assert.deepEqual(c.stats(), { lookups: 5, gate_calls: 5, batched_keys: 5, retries: 0, absences_recorded: 0 });
+});
+
+/**
+ * A client whose first address never answers: its first lookup stays in flight there for `blockerMs`, so
+ * callers queued meanwhile leave by the window (or coalesceMaxKeys). Round robin sends them to the server.
+ */
+async function withBatchInFlight(options, blockerMs) {
+  const c = new GateClient([stalled.address, server.address], { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
+  clients.push(c);
+  let blockerDone = false;
+  const blocker = c.mayExist('coalesce:blocker', { deadlineMs: blockerMs }).then(
+    () => assert.fail('the stalled address answered'),
+    (error) => {
+      blockerDone = true;
+      return error;
+    },
+  );
+  await new Promise((resolve) => setImmediate(resolve)); // the blocker has left
+  assert.equal(c.stats().gate_calls, 1);
+  return { c, blocker, blockerDone: () => blockerDone };
+}
+
+test('while a batch is in flight, a window of 1 ms or more (setTimeout) gathers lookups across turns', async () => {
+  const { c, blocker, blockerDone } = await withBatchInFlight({ coalesceWindowMs: 300 }, 10_000);
   const lookups = [];
   for (let i = 0; i < 8; i++) {
     lookups.push(c.mayExist(added[i]));
     await new Promise((resolve) => setImmediate(resolve));
   }
   const answers = await Promise.all(lookups);
+  assert.equal(blockerDone(), false, 'the window, not the answer in flight, sent them');
   assert.ok(answers.every((a) => a.mayExist));
-  assert.equal(c.stats().gate_calls, 1);
+  assert.deepEqual(c.stats(), { lookups: 9, gate_calls: 2, batched_keys: 9, retries: 0, absences_recorded: 0 });
+  c.close(); // ends the blocker
+  await blocker;
+});
+
+test('while a batch is in flight, the sub-millisecond window (setImmediate loop) sends the next one', async () => {
+  // The lookups' 10 s deadline is shorter than the blocker's: only the window sends them in time.
+  const { c, blocker, blockerDone } = await withBatchInFlight({}, 30_000); // the default 200 µs
+  // One synchronous run (one batch: round robin sends it to the server; a second batch would go to the
+  // stalled address).
+  const answers = await Promise.all(neverAdded.slice(0, 8).map((key) => c.mayExist(key)));
+  assert.equal(blockerDone(), false, 'the window, not the answer in flight, sent them');
+  assert.deepEqual(
+    answers.map((a) => a.mayExist),
+    await Promise.all(neverAdded.slice(0, 8).map((key) => unaryAnswer(stub, key))),
+  );
+  assert.deepEqual(c.stats(), { lookups: 9, gate_calls: 2, batched_keys: 9, retries: 0, absences_recorded: 0 });
+  c.close();
+  await blocker;
+});
+
+test('concurrent mayExistMany calls share batches and each gets the uncoalesced answers', async () => {
+  const keys = Array.from({ length: 1000 }, (_, i) => `many:shared:${i}`);
+  const writer = client({ coalesceWindowMs: 0 });
+  await writer.add(keys.filter((_, i) => i % 3 === 0));
+  const expected = (await writer.mayExistMany(keys)).map((a) => a.mayExist);
+  assert.ok(expected.filter((e) => e).length >= 334);
+  assert.equal(writer.stats().gate_calls, 1); // the direct batch (an Add is not a lookup RPC)
+  const c = client();
+  const parts = Array.from({ length: 10 }, (_, p) => keys.slice(p * 100, p * 100 + 100));
+  const answers = await Promise.all(parts.map((part) => c.mayExistMany(part)));
+  answers.forEach((part, p) => {
+    assert.deepEqual(
+      part.map((a) => a.mayExist),
+      expected.slice(p * 100, p * 100 + 100),
+      `part ${p}`,
+    );
+  });
+  const stats = c.stats();
+  assert.equal(stats.batched_keys, 1000);
+  assert.equal(stats.lookups, 0);
+  assert.ok(stats.gate_calls < 10, JSON.stringify(stats));
+});
+
+test('mayExistMany parts and single lookups share a batch; each caller gets its own bits', async () => {
+  const c = client({ coalesceWindowMs: 60_000 });
+  const part = [added[3], neverAdded[3], added[4], neverAdded[4]];
+  const [single1, many, single2] = await Promise.all([
+    c.mayExist(neverAdded[5]),
+    c.mayExistMany(part),
+    c.mayExist(added[5]),
+  ]);
+  assert.equal(single1.mayExist, await unaryAnswer(stub, neverAdded[5]));
+  assert.deepEqual(
+    many.map((a) => a.mayExist),
+    await Promise.all(part.map((key) => unaryAnswer(stub, key))),
+  );
+  assert.equal(single2.mayExist, true);
+  assert.deepEqual(c.stats(), { lookups: 2, gate_calls: 1, batched_keys: 6, retries: 0, absences_recorded: 0 });
+});
+
+test('mayExistMany with a key that cannot be coalesced sends its part alone and keeps the status', async () => {
+  const c = client();
+  await assert.rejects(c.mayExistMany([added[0], '']), (error) => error.code === grpc.status.INVALID_ARGUMENT);
+  assert.equal(c.stats().batched_keys, 0);
 });
 
 test('duplicate keys in one batch are sent once and answered to every caller', async () => {
@@ -200,6 +295,7 @@ test('an unknown namespace fails every caller of the batch with the same NOT_FOU
   const c = new GateClient(server.address, { namespace: 'no_such_namespace', deadlineMs: DEADLINE_MS });
   clients.push(c);
   const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => c.mayExist(`k${i}`)));
+  // Lookups of one synchronous run share a batch (the gatherer runs in a microtask after the first).
   assert.equal(c.stats().gate_calls, 1);
   const details = results[0].reason.details;
   assert.match(details, /no_such_namespace/);

@@ -65,6 +65,31 @@ function deadAddress() {
 }
 
 /**
+ * A loopback address that accepts connections and never answers: a call sent there stays in flight until its
+ * deadline (or cancellation). Resolves {address, close()}.
+ */
+function stalledAddress() {
+  return new Promise((resolve, reject) => {
+    const sockets = new Set();
+    const server = net.createServer((socket) => {
+      sockets.add(socket);
+      socket.on('error', () => {});
+      socket.on('close', () => sockets.delete(socket));
+    });
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      const close = () =>
+        new Promise((done) => {
+          for (const socket of sockets) socket.destroy();
+          server.close(() => done());
+        });
+      resolve({ address: `127.0.0.1:${port}`, close });
+    });
+  });
+}
+
+/**
  * Starts a server with the given namespaces (each with the config above) and waits for /readyz.
  * Options: listen (a fixed "127.0.0.1:PORT", e.g. to restart on the same address), extraConfig (TOML put
  * before the namespaces, e.g. [[tokens]]). Resolves
@@ -123,4 +148,4 @@ async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', ext
   return { address, httpAddress, stop, metric, log: () => log };
 }
 
-module.exports = { startServer, deadAddress, eventually, WAIT_MS, DEADLINE_MS };
+module.exports = { startServer, deadAddress, stalledAddress, eventually, WAIT_MS, DEADLINE_MS };
