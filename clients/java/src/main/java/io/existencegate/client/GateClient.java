@@ -109,8 +109,9 @@ public final class GateClient implements AutoCloseable {
     }
 
     /**
-     * How long a single-key lookup waits for others to share its batch (default 200 µs); zero turns
-     * coalescing off (each lookup is a unary {@code MayExist}).
+     * The longest a lookup waits for others to share its batch (default 200 µs), and only while another
+     * coalesced batch is in flight: with none in flight it leaves at once. Zero turns coalescing off (each
+     * lookup is a unary {@code MayExist}).
      */
     public Builder coalesceWindow(Duration window) {
       if (window.isNegative()) {
@@ -316,7 +317,7 @@ public final class GateClient implements AutoCloseable {
   }
 
   /**
-   * The lookup of one key. With coalescing on it joins the batch being gathered (or starts one); the future
+   * The lookup of one key. With coalescing on it waits for the next coalesced batch to leave; the future
    * completes with the key's answer, or fails with the batch's status, or with DEADLINE_EXCEEDED when the
    * caller's deadline passes first (or CANCELLED when the caller's gRPC {@link Context} is cancelled); the
    * batch goes on for the others. Cancelling the future drops this caller only.
