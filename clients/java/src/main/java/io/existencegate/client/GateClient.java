@@ -28,6 +28,7 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.List;
@@ -39,6 +40,7 @@ import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLongArray;
 import java.util.concurrent.atomic.LongAdder;
@@ -107,8 +109,9 @@ public final class GateClient implements AutoCloseable {
     }
 
     /**
-     * How long a single-key lookup waits for others to share its batch (default 200 µs); zero turns
-     * coalescing off (each lookup is a unary {@code MayExist}).
+     * The longest a lookup waits for others to share its batch (default 200 µs), and only while another
+     * coalesced batch is in flight: with none in flight it leaves at once. Zero turns coalescing off (each
+     * lookup is a unary {@code MayExist}).
      */
     public Builder coalesceWindow(Duration window) {
       if (window.isNegative()) {
@@ -171,14 +174,34 @@ public final class GateClient implements AutoCloseable {
   /** An RPC's response and the address that gave it. */
   record Answered<R>(R response, String address) {}
 
-  /** A single-key lookup waiting in a batch. */
-  private record Pending(ByteString key, CompletableFuture<Lookup> future, Deadline deadline) {}
+  /**
+   * A caller waiting for a coalesced batch: one key ({@link #mayExist}) or a part of {@link #mayExistMany}. A
+   * batch takes whole waiters and never splits one.
+   */
+  private static final class Waiter {
+    final List<ByteString> keys;
+    /** Completed with this waiter's part of the batch's answer, or the batch's status. */
+    final CompletableFuture<Share> share = new CompletableFuture<>();
+    /** Done once the caller has its answer or gave up (deadline, cancellation): then it is left out. */
+    final CompletableFuture<?> caller;
+    final Deadline deadline;
+    final long arrived = System.nanoTime();
 
-  /** The batch being gathered. */
-  private static final class Batch {
-    final List<Pending> items = new ArrayList<>();
-    ScheduledFuture<?> timer;
+    Waiter(List<ByteString> keys, CompletableFuture<?> caller, Deadline deadline) {
+      this.keys = keys;
+      this.caller = caller == null ? share : caller;
+      this.deadline = deadline;
+    }
   }
+
+  /** What {@link #holdBatch} returns; closing it answers the pretend batch. */
+  interface Hold extends AutoCloseable {
+    @Override
+    void close();
+  }
+
+  /** A waiter's part of a batch's answer: its keys are bits {@code offset..} of the response's bitmap. */
+  record Share(BatchMayExistResponse response, int offset, String address) {}
 
   private final List<String> addresses;
   private final String namespace;
@@ -198,7 +221,14 @@ public final class GateClient implements AutoCloseable {
   private final ScheduledThreadPoolExecutor timers;
 
   private final Object batchLock = new Object();
-  private Batch current; // guarded by batchLock
+  /** Callers waiting for a batch, oldest first. Guarded by batchLock, like the next three. */
+  private final ArrayDeque<Waiter> waiting = new ArrayDeque<>();
+  /** Keys of all waiters. */
+  private int waitingKeys;
+  /** Coalesced batches sent and not yet answered. */
+  private int inFlight;
+  /** Fires when the oldest waiter's window ends (null when none is scheduled). */
+  private ScheduledFuture<?> windowTimer;
   private volatile boolean closed;
 
   private final LongAdder lookups = new LongAdder();
@@ -287,7 +317,7 @@ public final class GateClient implements AutoCloseable {
   }
 
   /**
-   * The lookup of one key. With coalescing on it joins the batch being gathered (or starts one); the future
+   * The lookup of one key. With coalescing on it waits for the next coalesced batch to leave; the future
    * completes with the key's answer, or fails with the batch's status, or with DEADLINE_EXCEEDED when the
    * caller's deadline passes first (or CANCELLED when the caller's gRPC {@link Context} is cancelled); the
    * batch goes on for the others. Cancelling the future drops this caller only.
@@ -303,10 +333,25 @@ public final class GateClient implements AutoCloseable {
     armDeadline(future, callDeadline);
     // An empty or overlong key would fail a whole batch with INVALID_ARGUMENT: it goes alone, so that the
     // gate's own status reaches its caller and only it.
-    if (windowNanos == 0 || key.isEmpty() || key.size() > MAX_KEY_BYTES) {
+    if (windowNanos == 0 || !coalescable(key)) {
       unaryLookup(key, future, callDeadline);
     } else {
-      enqueue(new Pending(key, future, callDeadline));
+      Waiter waiter = new Waiter(List.of(key), future, callDeadline);
+      waiter.share.whenComplete(
+          (share, error) -> {
+            if (error != null) {
+              future.completeExceptionally(error);
+              return;
+            }
+            BatchMayExistResponse r = share.response();
+            future.complete(
+                new Lookup(
+                    bit(r.getMayExistBitmap(), share.offset()),
+                    r.getObservedSeq(),
+                    r.getWarming(),
+                    share.address()));
+          });
+      submit(waiter);
     }
     return future;
   }
@@ -318,8 +363,13 @@ public final class GateClient implements AutoCloseable {
     return context == null ? own : own.minimum(context);
   }
 
+  /** Whether {@code key} may share a batch: the gate would refuse a whole batch over an empty or overlong key. */
+  private static boolean coalescable(ByteString key) {
+    return !key.isEmpty() && key.size() <= MAX_KEY_BYTES;
+  }
+
   /** Fails {@code future} when its deadline passes or its caller's Context is cancelled. */
-  private void armDeadline(CompletableFuture<Lookup> future, Deadline callDeadline) {
+  private <T> void armDeadline(CompletableFuture<T> future, Deadline callDeadline) {
     long nanos = callDeadline.timeRemaining(TimeUnit.NANOSECONDS);
     ScheduledFuture<?> timer;
     try {
@@ -373,62 +423,144 @@ public final class GateClient implements AutoCloseable {
             });
   }
 
-  private void enqueue(Pending pending) {
-    Batch full = null;
-    synchronized (batchLock) {
-      if (current == null) {
-        Batch batch = new Batch();
-        try {
-          batch.timer = timers.schedule(() -> flush(batch), windowNanos, TimeUnit.NANOSECONDS);
-        } catch (RejectedExecutionException e) { // closed meanwhile
-          pending.future().completeExceptionally(
-              Status.CANCELLED.withDescription("client closed").asRuntimeException());
-          return;
-        }
-        current = batch;
-      }
-      current.items.add(pending);
-      if (current.items.size() >= maxKeys) {
-        full = current;
-        current = null;
-      }
-    }
-    if (full != null) {
-      full.timer.cancel(false);
-      send(full);
-    }
-  }
+  /*
+   * Coalescing. A pending batch leaves when
+   *  (a) no coalesced batch is in flight (a lone caller pays one round trip, never a window),
+   *  (b) its oldest caller has waited the window, or
+   *  (c) it holds coalesceMaxKeys keys,
+   * so under load each batch carries what arrived while the previous ones were out. There is no gathering
+   * thread: the rules are checked when a caller arrives, when a batch is answered (which may wake the
+   * waiters at once) and when the oldest caller's window timer fires. Batches are sent outside the lock.
+   */
 
-  private void flush(Batch batch) {
+  /** Queues {@code waiter} and sends whatever batches the rules let leave. */
+  private void submit(Waiter waiter) {
+    List<List<Waiter>> leaving;
     synchronized (batchLock) {
-      if (current != batch) {
-        return; // sent already, full
-      }
-      current = null;
-    }
-    send(batch);
-  }
-
-  /** Sends one coalesced batch (packed keys) and answers each of its callers. */
-  private void send(Batch batch) {
-    List<Pending> items = new ArrayList<>(batch.items.size());
-    Deadline latest = null;
-    for (Pending p : batch.items) {
-      if (!p.future().isDone()) { // callers already cancelled or past their deadline are left out
-        items.add(p);
-        if (latest == null || latest.isBefore(p.deadline())) {
-          latest = p.deadline(); // the batch lives as long as its last caller may wait
-        }
+      if (closed) { // close() has sent what waited: nothing would send this one
+        leaving = null;
+      } else {
+        waiting.addLast(waiter);
+        waitingKeys += waiter.keys.size();
+        leaving = takeLeaving();
       }
     }
-    if (items.isEmpty()) {
+    if (leaving == null) {
+      waiter.share.completeExceptionally(Status.CANCELLED.withDescription("client closed").asRuntimeException());
       return;
     }
-    List<ByteString> keys = new ArrayList<>(items.size());
-    items.forEach(p -> keys.add(p.key()));
+    leaving.forEach(this::send);
+  }
+
+  /** A coalesced batch was answered (or failed): one fewer in flight, which may let the waiters leave. */
+  private void batchDone() {
+    List<List<Waiter>> leaving;
+    synchronized (batchLock) {
+      inFlight--;
+      leaving = takeLeaving();
+    }
+    leaving.forEach(this::send);
+  }
+
+  /** The oldest waiter's window ended (or an earlier timer fired: the rules are checked again). */
+  private void windowEnded() {
+    List<List<Waiter>> leaving;
+    synchronized (batchLock) {
+      windowTimer = null;
+      leaving = takeLeaving();
+    }
+    leaving.forEach(this::send);
+  }
+
+  /**
+   * Takes the batches that may leave now (each counted in flight) and keeps a timer for the oldest waiter's
+   * window. Holds batchLock.
+   */
+  private List<List<Waiter>> takeLeaving() {
+    List<List<Waiter>> leaving = new ArrayList<>(1);
+    while (!waiting.isEmpty()) {
+      long due = waiting.peekFirst().arrived + windowNanos;
+      boolean leave = inFlight == 0 || waitingKeys >= maxKeys || System.nanoTime() - due >= 0 || closed;
+      if (!leave) {
+        break;
+      }
+      List<Waiter> batch = takeBatch();
+      if (!batch.isEmpty()) {
+        inFlight++;
+        leaving.add(batch);
+      }
+    }
+    if (waiting.isEmpty()) {
+      if (windowTimer != null) {
+        windowTimer.cancel(false);
+        windowTimer = null;
+      }
+    } else if (windowTimer == null) {
+      long delay = waiting.peekFirst().arrived + windowNanos - System.nanoTime();
+      try {
+        windowTimer = timers.schedule(this::windowEnded, Math.max(0, delay), TimeUnit.NANOSECONDS);
+      } catch (RejectedExecutionException e) {
+        // Closed meanwhile: close() sends what waits.
+      }
+    }
+    return leaving;
+  }
+
+  /**
+   * The oldest waiters, whole, until the batch holds coalesceMaxKeys keys (at least one waiter, never more
+   * than 10,000 keys). Callers already done (deadline, cancellation) are dropped, not sent. Holds batchLock.
+   */
+  private List<Waiter> takeBatch() {
+    List<Waiter> batch = new ArrayList<>();
+    int keys = 0;
+    while (!waiting.isEmpty()) {
+      Waiter next = waiting.peekFirst();
+      int more = next.keys.size();
+      if (next.caller.isDone()) {
+        waiting.pollFirst();
+        waitingKeys -= more;
+        continue;
+      }
+      if (!batch.isEmpty() && (keys >= maxKeys || keys + more > MAX_BATCH_KEYS)) {
+        break;
+      }
+      waiting.pollFirst();
+      waitingKeys -= more;
+      keys += more;
+      batch.add(next);
+    }
+    return batch;
+  }
+
+  /**
+   * Counts a coalesced batch in flight as a real one would, until the returned handle is closed. For tests:
+   * it makes later callers gather by the window and by {@code coalesceMaxKeys}, as they do under load.
+   */
+  Hold holdBatch() {
+    synchronized (batchLock) {
+      inFlight++;
+    }
+    AtomicBoolean released = new AtomicBoolean();
+    return () -> {
+      if (released.compareAndSet(false, true)) {
+        batchDone();
+      }
+    };
+  }
+
+  /** Sends one coalesced batch (packed keys) and gives each waiter its keys' bits, or the batch's status. */
+  private void send(List<Waiter> batch) {
+    List<ByteString> keys = new ArrayList<>();
+    Deadline latest = null;
+    for (Waiter w : batch) {
+      keys.addAll(w.keys);
+      if (latest == null || latest.isBefore(w.deadline)) {
+        latest = w.deadline; // the batch lives as long as its last caller may wait
+      }
+    }
     BatchMayExistRequest request =
         BatchMayExistRequest.newBuilder().setNamespace(namespace).setPackedKeys(pack(keys)).build();
-    int count = items.size();
+    int count = keys.size();
     this.<BatchMayExistResponse>invoke(
             (stub, observer) -> stub.batchMayExist(request, observer),
             latest,
@@ -439,22 +571,19 @@ public final class GateClient implements AutoCloseable {
             })
         .whenComplete(
             (answered, error) -> {
+              batchDone(); // before answering: the next batch leaves at once
               if (error != null) {
                 Status status = Status.fromThrowable(error);
                 Metadata trailers = Status.trailersFromThrowable(error);
-                for (Pending p : items) {
-                  p.future().completeExceptionally(status.asRuntimeException(trailers));
+                for (Waiter w : batch) {
+                  w.share.completeExceptionally(status.asRuntimeException(trailers));
                 }
                 return;
               }
-              BatchMayExistResponse r = answered.response();
-              ByteString bitmap = r.getMayExistBitmap();
-              for (int i = 0; i < count; i++) {
-                items
-                    .get(i)
-                    .future()
-                    .complete(
-                        new Lookup(bit(bitmap, i), r.getObservedSeq(), r.getWarming(), answered.address()));
+              int offset = 0;
+              for (Waiter w : batch) {
+                w.share.complete(new Share(answered.response(), offset, answered.address()));
+                offset += w.keys.size();
               }
             });
   }
@@ -483,14 +612,17 @@ public final class GateClient implements AutoCloseable {
   // ------------------------------------------------------------------------------------------------------
   // Direct calls.
 
-  /** Many keys (UTF-8) at once, in packed batches of at most 10,000 keys; not coalesced. */
+  /**
+   * Many keys (UTF-8) at once, in parts of at most 10,000 keys. With coalescing on, each part joins the
+   * coalesced batches whole (unless a key is empty or overlong: then the part is sent alone).
+   */
   public BatchLookup mayExistMany(List<String> keys) {
     List<ByteString> bytes = new ArrayList<>(keys.size());
     keys.forEach(k -> bytes.add(ByteString.copyFromUtf8(k)));
     return await(mayExistManyAsync(bytes));
   }
 
-  /** Many keys at once, in packed batches of at most 10,000 keys; not coalesced. */
+  /** {@link #mayExistMany} of raw keys. */
   public BatchLookup mayExistManyBytes(List<byte[]> keys) {
     List<ByteString> bytes = new ArrayList<>(keys.size());
     keys.forEach(k -> bytes.add(ByteString.copyFrom(k)));
@@ -502,15 +634,26 @@ public final class GateClient implements AutoCloseable {
       return CompletableFuture.completedFuture(new BatchLookup(List.of(), 0, false));
     }
     Deadline callDeadline = newDeadline();
-    List<CompletableFuture<Answered<BatchMayExistResponse>>> parts = new ArrayList<>();
+    List<CompletableFuture<Share>> parts = new ArrayList<>();
     List<Integer> sizes = new ArrayList<>();
     for (int from = 0; from < keys.size(); from += MAX_BATCH_KEYS) {
-      List<ByteString> part = keys.subList(from, Math.min(keys.size(), from + MAX_BATCH_KEYS));
-      BatchMayExistRequest request =
-          BatchMayExistRequest.newBuilder().setNamespace(namespace).setPackedKeys(pack(part)).build();
+      List<ByteString> part = List.copyOf(keys.subList(from, Math.min(keys.size(), from + MAX_BATCH_KEYS)));
       sizes.add(part.size());
-      parts.add(invoke((stub, observer) -> stub.batchMayExist(request, observer), callDeadline, -1,
-          gateCalls::increment));
+      if (windowNanos > 0 && part.stream().allMatch(GateClient::coalescable)) {
+        // The part joins the coalesced batches whole, like a single key does.
+        Waiter waiter = new Waiter(part, null, callDeadline);
+        armDeadline(waiter.share, callDeadline);
+        submit(waiter);
+        parts.add(waiter.share);
+      } else {
+        BatchMayExistRequest request =
+            BatchMayExistRequest.newBuilder().setNamespace(namespace).setPackedKeys(pack(part)).build();
+        parts.add(
+            this.<BatchMayExistResponse>invoke(
+                    (stub, observer) -> stub.batchMayExist(request, observer), callDeadline, -1,
+                    gateCalls::increment)
+                .thenApply(answered -> new Share(answered.response(), 0, answered.address())));
+      }
     }
     return CompletableFuture.allOf(parts.toArray(new CompletableFuture<?>[0]))
         .thenApply(
@@ -519,9 +662,10 @@ public final class GateClient implements AutoCloseable {
               long seq = Long.MAX_VALUE;
               boolean warming = false;
               for (int p = 0; p < parts.size(); p++) {
-                BatchMayExistResponse r = parts.get(p).join().response();
+                Share share = parts.get(p).join();
+                BatchMayExistResponse r = share.response();
                 for (int i = 0; i < sizes.get(p); i++) {
-                  answers.add(bit(r.getMayExistBitmap(), i));
+                  answers.add(bit(r.getMayExistBitmap(), share.offset() + i));
                 }
                 seq = Math.min(seq, r.getObservedSeq());
                 warming |= r.getWarming();
@@ -736,16 +880,12 @@ public final class GateClient implements AutoCloseable {
   /** Sends the batch being gathered, then closes the channels (in-flight calls get a moment to finish). */
   @Override
   public void close() {
-    Batch last;
+    List<List<Waiter>> last;
     synchronized (batchLock) {
       closed = true;
-      last = current;
-      current = null;
+      last = takeLeaving(); // closed: everything waiting leaves
     }
-    if (last != null) {
-      last.timer.cancel(false);
-      send(last);
-    }
+    last.forEach(this::send);
     for (ManagedChannel channel : channels) {
       channel.shutdown();
     }

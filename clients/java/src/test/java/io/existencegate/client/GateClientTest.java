@@ -104,6 +104,19 @@ public class GateClientTest {
       for (int i = 0; i < 100; i++) {
         assertEquals(i % 2 == 1, futures.get(i).get(10, TimeUnit.SECONDS).mayExist());
       }
+      // The first lookup leaves at once (nothing in flight); the others gather while it is out.
+      assertTrue("fewer calls than callers: " + gate.stats(), gate.stats().gateCalls() < 100);
+      assertEquals(100, gate.stats().batchedKeys());
+    }
+    try (GateClient gate = client("coalesce").coalesceWindow(Duration.ofMillis(50)).build()) {
+      gate.holdBatch(); // with a batch in flight (as under load), they all gather in one window
+      List<CompletableFuture<Lookup>> futures = new ArrayList<>();
+      for (int i = 0; i < 100; i++) {
+        futures.add(gate.mayExistAsync("async:" + (i % 2)));
+      }
+      for (int i = 0; i < 100; i++) {
+        assertEquals(i % 2 == 1, futures.get(i).get(10, TimeUnit.SECONDS).mayExist());
+      }
       assertEquals(1, gate.stats().gateCalls());
       assertEquals(100, gate.stats().batchedKeys());
     }
@@ -114,18 +127,142 @@ public class GateClientTest {
     try (GateClient gate =
         client("coalesce").coalesceWindow(Duration.ofSeconds(20)).coalesceMaxKeys(4)
             .deadline(Duration.ofSeconds(30)).build()) {
-      long started = System.nanoTime();
+      GateClient.Hold busy = gate.holdBatch(); // a batch in flight: only a full batch may leave
       List<CompletableFuture<Lookup>> futures = new ArrayList<>();
-      for (int i = 0; i < 8; i++) {
+      for (int i = 0; i < 7; i++) {
         futures.add(gate.mayExistAsync("full:" + i));
       }
-      for (CompletableFuture<Lookup> f : futures) {
-        assertFalse(f.get(10, TimeUnit.SECONDS).mayExist());
+      for (int i = 0; i < 4; i++) {
+        assertFalse(futures.get(i).get(10, TimeUnit.SECONDS).mayExist());
       }
-      assertTrue(System.nanoTime() - started < TimeUnit.SECONDS.toNanos(10));
+      assertEquals(1, gate.stats().gateCalls());
+      assertEquals(4, gate.stats().batchedKeys());
+      for (int i = 4; i < 7; i++) {
+        assertFalse("not full, window of 20 s, a batch in flight", futures.get(i).isDone());
+      }
+      // The last batch in flight is answered: the waiting callers leave at once, not after the window.
+      busy.close();
+      for (int i = 4; i < 7; i++) {
+        assertFalse(futures.get(i).get(10, TimeUnit.SECONDS).mayExist());
+      }
       assertEquals(2, gate.stats().gateCalls());
-      assertEquals(8, gate.stats().batchedKeys());
+      assertEquals(7, gate.stats().batchedKeys());
     }
+  }
+
+  @Test
+  public void aLoneCallerDoesNotWaitForTheWindow() {
+    // A window of an hour, a deadline of 10 s: a lookup that waited for the window would time out.
+    try (GateClient gate =
+        client("coalesce").coalesceWindow(Duration.ofHours(1)).deadline(Duration.ofSeconds(10)).build()) {
+      gate.add(List.of("lone:1"));
+      for (int i = 0; i < 5; i++) {
+        assertEquals(i % 2 == 1, gate.mayExist("lone:" + (i % 2)).mayExist());
+      }
+      assertEquals(5, gate.stats().gateCalls());
+      assertEquals(5, gate.stats().batchedKeys()); // coalesced calls, each alone
+      assertEquals(5, gate.stats().lookups());
+    }
+  }
+
+  @Test
+  public void concurrentMayExistManyCallsShareBatches() throws Exception {
+    try (GateClient uncoalesced = client("coalesce").coalesceWindow(Duration.ZERO).build();
+        GateClient gate = client("coalesce").build()) {
+      int callers = 10;
+      List<List<String>> keys = new ArrayList<>();
+      List<String> added = new ArrayList<>();
+      for (int c = 0; c < callers; c++) {
+        List<String> mine = GateServer.keys("many" + c + ":", 0, 100);
+        keys.add(mine);
+        for (int i = 0; i < mine.size(); i += 3) {
+          added.add(mine.get(i)); // a third of them added
+        }
+      }
+      uncoalesced.add(added);
+      List<BatchLookup> expected = new ArrayList<>();
+      for (List<String> mine : keys) {
+        expected.add(uncoalesced.mayExistMany(mine));
+      }
+      assertEquals(callers, uncoalesced.stats().gateCalls());
+      assertEquals(0, uncoalesced.stats().batchedKeys());
+
+      ExecutorService pool = Executors.newFixedThreadPool(callers);
+      CountDownLatch start = new CountDownLatch(1);
+      List<Future<BatchLookup>> results = new ArrayList<>();
+      for (List<String> mine : keys) {
+        results.add(pool.submit(() -> {
+          start.await();
+          return gate.mayExistMany(mine);
+        }));
+      }
+      start.countDown();
+      for (int c = 0; c < callers; c++) {
+        BatchLookup answers = results.get(c).get(60, TimeUnit.SECONDS);
+        assertEquals("caller " + c, expected.get(c).mayExist(), answers.mayExist());
+        for (int i = 0; i < 100; i += 3) {
+          assertTrue(answers.mayExist().get(i)); // no false negatives
+        }
+        assertFalse(answers.warming());
+        assertTrue(answers.observedSeq() >= expected.get(c).observedSeq());
+      }
+      pool.shutdown();
+      Stats stats = gate.stats();
+      assertEquals(1_000, stats.batchedKeys());
+      assertTrue("shared calls: " + stats, stats.gateCalls() < callers);
+      assertEquals(0, stats.lookups());
+    }
+  }
+
+  @Test
+  public void aBatchTakesWholePartsAndNeverMoreThanTenThousandKeys() throws Exception {
+    try (GateClient gate = client("coalesce").coalesceMaxKeys(150).coalesceWindow(Duration.ofSeconds(20))
+            .deadline(Duration.ofSeconds(30)).build()) {
+      gate.add(List.of("p1:5", "p2:7", "p3:9", "single"));
+      GateClient.Hold busy = gate.holdBatch(); // a batch in flight: only a full batch may leave
+      CompletableFuture<BatchLookup> f1 = gate.mayExistManyAsync(bytes(GateServer.keys("p1:", 0, 100)));
+      // 200 keys >= 150: one batch of both parts, whole (not split at 150).
+      CompletableFuture<BatchLookup> f2 = gate.mayExistManyAsync(bytes(GateServer.keys("p2:", 0, 100)));
+      BatchLookup a1 = f1.get(10, TimeUnit.SECONDS);
+      BatchLookup a2 = f2.get(10, TimeUnit.SECONDS);
+      assertEquals(1, gate.stats().gateCalls());
+      assertEquals(200, gate.stats().batchedKeys());
+      CompletableFuture<BatchLookup> f3 = gate.mayExistManyAsync(bytes(GateServer.keys("p3:", 0, 100)));
+      CompletableFuture<Lookup> single = gate.mayExistAsync("single");
+      assertFalse("101 keys, a window of 20 s, a batch in flight", f3.isDone());
+      busy.close(); // a part and a single key leave together
+      BatchLookup a3 = f3.get(10, TimeUnit.SECONDS);
+      assertTrue(single.get(10, TimeUnit.SECONDS).mayExist());
+      for (int i = 0; i < 100; i++) {
+        assertEquals(i == 5, a1.mayExist().get(i));
+        assertEquals(i == 7, a2.mayExist().get(i));
+        assertEquals(i == 9, a3.mayExist().get(i));
+      }
+      assertEquals(2, gate.stats().gateCalls());
+      assertEquals(301, gate.stats().batchedKeys());
+      assertEquals(1, gate.stats().lookups());
+    }
+    try (GateClient gate = client("coalesce").coalesceMaxKeys(GateClient.MAX_BATCH_KEYS)
+            .coalesceWindow(Duration.ofSeconds(20)).deadline(Duration.ofSeconds(30)).build()) {
+      GateClient.Hold busy = gate.holdBatch();
+      CompletableFuture<BatchLookup> big = gate.mayExistManyAsync(bytes(GateServer.keys("big:", 0, 9_000)));
+      // 11,000 keys waiting: the batch takes the first part only, since both would exceed 10,000 keys.
+      CompletableFuture<BatchLookup> next = gate.mayExistManyAsync(bytes(GateServer.keys("next:", 0, 2_000)));
+      assertEquals(9_000, big.get(10, TimeUnit.SECONDS).mayExist().size());
+      assertEquals(1, gate.stats().gateCalls());
+      assertEquals(9_000, gate.stats().batchedKeys());
+      assertFalse(next.isDone());
+      busy.close();
+      assertEquals(2_000, next.get(10, TimeUnit.SECONDS).mayExist().size());
+      assertEquals(2, gate.stats().gateCalls());
+      assertEquals(11_000, gate.stats().batchedKeys());
+    }
+  }
+
+  private static List<com.google.protobuf.ByteString> bytes(List<String> keys) {
+    List<com.google.protobuf.ByteString> out = new ArrayList<>();
+    keys.forEach(k -> out.add(com.google.protobuf.ByteString.copyFromUtf8(k)));
+    return out;
   }
 
   @Test
@@ -158,6 +295,7 @@ public class GateClientTest {
   public void aCancelledCallerLeavesTheOthersOfItsBatchAnswered() throws Exception {
     try (GateClient gate = client("cancel").coalesceWindow(Duration.ofMillis(200)).build()) {
       gate.add(List.of("c:1"));
+      gate.holdBatch(); // a batch in flight (never answered): these three gather for the window
       CompletableFuture<Lookup> first = gate.mayExistAsync("c:1");
       CompletableFuture<Lookup> cancelled = gate.mayExistAsync("c:2");
       CompletableFuture<Lookup> third = gate.mayExistAsync("c:3");
@@ -180,6 +318,7 @@ public class GateClientTest {
     ScheduledExecutorService clock = Executors.newSingleThreadScheduledExecutor();
     try (GateClient gate = client("cancel").coalesceWindow(Duration.ofMillis(300)).build()) {
       gate.add(List.of("d:1"));
+      gate.holdBatch(); // a batch in flight (never answered): the callers wait for the window
       long started = System.nanoTime();
       CompletableFuture<Lookup> other = gate.mayExistAsync("d:1");
       // This caller's own deadline (its gRPC Context's) is 30 ms: it passes long before the window ends.
@@ -216,6 +355,7 @@ public class GateClientTest {
     // The window outlasts the deadline: every caller fails with DEADLINE_EXCEEDED at its deadline.
     try (GateClient gate =
         client("cancel").coalesceWindow(Duration.ofSeconds(2)).deadline(Duration.ofMillis(100)).build()) {
+      gate.holdBatch(); // a batch in flight (never answered): the lookup waits for the window
       long started = System.nanoTime();
       try {
         gate.mayExist("slow");
@@ -230,6 +370,7 @@ public class GateClientTest {
   @Test
   public void aFailedBatchFailsEachCallerWithTheSameStatus() throws Exception {
     try (GateClient gate = client("no_such_namespace").coalesceWindow(Duration.ofMillis(50)).build()) {
+      GateClient.Hold busy = gate.holdBatch(); // the five callers gather in one batch
       List<CompletableFuture<Lookup>> futures = new ArrayList<>();
       for (int i = 0; i < 5; i++) {
         futures.add(gate.mayExistAsync("x:" + i));
@@ -250,6 +391,7 @@ public class GateClientTest {
         }
       }
       assertEquals(1, gate.stats().gateCalls());
+      busy.close();
       try {
         gate.mayExist("x");
         fail("blocking too");
