@@ -72,9 +72,9 @@ pub async fn run() {
     let pool = Arc::new(keys((0..POOL).map(lookup_index)));
 
     println!("64 single-key callers: coalescing on and off, Redis...");
-    let coalescing = client(&gate, Duration::from_micros(200), 256);
-    let unary = client(&gate, Duration::ZERO, 256);
-    let wide = client(&gate, Duration::from_micros(200), 1_024);
+    let coalescing = client(&gate, Duration::from_micros(200), 1_024);
+    let unary = client(&gate, Duration::ZERO, 1_024);
+    let narrow = client(&gate, Duration::from_micros(200), 256);
     let mut sides = vec![
         Side::single(
             "gate, Rust client, coalescing (200 µs window)",
@@ -89,12 +89,12 @@ pub async fn run() {
             &pool,
         ),
         Side::batches(
-            "coalescing (at most 256 keys a call)",
+            "coalescing (at most 1,024 keys a call)",
             &gate,
             &coalescing,
             &pool,
         ),
-        Side::batches("coalescing, at most 1,024 keys a call", &gate, &wide, &pool),
+        Side::batches("coalescing, at most 256 keys a call", &gate, &narrow, &pool),
         Side::batches("coalescing off", &gate, &unary, &pool),
     ];
     if let (Some(redis), Some(connections)) = (&redis, &redis_connections) {
@@ -129,7 +129,7 @@ pub async fn run() {
     let windows: Vec<_> = WINDOWS_US
         .iter()
         .map(|&us| {
-            let client = client(&gate, Duration::from_micros(us), 256);
+            let client = client(&gate, Duration::from_micros(us), 1_024);
             Side::single(&format!("{us} µs"), &gate, &client, &pool)
         })
         .collect();

@@ -20,7 +20,7 @@ import (
 // Defaults of the GateClient options.
 const (
 	DefaultCoalesceWindow  = 200 * time.Microsecond
-	DefaultCoalesceMaxKeys = 256
+	DefaultCoalesceMaxKeys = 1024
 	DefaultDeadline        = 500 * time.Millisecond
 	// MaxBatchKeys is where MayExistMany splits its batches (the server's default max_batch_keys).
 	MaxBatchKeys = 10000
@@ -67,7 +67,7 @@ func WithCoalesceWindow(d time.Duration) Option {
 	return func(o *clientOptions) { o.window = d }
 }
 
-// WithCoalesceMaxKeys sets the number of keys at which a batch is sent at once (default 256; at most
+// WithCoalesceMaxKeys sets the number of keys at which a batch is sent at once (default 1,024; at most
 // MaxBatchKeys).
 func WithCoalesceMaxKeys(n int) Option {
 	return func(o *clientOptions) { o.maxKeys = n }

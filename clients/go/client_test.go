@@ -152,7 +152,7 @@ func TestCoalescingUnderConcurrencyMatchesUnaryAnswers(t *testing.T) {
 		}
 	}
 
-	coalescing := newClient(t, []string{shared.addr}, ns) // the defaults: 200 µs, 256 keys
+	coalescing := newClient(t, []string{shared.addr}, ns) // the defaults: 200 µs, 1,024 keys
 	const rounds = 4
 	for round := 0; round < rounds; round++ {
 		answers, errs := lookupAll(coalescing, keys)
@@ -300,7 +300,7 @@ func TestConcurrentMayExistManyShareBatches(t *testing.T) {
 	waitReady(t, shared.addr, ns)
 	keys, want := manyKeys(t, ns, 10, 100)
 
-	c := newClient(t, []string{shared.addr}, ns) // the defaults: 200 µs, 256 keys
+	c := newClient(t, []string{shared.addr}, ns) // the defaults: 200 µs, 1,024 keys
 	got := make([][]Answer, len(keys))
 	errs := make([]error, len(keys))
 	start := make(chan struct{})
@@ -334,7 +334,7 @@ func TestMayExistManyPartsAndLookupsShareABatchWhole(t *testing.T) {
 	keys, want := manyKeys(t, ns, 4, 100)
 	hold := newBatchHold(t, true)
 	c := newClient(t, []string{shared.addr}, ns, WithCoalesceWindow(time.Hour), WithDeadline(10*time.Second),
-		hold.option())
+		WithCoalesceMaxKeys(256), hold.option())
 	got := make([][]Answer, len(keys))
 	errs := make([]error, len(keys))
 	single := make([]Answer, len(keys))

@@ -22,7 +22,7 @@ export interface GateClientOptions {
    * none in flight it leaves at once); 0 = unary MayExist. Default 0.2 (200 µs).
    */
   coalesceWindowMs?: number;
-  /** A batch is sent as soon as it holds this many keys. Default 256. */
+  /** A batch is sent as soon as it holds this many keys. Default 1,024. */
   coalesceMaxKeys?: number;
   /** Per call, retries included. Default 500. */
   deadlineMs?: number;

@@ -17,7 +17,7 @@ const DOWN_MS = 1000;
 
 const DEFAULTS = Object.freeze({
   coalesceWindowMs: 0.2,
-  coalesceMaxKeys: 256,
+  coalesceMaxKeys: 1024,
   deadlineMs: 500,
   addressPolicy: 'round_robin',
 });

@@ -21,7 +21,8 @@ pub struct ClientOptions {
     /// lookup is a unary `MayExist`. Default 200 µs: below the 1 ms of added p99 a caller notices, and
     /// enough for 64 busy callers to share one call.
     pub coalesce_window: Duration,
-    /// A batch is sent as soon as it holds this many keys. Default 256.
+    /// A batch is sent as soon as it holds this many keys. Default 1,024: 100-key batches coalesced four
+    /// times as wide cost 0.146 instead of 0.222 µs of server CPU per key (`benches/results/callers.md`).
     pub coalesce_max_keys: usize,
     /// Keys longer than this (the gate's `max_key_bytes`, default 1,024) or empty are not coalesced but sent
     /// alone, so the gate's `INVALID_ARGUMENT` answers that caller and not the batch it would share.
@@ -51,7 +52,7 @@ impl Default for ClientOptions {
         Self {
             namespace: String::new(),
             coalesce_window: Duration::from_micros(200),
-            coalesce_max_keys: 256,
+            coalesce_max_keys: 1_024,
             max_key_bytes: 1024,
             deadline: Duration::from_millis(500),
             address_policy: AddressPolicy::RoundRobin,

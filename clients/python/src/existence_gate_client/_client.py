@@ -422,7 +422,7 @@ class GateClient:
         namespace: str = "",
         *,
         coalesce_window: float = 0.0002,
-        coalesce_max_keys: int = 256,
+        coalesce_max_keys: int = 1024,
         deadline: float = 0.5,
         address_policy: Union[AddressPolicy, str] = AddressPolicy.ROUND_ROBIN,
         token: Optional[str] = None,

@@ -64,7 +64,7 @@ public final class GateClient implements AutoCloseable {
   /** Default of {@link Builder#coalesceWindow}: 200 µs. */
   public static final Duration DEFAULT_COALESCE_WINDOW = Duration.ofNanos(200_000);
   /** Default of {@link Builder#coalesceMaxKeys}. */
-  public static final int DEFAULT_COALESCE_MAX_KEYS = 256;
+  public static final int DEFAULT_COALESCE_MAX_KEYS = 1024;
   /** Default of {@link Builder#deadline}: 500 ms per call, retries included. */
   public static final Duration DEFAULT_DEADLINE = Duration.ofMillis(500);
   /** The server's default {@code max_batch_keys}: {@link #mayExistMany} and {@link #add} split there. */
@@ -121,7 +121,7 @@ public final class GateClient implements AutoCloseable {
       return this;
     }
 
-    /** A batch is sent as soon as it holds this many keys (default 256; at most 10,000). */
+    /** A batch is sent as soon as it holds this many keys (default 1,024; at most 10,000). */
     public Builder coalesceMaxKeys(int maxKeys) {
       if (maxKeys < 1 || maxKeys > MAX_BATCH_KEYS) {
         throw new IllegalArgumentException("coalesceMaxKeys must be 1 to " + MAX_BATCH_KEYS);
