@@ -95,8 +95,7 @@ impl GateClient {
                     .map_err(|_| InvalidAddress("the token is not printable ASCII".to_string()))?,
             ),
         };
-        let endpoints =
-            Endpoints::new(addresses.clone(), options.address_policy, options.down_for)?;
+        let endpoints = Endpoints::new(addresses.clone(), options.address_policy, &options)?;
         let calls = Arc::new(Calls {
             endpoints,
             options,

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
-use crate::options::AddressPolicy;
+use crate::options::{AddressPolicy, ClientOptions, ClientTls};
 use crate::proto::existence_gate_client::ExistenceGateClient;
 
 /// One address and its channel.
@@ -45,16 +45,16 @@ impl std::fmt::Display for InvalidAddress {
 impl std::error::Error for InvalidAddress {}
 
 impl Endpoints {
-    /// Channels to `addresses` (`host:port`, or a URI with `http://`), connected on first use. Must be
-    /// called within a tokio runtime.
+    /// Channels to `addresses` (`host:port`, or a URI with `http://` or `https://`), connected on first
+    /// use, picked by `policy`, with `options`' down time and TLS. Must be called within a tokio runtime.
     pub fn new(
         addresses: impl IntoIterator<Item = impl Into<String>>,
         policy: AddressPolicy,
-        down_for: Duration,
+        options: &ClientOptions,
     ) -> Result<Self, InvalidAddress> {
         let addresses = addresses
             .into_iter()
-            .map(|name| connect_lazy(name.into()))
+            .map(|name| connect_lazy(name.into(), options.tls.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         if addresses.is_empty() {
             return Err(InvalidAddress("no gate address given".to_string()));
@@ -62,7 +62,7 @@ impl Endpoints {
         Ok(Self {
             addresses,
             policy,
-            down_for,
+            down_for: options.down_for,
             next: AtomicUsize::new(0),
         })
     }
@@ -180,20 +180,43 @@ impl Endpoints {
     }
 }
 
-fn connect_lazy(name: String) -> Result<Address, InvalidAddress> {
-    let uri = if name.contains("://") {
-        name.clone()
-    } else {
-        format!("http://{name}")
+/// A lazily connected channel to `name`: TLS when `tls` is set or the address says `https://`.
+fn connect_lazy(name: String, tls: Option<&ClientTls>) -> Result<Address, InvalidAddress> {
+    let uri = match (name.contains("://"), tls) {
+        (true, _) => name.clone(),
+        (false, None) => format!("http://{name}"),
+        (false, Some(_)) => format!("https://{name}"),
     };
-    let endpoint = Endpoint::from_shared(uri)
+    let mut endpoint = Endpoint::from_shared(uri.clone())
         .map_err(|e| InvalidAddress(format!("gate address {name:?} is not host:port: {e}")))?
         .tcp_nodelay(true);
+    if uri.starts_with("https://") {
+        let config = tls_config(tls.cloned().unwrap_or_default());
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|e| InvalidAddress(format!("TLS to gate address {name:?}: {e}")))?;
+    }
     Ok(Address {
         name,
         client: ExistenceGateClient::new(endpoint.connect_lazy()),
         down_since: Mutex::new(None),
     })
+}
+
+/// tonic's TLS settings for `tls`.
+fn tls_config(tls: ClientTls) -> ClientTlsConfig {
+    let mut config = ClientTlsConfig::new();
+    config = match tls.ca_pem {
+        Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+        None => config.with_webpki_roots(),
+    };
+    if let Some(domain) = tls.domain {
+        config = config.domain_name(domain);
+    }
+    if let Some((cert, key)) = tls.identity {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
+    config
 }
 
 /// Locks `mutex`; a panic elsewhere while it was held leaves nothing half-written here.

@@ -42,7 +42,7 @@ pub mod proto {
 
 pub use client::{BatchLookup, GateClient, InvalidAddress, Lookup, Recorded};
 pub use coalesce::MAX_BATCH_KEYS;
-pub use options::{AddressPolicy, ClientOptions, ReaderOptions};
+pub use options::{AddressPolicy, ClientOptions, ClientTls, ReaderOptions};
 pub use proto::{AbsenceKind, RecordOutcome};
 pub use reader::{GatedReader, ReadError, SourceRead};
 pub use stats::Stats;

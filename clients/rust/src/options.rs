@@ -35,6 +35,19 @@ pub struct ClientOptions {
     pub down_for: Duration,
     /// Sent as `authorization: Bearer <token>` when set.
     pub token: Option<String>,
+    /// TLS to every address (an `https://` address uses TLS with the defaults too).
+    pub tls: Option<ClientTls>,
+}
+
+/// TLS to the gate: whom to trust, which name to expect, and a client certificate for mutual TLS.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// PEM CA bundle that signed the gate's certificate; `None` trusts the webpki (Mozilla) roots.
+    pub ca_pem: Option<String>,
+    /// The name the gate's certificate must carry; `None` takes the address's host.
+    pub domain: Option<String>,
+    /// PEM certificate chain and private key, for a gate that requires client certificates.
+    pub identity: Option<(String, String)>,
 }
 
 impl ClientOptions {
@@ -58,6 +71,7 @@ impl Default for ClientOptions {
             address_policy: AddressPolicy::RoundRobin,
             down_for: Duration::from_secs(1),
             token: None,
+            tls: None,
         }
     }
 }

@@ -27,7 +27,7 @@ pub(crate) fn spawn(
     let endpoints = Endpoints::new(
         calls.addresses.clone(),
         crate::AddressPolicy::RoundRobin,
-        calls.options.down_for,
+        &calls.options,
     )?;
     Ok(tokio::spawn(run(calls, endpoints, absences)))
 }

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use existence_gate::core::clock::SystemClock;
 use existence_gate::core::config::GateConfig;
-use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions};
+use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions, TlsOptions};
 use existence_gate_client::{
-    AddressPolicy, ClientOptions, GateClient, GatedReader, ReaderOptions, SourceRead,
+    AddressPolicy, ClientOptions, ClientTls, GateClient, GatedReader, ReaderOptions, SourceRead,
 };
 use futures_util::FutureExt;
 use tonic::Code;
@@ -29,6 +29,14 @@ max_ttl = "1h"
 const PATIENCE: Duration = Duration::from_secs(30);
 
 async fn start(listen: &str, data_dir: Option<&Path>) -> RunningServer {
+    start_with_tls(listen, data_dir, None).await
+}
+
+async fn start_with_tls(
+    listen: &str,
+    data_dir: Option<&Path>,
+    tls: Option<TlsOptions>,
+) -> RunningServer {
     let options = ServeOptions {
         listen: listen.parse().unwrap(),
         http_listen: "127.0.0.1:0".parse().unwrap(),
@@ -36,7 +44,7 @@ async fn start(listen: &str, data_dir: Option<&Path>) -> RunningServer {
         max_message_bytes: 16 << 20,
         drain_timeout: Duration::from_secs(5),
         durability: data_dir.map(|dir| DurabilityOptions::new(dir.to_path_buf())),
-        tls: None,
+        tls,
         replication: None,
     };
     let server = server::start(options, Arc::new(SystemClock))
@@ -511,5 +519,86 @@ async fn concurrent_gets_of_one_key_share_one_source_read() {
         reader.stats().source_reads as usize
     );
     assert!(reader.stats().source_reads <= 2, "{:?}", reader.stats());
+    server.stop().await.unwrap();
+}
+
+/// A CA, and PEM certificate and key pairs it signed for the gate (`localhost`) and a client.
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    Pki {
+        ca: ca.pem(),
+        server: leaf("localhost"),
+        client: leaf("client"),
+    }
+}
+
+#[tokio::test]
+async fn tls_with_a_client_certificate_is_served_and_without_one_refused() {
+    let pki = pki();
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, pem: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    let tls = TlsOptions {
+        cert: file("server.pem", &pki.server.0),
+        key: file("server.key", &pki.server.1),
+        client_ca: Some(file("ca.pem", &pki.ca)),
+    };
+    let server = start_with_tls("127.0.0.1:0", None, Some(tls)).await;
+    let trusting = ClientTls {
+        ca_pem: Some(pki.ca.clone()),
+        domain: Some("localhost".to_string()),
+        identity: Some(pki.client.clone()),
+    };
+    let over_tls = |tls: Option<ClientTls>| {
+        let options = ClientOptions {
+            tls,
+            coalesce_window: Duration::ZERO,
+            ..users()
+        };
+        GateClient::new([server.grpc_addr.to_string()], options).unwrap()
+    };
+
+    let client = over_tls(Some(trusting.clone()));
+    client.add([key("secret")]).await.unwrap();
+    assert!(client.may_exist(key("secret")).await.unwrap().may_exist);
+
+    let anonymous = over_tls(Some(ClientTls {
+        identity: None,
+        ..trusting
+    }));
+    // TLS 1.3: the handshake completes on the client's side, and the gate's alert fails the call.
+    let refused = anonymous.may_exist(key("secret")).await.unwrap_err();
+    assert!(
+        format!("{refused:?}").contains("CertificateRequired"),
+        "{refused:?}"
+    );
+    // Plaintext to a TLS port: the gate closes the connection (UNAVAILABLE or UNKNOWN, by timing).
+    let plaintext = over_tls(None).may_exist(key("secret")).await.unwrap_err();
+    assert!(
+        matches!(plaintext.code(), Code::Unavailable | Code::Unknown),
+        "{plaintext:?}"
+    );
     server.stop().await.unwrap();
 }
