@@ -61,7 +61,7 @@ def black_hole():
 class Gate:
     """One server process: `serve --in-memory` on free loopback ports."""
 
-    def __init__(self, namespaces, extra_config=""):
+    def __init__(self, namespaces, extra_config="", extra_args=()):
         binary = os.environ.get("EXISTENCE_GATE_BIN")
         if not binary:
             pytest.fail("EXISTENCE_GATE_BIN is not set")
@@ -75,7 +75,7 @@ class Gate:
         self._log = open(self.log_path, "wb")
         env = dict(os.environ, NO_COLOR="1")
         self.process = subprocess.Popen(
-            [binary, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config", config],
+            [binary, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config", config, *extra_args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -239,8 +239,8 @@ def start_gate():
     """Starts extra gates for one test; all are stopped at its end."""
     started = []
 
-    def start(namespaces, extra_config=""):
-        server = Gate(namespaces, extra_config)
+    def start(namespaces, extra_config="", extra_args=()):
+        server = Gate(namespaces, extra_config, extra_args)
         started.append(server)
         return server
 
