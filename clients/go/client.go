@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -57,6 +59,7 @@ type clientOptions struct {
 	deadline    time.Duration
 	policy      AddressPolicy
 	token       string
+	creds       credentials.TransportCredentials
 	dialOptions []grpc.DialOption
 }
 
@@ -88,8 +91,15 @@ func WithToken(token string) Option {
 	return func(o *clientOptions) { o.token = token }
 }
 
-// WithDialOptions adds gRPC dial options (TLS credentials, interceptors, ...) to every channel. Without
-// transport credentials among them the channels are plaintext.
+// WithTransportCredentials makes every channel use creds (e.g. credentials.NewTLS(&tls.Config{RootCAs: ...,
+// ServerName: "localhost", Certificates: ...}) for TLS, with a client certificate for mutual TLS) instead of
+// plaintext. Set ServerName when the addresses are IPs and the certificate names a host.
+func WithTransportCredentials(creds credentials.TransportCredentials) Option {
+	return func(o *clientOptions) { o.creds = creds }
+}
+
+// WithDialOptions adds gRPC dial options (interceptors, ..., or grpc.WithTransportCredentials) to every
+// channel. Without transport credentials (here or from WithTransportCredentials) the channels are plaintext.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *clientOptions) { o.dialOptions = append(o.dialOptions, opts...) }
 }
@@ -255,15 +265,22 @@ func NewGateClient(addresses []string, namespace string, opts ...Option) (*GateC
 // dial opens a channel to target with the client's options (also used for a reader's subscription).
 func (c *GateClient) dial(target string) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
-		grpc.WithInsecure(),
 		// Reconnect soon after an outage: the default backoff grows to two minutes.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
+	if c.opts.creds != nil {
+		opts = append(opts, grpc.WithTransportCredentials(c.opts.creds))
+	}
 	opts = append(opts, c.opts.dialOptions...)
 	conn, err := grpc.Dial(target, opts...)
+	if err != nil && c.opts.creds == nil && strings.Contains(err.Error(), "no transport security set") {
+		// No credentials among the dial options: plaintext. (grpc-go 1.33, Debian's, refuses WithInsecure
+		// together with WithTransportCredentials, so plaintext is only asked for when nothing else is.)
+		conn, err = grpc.Dial(target, append(opts, grpc.WithInsecure())...)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("existencegate: %s: %w", target, err)
 	}

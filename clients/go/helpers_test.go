@@ -71,8 +71,8 @@ func namespaceConfig(name string) string {
 var grpcAddrLine = regexp.MustCompile(`grpc_addr=([0-9.:]+)`)
 var ansi = regexp.MustCompile("\x1b\\[[0-9;]*m")
 
-// startGate starts a server with config; it fails (or panics outside a test) when it does not serve.
-func startGate(config string) (*gateServer, error) {
+// startGate starts a server with config and extra serve arguments; it fails when it does not serve.
+func startGate(config string, args ...string) (*gateServer, error) {
 	bin := os.Getenv("EXISTENCE_GATE_BIN")
 	if bin == "" {
 		return nil, fmt.Errorf("EXISTENCE_GATE_BIN is not set (the existence-gate server binary)")
@@ -91,6 +91,7 @@ func startGate(config string) (*gateServer, error) {
 	}
 	cmd := exec.Command(bin, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
 		"--config", configPath)
+	cmd.Args = append(cmd.Args, args...)
 	cmd.Env = append(os.Environ(), "NO_COLOR=1")
 	cmd.Dir = dir
 	cmd.Stdout = logFile
