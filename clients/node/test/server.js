@@ -92,10 +92,10 @@ function stalledAddress() {
 /**
  * Starts a server with the given namespaces (each with the config above) and waits for /readyz.
  * Options: listen (a fixed "127.0.0.1:PORT", e.g. to restart on the same address), extraConfig (TOML put
- * before the namespaces, e.g. [[tokens]]). Resolves
+ * before the namespaces, e.g. [[tokens]]), extraArgs (more `serve` flags, e.g. --tls-cert). Resolves
  * {address, httpAddress, stop(), metric(rpc, code)}.
  */
-async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', extraConfig = '' } = {}) {
+async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', extraConfig = '', extraArgs = [] } = {}) {
   const bin = process.env.EXISTENCE_GATE_BIN;
   if (!bin) throw new Error('EXISTENCE_GATE_BIN is not set');
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'existence-gate-node-'));
@@ -103,7 +103,7 @@ async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', ext
   fs.writeFileSync(config, extraConfig + '\n' + namespaces.map((name) => `[namespaces.${name}]${NAMESPACE}`).join('\n'));
   const child = spawn(
     bin,
-    ['serve', '--in-memory', '--listen', listen, '--http-listen', '127.0.0.1:0', '--config', config],
+    ['serve', '--in-memory', '--listen', listen, '--http-listen', '127.0.0.1:0', '--config', config, ...extraArgs],
     { env: { ...process.env, NO_COLOR: '1' }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   running.add(child);
