@@ -13,15 +13,19 @@ import io.existencegate.v1.MayExistRequest;
 import io.existencegate.v1.MayExistResponse;
 import io.existencegate.v1.RecordAbsentRequest;
 import io.existencegate.v1.RecordAbsentResponse;
+import io.grpc.ChannelCredentials;
 import io.grpc.Context;
 import io.grpc.Contexts;
 import io.grpc.Deadline;
+import io.grpc.Grpc;
+import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
 import io.grpc.Metadata;
 import io.grpc.Status;
 import io.grpc.StatusException;
 import io.grpc.StatusRuntimeException;
+import io.grpc.TlsChannelCredentials;
 import io.grpc.stub.MetadataUtils;
 import io.grpc.stub.StreamObserver;
 import java.io.IOException;
@@ -94,6 +98,8 @@ public final class GateClient implements AutoCloseable {
     private AddressPolicy addressPolicy = AddressPolicy.ROUND_ROBIN;
     private String token;
     private boolean plaintext = true;
+    private ChannelCredentials credentials;
+    private String authority;
 
     private Builder(List<String> addresses) {
       if (addresses.isEmpty()) {
@@ -152,11 +158,31 @@ public final class GateClient implements AutoCloseable {
     }
 
     /**
-     * Plaintext connections (default true). False uses TLS with the JVM's trust store (untested in this
-     * repository's tests).
+     * Plaintext connections (default true). False uses TLS with the JVM's trust store and no client
+     * certificate ({@code TlsChannelCredentials.create()}); {@link #credentials} says more.
      */
     public Builder plaintext(boolean plaintext) {
       this.plaintext = plaintext;
+      return this;
+    }
+
+    /**
+     * The channel credentials of every connection (default: none, see {@link #plaintext}); when set, they
+     * win over {@link #plaintext}. For TLS with a private CA and a client certificate (mutual TLS):
+     * {@code TlsChannelCredentials.newBuilder().trustManager(caPem).keyManager(certPem, keyPem).build()}.
+     */
+    public Builder credentials(ChannelCredentials credentials) {
+      this.credentials = Objects.requireNonNull(credentials);
+      return this;
+    }
+
+    /**
+     * The name the server's certificate must carry (and the {@code :authority} sent), instead of each
+     * address's host; for example {@code "localhost"} when connecting to {@code 127.0.0.1:PORT} with a
+     * certificate for {@code localhost}. Default: none (the address's host).
+     */
+    public Builder authority(String authority) {
+      this.authority = Objects.requireNonNull(authority);
       return this;
     }
 
@@ -211,6 +237,8 @@ public final class GateClient implements AutoCloseable {
   private final AddressPolicy policy;
   private final String token;
   private final boolean plaintext;
+  private final ChannelCredentials credentials;
+  private final String authority;
   private final List<ManagedChannel> channels = new ArrayList<>();
   private final List<ExistenceGateGrpc.ExistenceGateStub> stubs = new ArrayList<>();
   /** Per address: until when (nanos since {@link #base}) it is down; 0 = up. */
@@ -245,6 +273,8 @@ public final class GateClient implements AutoCloseable {
     this.policy = b.addressPolicy;
     this.token = b.token;
     this.plaintext = b.plaintext;
+    this.credentials = b.credentials;
+    this.authority = b.authority;
     this.downUntil = new AtomicLongArray(addresses.size());
     for (String address : addresses) {
       ManagedChannel channel = newChannel(address);
@@ -277,13 +307,18 @@ public final class GateClient implements AutoCloseable {
     return deadline;
   }
 
-  /** A new channel to {@code address}, configured like the client's own (plaintext or TLS, token). */
+  /**
+   * A new channel to {@code address}, configured like the client's own (credentials, plaintext or TLS,
+   * authority, token).
+   */
   ManagedChannel newChannel(String address) {
-    ManagedChannelBuilder<?> builder = ManagedChannelBuilder.forTarget(address);
-    if (plaintext) {
-      builder.usePlaintext();
-    } else {
-      builder.useTransportSecurity();
+    ChannelCredentials creds = credentials;
+    if (creds == null) {
+      creds = plaintext ? InsecureChannelCredentials.create() : TlsChannelCredentials.create();
+    }
+    ManagedChannelBuilder<?> builder = Grpc.newChannelBuilder(address, creds);
+    if (authority != null) {
+      builder.overrideAuthority(authority);
     }
     if (token != null) {
       Metadata headers = new Metadata();

@@ -5,6 +5,8 @@ import io.existencegate.v1.Basis;
 import io.existencegate.v1.ExistenceGateGrpc;
 import io.existencegate.v1.MayExistRequest;
 import io.existencegate.v1.MayExistResponse;
+import io.grpc.ChannelCredentials;
+import io.grpc.Grpc;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
 import io.grpc.StatusRuntimeException;
@@ -38,12 +40,15 @@ final class GateServer implements AutoCloseable {
   /** A plain stub: the reference answers the client's are compared with. */
   final ExistenceGateGrpc.ExistenceGateBlockingStub stub;
 
-  private GateServer(Process process, Path dir, String address, String httpAddress, String token) {
+  private GateServer(Process process, Path dir, String address, String httpAddress, String token,
+      ChannelCredentials credentials) {
     this.process = process;
     this.dir = dir;
     this.address = address;
     this.httpAddress = httpAddress;
-    ManagedChannelBuilder<?> builder = ManagedChannelBuilder.forTarget(address).usePlaintext();
+    ManagedChannelBuilder<?> builder = credentials == null
+        ? ManagedChannelBuilder.forTarget(address).usePlaintext()
+        : Grpc.newChannelBuilder(address, credentials).overrideAuthority("localhost");
     if (token != null) {
       io.grpc.Metadata headers = new io.grpc.Metadata();
       headers.put(io.grpc.Metadata.Key.of("authorization", io.grpc.Metadata.ASCII_STRING_MARSHALLER),
@@ -63,6 +68,22 @@ final class GateServer implements AutoCloseable {
    * Starts a server that, when {@code token} is not null, requires it (read and write, every namespace).
    */
   static GateServer startWithToken(String token, String... namespaces) throws Exception {
+    return start(token, List.of(), null, namespaces);
+  }
+
+  /**
+   * Starts a server serving gRPC over TLS with {@code tls.serverCert}/{@code serverKey}, requiring client
+   * certificates signed by {@code tls.ca} (mutual TLS). Its reference stub connects with {@code reference}
+   * (expecting the name {@code localhost}).
+   */
+  static GateServer startTls(TestPki tls, ChannelCredentials reference, String... namespaces)
+      throws Exception {
+    return start(null, List.of("--tls-cert", tls.serverCert.toString(), "--tls-key", tls.serverKey.toString(),
+        "--tls-client-ca", tls.ca.toString()), reference, namespaces);
+  }
+
+  private static GateServer start(String token, List<String> extraArgs, ChannelCredentials reference,
+      String... namespaces) throws Exception {
     String bin = System.getenv("EXISTENCE_GATE_BIN");
     if (bin == null || bin.isEmpty()) {
       throw new IllegalStateException("EXISTENCE_GATE_BIN is not set");
@@ -84,9 +105,11 @@ final class GateServer implements AutoCloseable {
     Path configFile = dir.resolve("gate.toml");
     Files.writeString(configFile, config);
     Path log = dir.resolve("server.log");
+    List<String> command = new java.util.ArrayList<>(List.of(bin, "serve", "--in-memory", "--listen",
+        "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config", configFile.toString()));
+    command.addAll(extraArgs);
     ProcessBuilder builder =
-        new ProcessBuilder(bin, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen",
-                "127.0.0.1:0", "--config", configFile.toString())
+        new ProcessBuilder(command)
             .redirectErrorStream(true)
             .redirectOutput(log.toFile());
     builder.environment().put("NO_COLOR", "1");
@@ -107,7 +130,7 @@ final class GateServer implements AutoCloseable {
         }
         return false;
       });
-      GateServer server = new GateServer(process, dir, found[0], found[1], token);
+      GateServer server = new GateServer(process, dir, found[0], found[1], token, reference);
       eventually("the server answers warm", () -> {
         try {
           return server.answer("default", "warm?").getBasis() != Basis.BASIS_WARMING;
