@@ -698,42 +698,17 @@ async fn tls_flags_reach_a_gate_that_requires_client_certificates() {
         write("client.pem", &pki.client_cert),
         write("client.key", &pki.client_key),
     );
+    let mutual = ["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
     let https = format!("https://localhost:{}", server.grpc_addr.port());
-    let added = run_at(
-        &https,
-        &[
-            "add",
-            "k",
-            "--tls-ca",
-            &ca,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ],
-        b"",
-    )
-    .await
-    .ok();
+    let added = run_at(&https, &[&["add", "k"][..], &mutual].concat(), b"")
+        .await
+        .ok();
     assert!(added.stdout.starts_with("added 1 key"), "{added:?}");
     // Without a scheme, TLS flags mean https.
     let bare = format!("localhost:{}", server.grpc_addr.port());
-    let checked = run_at(
-        &bare,
-        &[
-            "check",
-            "k",
-            "--tls-ca",
-            &ca,
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ],
-        b"",
-    )
-    .await
-    .ok();
+    let checked = run_at(&bare, &[&["check", "k"][..], &mutual].concat(), b"")
+        .await
+        .ok();
     assert_eq!(checked.stdout, "k MAY_EXIST FILTER\n");
     let refused = run_at(&https, &["check", "k", "--tls-ca", &ca], b"")
         .await

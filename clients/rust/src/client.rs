@@ -125,7 +125,8 @@ impl GateClient {
         count(&calls.counters.lookups, 1);
         match &self.coalescer {
             Some(coalescer) if self.coalescable(&key) => {
-                let share = self.shared_call(coalescer, vec![key]).await?;
+                let (packed, _) = pack(std::iter::once(key.as_ref()));
+                let share = self.shared_call(coalescer, packed, 1).await?;
                 Ok(Lookup {
                     may_exist: bit(&share.bitmap, share.offset),
                     observed_seq: share.observed_seq,
@@ -146,19 +147,12 @@ impl GateClient {
             warming: false,
         };
         for part in keys.chunks(MAX_BATCH_KEYS) {
-            let part: Vec<Bytes> = part
-                .iter()
-                .map(|key| Bytes::copy_from_slice(key.as_ref()))
-                .collect();
-            let len = part.len();
+            let (packed, len) = pack(part.iter().map(AsRef::as_ref));
             let share = match &self.coalescer {
-                Some(coalescer) if part.iter().all(|key| self.coalescable(key)) => {
-                    self.shared_call(coalescer, part).await?
+                Some(coalescer) if part.iter().all(|key| self.coalescable(key.as_ref())) => {
+                    self.shared_call(coalescer, packed, len).await?
                 }
-                _ => {
-                    let (packed, _) = pack(part.iter().map(|key| key.as_ref()));
-                    self.calls.batch(packed, len).await?
-                }
+                _ => self.calls.batch(packed, len).await?,
             };
             let bits = share.offset..share.offset + len;
             answers
@@ -179,14 +173,15 @@ impl GateClient {
         !key.is_empty() && key.len() <= self.calls.options.max_key_bytes
     }
 
-    /// `keys`' share of a coalesced batch, within the client's deadline.
+    /// The share of a coalesced batch of `count` keys, `packed`, within the client's deadline.
     async fn shared_call(
         &self,
         coalescer: &Coalescer<Answer>,
-        keys: Vec<Bytes>,
+        packed: Bytes,
+        count: usize,
     ) -> Result<Share, Status> {
         let deadline = self.calls.options.deadline;
-        match tokio::time::timeout(deadline, coalescer.submit(keys)).await {
+        match tokio::time::timeout(deadline, coalescer.submit(packed, count)).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(Status::cancelled("the gate client was closed")),
             Err(_) => Err(deadline_exceeded(deadline)),
@@ -381,15 +376,19 @@ impl Calls {
         batch: Vec<Waiter<Answer>>,
         in_flight: InFlight<Answer>,
     ) {
-        let keys = batch.iter().flat_map(|waiter| &waiter.keys);
-        let (packed, len) = pack(keys.map(|key| key.as_ref()));
+        // Each waiter's keys come packed: the batch is their concatenation.
+        let mut packed = BytesMut::with_capacity(batch.iter().map(|w| w.packed.len()).sum());
+        batch
+            .iter()
+            .for_each(|waiter| packed.put_slice(&waiter.packed));
+        let len = batch.iter().map(|waiter| waiter.count).sum();
         count(&self.counters.batched_keys, len as u64);
-        let answer = self.batch(packed, len).await;
+        let answer = self.batch(packed.freeze(), len).await;
         drop(in_flight);
         let mut offset = 0;
         for waiter in batch {
             let share = answer.clone().map(|share| Share { offset, ..share });
-            offset += waiter.keys.len();
+            offset += waiter.count;
             let _ = waiter.reply.send(share);
         }
     }

@@ -28,8 +28,11 @@ pub const MAX_BATCH_KEYS: usize = 10_000;
 
 /// One caller's keys and where their answer goes.
 pub struct Waiter<A> {
-    /// The keys looked up (one for `may_exist`).
-    pub keys: Vec<Bytes>,
+    /// The keys looked up, packed as `packed_keys` wants them (each preceded by its varint length): a batch
+    /// is the concatenation of its waiters'.
+    pub packed: Bytes,
+    /// How many keys `packed` holds (one for `may_exist`).
+    pub count: usize,
     /// The caller's end; sending fails harmlessly when the caller has gone.
     pub reply: oneshot::Sender<A>,
     /// When it was queued.
@@ -91,17 +94,18 @@ impl<A: Send + 'static> Coalescer<A> {
         }
     }
 
-    /// Queues `keys` (at most [`MAX_BATCH_KEYS`]); the answer arrives on the returned receiver (closed
-    /// without one if the coalescer stops first).
-    pub fn submit(&self, keys: Vec<Bytes>) -> oneshot::Receiver<A> {
-        debug_assert!(keys.len() <= MAX_BATCH_KEYS);
+    /// Queues `count` keys, `packed` (at most [`MAX_BATCH_KEYS`]); the answer arrives on the returned
+    /// receiver (closed without one if the coalescer stops first).
+    pub fn submit(&self, packed: Bytes, count: usize) -> oneshot::Receiver<A> {
+        debug_assert!(count <= MAX_BATCH_KEYS);
         let (reply, answer) = oneshot::channel();
         let mut pending = lock(&self.shared.pending);
         let was_full = pending.keys >= self.max_keys;
         let first = pending.waiters.is_empty();
-        pending.keys += keys.len();
+        pending.keys += count;
         pending.waiters.push(Waiter {
-            keys,
+            packed,
+            count,
             reply,
             arrived: Instant::now(),
         });
@@ -179,7 +183,7 @@ fn take_batch<A>(pending: &mut Pending<A>, max_keys: usize) -> Vec<Waiter<A>> {
     let mut keys = 0;
     let mut count = 0;
     for waiter in &pending.waiters {
-        let more = waiter.keys.len();
+        let more = waiter.count;
         if count > 0 && (keys >= max_keys || keys + more > MAX_BATCH_KEYS) {
             break;
         }

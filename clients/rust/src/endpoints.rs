@@ -67,16 +67,6 @@ impl Endpoints {
         })
     }
 
-    /// How many addresses there are.
-    pub fn len(&self) -> usize {
-        self.addresses.len()
-    }
-
-    /// Whether there are none (never: [`Endpoints::new`] refuses that).
-    pub fn is_empty(&self) -> bool {
-        self.addresses.is_empty()
-    }
-
     /// The address at `index`, as given.
     pub fn name(&self, index: usize) -> &str {
         &self.addresses[index].name
