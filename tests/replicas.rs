@@ -289,6 +289,25 @@ async fn begin_rebuild(
     (sender, call)
 }
 
+/// Rebuilds `users` from `keys` in one message through `replica`, retrying while another rebuild is running
+/// (`FAILED_PRECONDITION`): an abandoned one must be aborted well within [`PATIENCE`], not after the two
+/// minutes that end a rebuild whose replica died.
+async fn rebuild_once_accepted(replica: &Replica, keys: &[String]) -> RebuildResponse {
+    wait_until(PATIENCE, "the next rebuild to be accepted", async || {
+        let keys = RebuildRequest {
+            namespace: "users".to_string(),
+            keys: bytes(keys),
+            commit: true,
+        };
+        match replica.admin().rebuild(tokio_stream::iter([keys])).await {
+            Ok(reply) => Some(reply.into_inner()),
+            Err(refused) if refused.code() == tonic::Code::FailedPrecondition => None,
+            Err(refused) => panic!("{refused:?}"),
+        }
+    })
+    .await
+}
+
 /// `Admin.Rebuild` through one replica swaps the filter on every replica at the same seq: keys streamed and
 /// keys added meanwhile (through another replica) stay, deleted ones go, digests agree. A rebuild whose
 /// caller goes away is aborted everywhere, so the next one starts at once instead of after the idle time.
@@ -336,23 +355,7 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
     feed(&sender, &named("unseen", 100)).await;
     abandoned.abort();
     let all: Vec<String> = live.iter().chain(&added_meanwhile).cloned().collect();
-    let again = wait_until(PATIENCE, "the next rebuild to be accepted", async || {
-        let keys = RebuildRequest {
-            namespace: "users".to_string(),
-            keys: bytes(&all),
-            commit: true,
-        };
-        match replicas[2]
-            .admin()
-            .rebuild(tokio_stream::iter([keys]))
-            .await
-        {
-            Ok(reply) => Some(reply.into_inner()),
-            Err(refused) if refused.code() == tonic::Code::FailedPrecondition => None,
-            Err(refused) => panic!("{refused:?}"),
-        }
-    })
-    .await;
+    let again = rebuild_once_accepted(&replicas[2], &all).await;
     assert_eq!(again.keys, 3_200);
     agreed_digests(&replicas).await;
     for replica in &replicas {
@@ -370,6 +373,32 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
         refused.message().contains("--snapshot-interval"),
         "{refused:?}"
     );
+}
+
+/// A rebuild's caller that goes away while the rebuild's start is still being confirmed — stored and applied
+/// where it was called, waiting for a stalled replica (SIGSTOP) to apply it too — still gets the rebuild
+/// aborted everywhere: the next one is accepted once that wait ends, not two minutes later.
+#[tokio::test]
+async fn a_rebuild_abandoned_before_its_start_is_confirmed_is_aborted() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), CONFIG);
+    let lease = ["--read-lease", "3s"];
+    let replicas = start_serving(&nats.url, &config, 2, &lease).await;
+    let (caller, stalled) = (&replicas[0], &replicas[1]);
+    add(caller, "users", &named("kept", 10)).await;
+    let seq = caller.lookup("users", b"probe").await.2;
+
+    stalled.signal("STOP");
+    let (_sender, abandoned) = begin_rebuild(caller, seq).await;
+    abandoned.abort();
+    stalled.signal("CONT");
+
+    let rebuilt = rebuild_once_accepted(stalled, &named("kept", 10)).await;
+    assert_eq!(rebuilt.keys, 10);
+    agreed_digests(&replicas).await;
 }
 
 /// NATS down altogether (its only server killed): every replica fails open once its lease ends (`MAY_EXIST`

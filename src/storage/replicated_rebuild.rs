@@ -25,11 +25,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use super::replica::Replica;
 use crate::core::gate::GateError;
-use crate::core::log::RebuildStep;
+use crate::core::log::{Mutation, RebuildStep};
 use crate::core::namespace::{Applied, Rebuilt};
 
 /// How long a rebuild may go without a step before another may replace it (its replica presumed gone).
@@ -52,13 +53,38 @@ pub struct ReplicatedRebuild {
 
 impl ReplicatedRebuild {
     /// Publishes the `Begin` and waits until this replica has applied it.
+    ///
+    /// A task of its own publishes it and hands the rebuild over. The `Begin` is stored some time before
+    /// the caller could hold the rebuild — after this replica applies it, the write waits up to the read
+    /// lease for the others — and a caller cancelled in between would leave a begun rebuild nobody aborts:
+    /// the namespace refused rebuilds for [`IDLE`]. With the task, a hand-over that finds the caller gone
+    /// drops the rebuild there, and the drop publishes the `Abort`.
     pub async fn begin(replica: Arc<Replica>, namespace: &str) -> Result<Self, GateError> {
         let begin = replica.gate().prepare_rebuild(namespace, IDLE)?;
+        let namespace = namespace.to_string();
+        let (hand_over, taken) = oneshot::channel();
+        tokio::spawn(async move {
+            // An `Err` gives the rebuild back when the caller is gone; ignoring it drops it, which aborts it.
+            let _ = hand_over.send(Self::publish_begin(replica, namespace, begin).await);
+        });
+        taken.await.unwrap_or_else(|_| {
+            Err(GateError::Unavailable(
+                "the rebuild's start was not confirmed: the server is shutting down; retry the rebuild"
+                    .to_string(),
+            ))
+        })
+    }
+
+    async fn publish_begin(
+        replica: Arc<Replica>,
+        namespace: String,
+        begin: Mutation,
+    ) -> Result<Self, GateError> {
         let (began, applied) = replica.publish_and_apply(begin).await?;
         match applied {
             Some(Applied::RebuildBegun { .. }) => Ok(Self {
                 replica,
-                namespace: namespace.to_string(),
+                namespace,
                 began,
                 publishing: JoinSet::new(),
                 open: true,
