@@ -27,10 +27,18 @@ expected_keys = 100000
 
 /// A stream on a fresh JetStream server, a configuration file, and `n` replicas serving.
 async fn deployment(n: usize) -> Option<(Nats, tempfile::TempDir, Vec<Replica>)> {
+    deployment_with(n, &[]).await
+}
+
+/// [`deployment`] with more flags for every replica.
+async fn deployment_with(
+    n: usize,
+    args: &[&str],
+) -> Option<(Nats, tempfile::TempDir, Vec<Replica>)> {
     let nats = Nats::start().await?;
     let dir = tempfile::tempdir().unwrap();
     let config = config_file(dir.path(), CONFIG);
-    let replicas = start_serving(&nats.url, &config, n, &[]).await;
+    let replicas = start_serving(&nats.url, &config, n, args).await;
     Some((nats, dir, replicas))
 }
 
@@ -74,7 +82,7 @@ async fn record_absent(
 /// Keys absent from every filter answer `ABSENT` on a serving replica: answers of `MAY_EXIST` elsewhere in
 /// these tests are not a replica failing open everywhere.
 async fn assert_answers_absent(replica: &Replica) {
-    let (answer, basis, _) = replica.lookup("users", b"never-added").await;
+    let (answer, basis, _) = replica.leased_lookup("users", b"never-added").await;
     assert_eq!(
         (answer, basis),
         (Answer::Absent, Basis::Filter),
@@ -157,7 +165,7 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
     }
     b.serving().await;
     for key in &keys {
-        let (answer, basis, _) = b.lookup("users", key.as_bytes()).await;
+        let (answer, basis, _) = b.leased_lookup("users", key.as_bytes()).await;
         assert_eq!((answer, basis), (Answer::MayExist, Basis::Filter), "{key}");
     }
 }
@@ -185,7 +193,7 @@ async fn an_absence_racing_an_add_of_its_key_is_superseded_everywhere() {
     }
     for replica in &replicas {
         for key in &keys {
-            let (answer, basis, _) = replica.lookup("users", key.as_bytes()).await;
+            let (answer, basis, _) = replica.leased_lookup("users", key.as_bytes()).await;
             assert_eq!(
                 (answer, basis),
                 (Answer::MayExist, Basis::Filter),
@@ -234,8 +242,8 @@ fn bytes(keys: &[String]) -> Vec<bytes::Bytes> {
     keys.iter().map(|k| k.as_bytes().to_vec().into()).collect()
 }
 
-/// How many of `keys` answer `MAY_EXIST` on `replica`.
-async fn passing(replica: &Replica, keys: &[String]) -> usize {
+/// How many of `keys` answer `MAY_EXIST` on `replica`, and whether it said so failing open (`warming`).
+async fn batch_passing(replica: &Replica, keys: &[String]) -> (usize, bool) {
     let reply = replica
         .client()
         .batch_may_exist(BatchMayExistRequest {
@@ -246,7 +254,24 @@ async fn passing(replica: &Replica, keys: &[String]) -> usize {
         .await
         .unwrap()
         .into_inner();
-    reply.answers().filter(|a| *a == Answer::MayExist).count()
+    let passing = reply.answers().filter(|a| *a == Answer::MayExist).count();
+    (passing, reply.warming)
+}
+
+/// How many of `keys` answer `MAY_EXIST` on `replica`.
+async fn passing(replica: &Replica, keys: &[String]) -> usize {
+    batch_passing(replica, keys).await.0
+}
+
+/// [`passing`] under `replica`'s read lease: retried while it fails open (see `Replica::leased_lookup`), for
+/// a count of keys that must answer `ABSENT`.
+async fn passing_under_lease(replica: &Replica, keys: &[String]) -> usize {
+    let what = format!("replica {} to answer under its read lease", replica.id);
+    wait_until(PATIENCE, &what, async || {
+        let (passing, warming) = batch_passing(replica, keys).await;
+        (!warming).then_some(passing)
+    })
+    .await
 }
 
 /// Sends `keys` to an open rebuild in chunks.
@@ -346,7 +371,7 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
             "{}",
             replica.id
         );
-        let still = passing(replica, &deleted).await;
+        let still = passing_under_lease(replica, &deleted).await;
         assert!(still < 150, "{still} deleted keys pass on {}", replica.id);
     }
 
@@ -380,13 +405,9 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
 /// aborted everywhere: the next one is accepted once that wait ends, not two minutes later.
 #[tokio::test]
 async fn a_rebuild_abandoned_before_its_start_is_confirmed_is_aborted() {
-    let Some(nats) = Nats::start().await else {
+    let Some((_nats, _dir, replicas)) = deployment_with(2, &["--read-lease", "3s"]).await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), CONFIG);
-    let lease = ["--read-lease", "3s"];
-    let replicas = start_serving(&nats.url, &config, 2, &lease).await;
     let (caller, stalled) = (&replicas[0], &replicas[1]);
     add(caller, "users", &named("kept", 10)).await;
     let seq = caller.lookup("users", b"probe").await.2;
@@ -752,7 +773,7 @@ async fn a_replica_that_missed_purged_mutations_stops_and_restarts_from_the_shar
     let restarted = launches[2].start().await;
     restarted.serving().await;
     for key in &added {
-        let (answer, basis, _) = restarted.lookup("users", key.as_bytes()).await;
+        let (answer, basis, _) = restarted.leased_lookup("users", key.as_bytes()).await;
         assert_eq!((answer, basis), (Answer::MayExist, Basis::Filter), "{key}");
     }
     replicas.push(restarted);

@@ -207,6 +207,18 @@ impl Replica {
         (reply.answer(), reply.basis(), reply.observed_seq)
     }
 
+    /// [`lookup`](Self::lookup) answered under this replica's read lease: retried while the answer is
+    /// `WARMING` — the lease lapsed, as it can when a loaded machine delays a renewal, and the replica fails
+    /// open (`MAY_EXIST`, never `ABSENT`) — for an assertion about what the replica's state says.
+    pub async fn leased_lookup(&self, namespace: &str, key: &[u8]) -> (Answer, Basis, u64) {
+        let what = format!("replica {} to answer under its read lease", self.id);
+        wait_until(PATIENCE, &what, async || {
+            let reply = self.lookup(namespace, key).await;
+            (reply.1 != Basis::Warming).then_some(reply)
+        })
+        .await
+    }
+
     /// Each namespace's (name, digest seq, digest) from `Admin.Stats`.
     pub async fn digests(&self) -> Vec<(String, u64, u64)> {
         let stats = self
