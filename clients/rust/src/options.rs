@@ -22,7 +22,7 @@ pub struct ClientOptions {
     /// enough for 64 busy callers to share one call.
     pub coalesce_window: Duration,
     /// A batch is sent as soon as it holds this many keys. Default 1,024: 100-key batches coalesced four
-    /// times as wide cost 0.146 instead of 0.222 µs of server CPU per key (`benches/results/callers.md`).
+    /// times as wide cost 0.117 instead of 0.179 µs of server CPU per key (`benches/results/callers.md`).
     pub coalesce_max_keys: usize,
     /// Keys longer than this (the gate's `max_key_bytes`, default 1,024) or empty are not coalesced but sent
     /// alone, so the gate's `INVALID_ARGUMENT` answers that caller and not the batch it would share.
