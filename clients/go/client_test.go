@@ -90,6 +90,14 @@ func (h *batchHold) batches() []int {
 	return append([]int(nil), h.sizes...)
 }
 
+// wantBatches fails t unless the batches sent so far had the sizes want, e.g. "[1 8 7]".
+func (h *batchHold) wantBatches(t *testing.T, want string) {
+	t.Helper()
+	if got := fmt.Sprint(h.batches()); got != want {
+		t.Errorf("batches of %s keys, want %s", got, want)
+	}
+}
+
 // waitHeld waits until the first batch is held.
 func (h *batchHold) waitHeld(t *testing.T) {
 	t.Helper()
@@ -209,9 +217,7 @@ func TestCoalesceMaxKeysSendsAFullBatchAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, want := fmt.Sprint(hold.batches()), "[1 8 8 8 8 8 8 8 7]"; got != want {
-		t.Errorf("batches of %s keys, want %s", got, want)
-	}
+	hold.wantBatches(t, "[1 8 8 8 8 8 8 8 7]")
 	if s := c.Stats(); s.GateCalls != 9 || s.BatchedKeys != 64 || s.Lookups != 64 {
 		t.Errorf("stats %+v: want 9 batches, 64 keys", s)
 	}
@@ -384,9 +390,7 @@ func TestMayExistManyPartsAndLookupsShareABatchWhole(t *testing.T) {
 				want[i][0].MayExist)
 		}
 	}
-	if got, want := fmt.Sprint(hold.batches()), "[100 302]"; got != want {
-		t.Errorf("batches of %s keys, want %s", got, want)
-	}
+	hold.wantBatches(t, "[100 302]")
 	if s := c.Stats(); s.BatchedKeys != 402 || s.Lookups != 2 || s.GateCalls != 2 {
 		t.Errorf("stats %+v: want 2 batches of 402 keys, 2 lookups", s)
 	}
@@ -431,9 +435,7 @@ func TestACoalescedBatchNeverExceedsTheServersLimit(t *testing.T) {
 		}
 		sameAnswers(t, i, got[i], want[i])
 	}
-	if got, want := fmt.Sprint(hold.batches()), "[1 8000 4000]"; got != want {
-		t.Errorf("batches of %s keys, want %s", got, want)
-	}
+	hold.wantBatches(t, "[1 8000 4000]")
 }
 
 func TestCoalescingOffSendsUnaryCalls(t *testing.T) {
@@ -523,9 +525,7 @@ func TestCallerDeadlineAndCancellationLeaveTheBatchToTheOthers(t *testing.T) {
 			t.Errorf("caller %d of the same batch: %+v, %v", i, o.answer, o.err)
 		}
 	}
-	if got, want := fmt.Sprint(hold.batches()), "[1 5]"; got != want {
-		t.Errorf("batches of %s keys, want %s (the keys of the callers that left are still sent)", got, want)
-	}
+	hold.wantBatches(t, "[1 5]") // the keys of the callers that left are still sent
 	if s := c.Stats(); s.GateCalls != 2 || s.BatchedKeys != 6 {
 		t.Errorf("stats %+v: want the 6 callers in 2 batches", s)
 	}

@@ -5,16 +5,11 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, deadAddress, eventually, DEADLINE_MS } = require('./server');
+const { startServer, deadAddress, eventually, opened, DEADLINE_MS } = require('./server');
 
 let server;
 let dead;
-const closers = [];
-
-function track(x) {
-  closers.push(x);
-  return x;
-}
+const { track, closeAll } = opened();
 
 before(async () => {
   [server, dead] = await Promise.all([startServer(), deadAddress()]);
@@ -23,7 +18,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const x of closers.reverse()) x.close();
+  closeAll();
   if (server) await server.stop();
 });
 

@@ -6,16 +6,11 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, AbsenceCache, Found, MISSING, DELETED, loadExistencePackage } = require('..');
-const { startServer, eventually, DEADLINE_MS } = require('./server');
+const { startServer, eventually, opened, DEADLINE_MS } = require('./server');
 
 let server;
 let stub;
-const closers = [];
-
-function track(x) {
-  closers.push(x);
-  return x;
-}
+const { track, closeAll } = opened();
 
 /** The source of truth: rows by key; a deleted row is kept as a marker (a soft delete). */
 class Database {
@@ -63,7 +58,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const x of closers.reverse()) x.close();
+  closeAll();
   if (stub) stub.close();
   if (server) await server.stop();
 });

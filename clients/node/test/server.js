@@ -148,4 +148,19 @@ async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', ext
   return { address, httpAddress, stop, metric, log: () => log };
 }
 
-module.exports = { startServer, deadAddress, stalledAddress, eventually, WAIT_MS, DEADLINE_MS };
+// What a test file opens (clients, readers): `track(x)` returns x; `closeAll()`, for its `after`, closes
+// them last first (a reader before the client it reads through).
+function opened() {
+  const open = [];
+  return {
+    track(x) {
+      open.push(x);
+      return x;
+    },
+    closeAll() {
+      for (const x of open.reverse()) x.close();
+    },
+  };
+}
+
+module.exports = { startServer, deadAddress, stalledAddress, eventually, opened, WAIT_MS, DEADLINE_MS };

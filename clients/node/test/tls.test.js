@@ -12,16 +12,11 @@ const os = require('os');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, DEADLINE_MS } = require('./server');
+const { startServer, opened, DEADLINE_MS } = require('./server');
 
 let dir;
 let server;
-const closers = [];
-
-function track(x) {
-  closers.push(x);
-  return x;
-}
+const { track, closeAll } = opened();
 
 function openssl(...args) {
   execFileSync('openssl', args, { cwd: dir, stdio: ['ignore', 'ignore', 'pipe'], timeout: 60_000 });
@@ -64,7 +59,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const x of closers.reverse()) x.close();
+  closeAll();
   if (server) await server.stop();
   if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });

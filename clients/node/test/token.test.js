@@ -6,16 +6,11 @@ const assert = require('node:assert/strict');
 const crypto = require('crypto');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, DEADLINE_MS } = require('./server');
+const { startServer, opened, DEADLINE_MS } = require('./server');
 
 const TOKEN = 'node-client-test-token';
 let server;
-const closers = [];
-
-function track(x) {
-  closers.push(x);
-  return x;
-}
+const { track, closeAll } = opened();
 
 before(async () => {
   const sha256 = crypto.createHash('sha256').update(TOKEN).digest('hex');
@@ -25,7 +20,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const x of closers.reverse()) x.close();
+  closeAll();
   if (server) await server.stop();
 });
 
