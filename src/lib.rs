@@ -9,6 +9,10 @@
 //!   a replay or a fuzzer alike.
 //! - [`storage`]: the data directory — write-ahead log, snapshots, recovery — which implements the core's
 //!   `Log` and encodes its state.
+//! - [`replication`]: the replicated mode — replicas that share one NATS JetStream stream as their log. Its
+//!   [`protocol`](replication::protocol) (membership, read lease, acknowledgement rule) is pure: no NATS, no
+//!   tokio, time passed in, so a deterministic simulation drives it; the stream adapter, the applier, the
+//!   shared snapshots and the replicated rebuild sit around it.
 //! - [`service`]: gRPC, admin, auth, shedding, HTTP, listeners, metrics and the lifecycle health reads.
 //! - [`server`]: the wiring — configuration in, layers started in order, background tasks, graceful
 //!   shutdown. `main.rs` only parses flags and calls it.
@@ -23,6 +27,7 @@
 pub mod cli;
 pub mod core;
 pub mod feed;
+pub mod replication;
 pub mod server;
 pub mod service;
 pub mod storage;

@@ -14,8 +14,8 @@ use existence_gate::core::config::{parse_duration, GateConfig};
 use existence_gate::server::{
     self, DurabilityOptions, ReplicationOptions, ServeOptions, TlsOptions,
 };
-use existence_gate::storage::replica::ReplicaOptions;
-use existence_gate::storage::stream::StreamOptions;
+use existence_gate::replication::replica::ReplicaOptions;
+use existence_gate::replication::stream::StreamOptions;
 use existence_gate::storage::SyncMode;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::EnvFilter;
@@ -225,6 +225,27 @@ struct ReplicationArgs {
     /// Seqs behind the stream past which a replica reports NOT_SERVING (lagging).
     #[arg(long, env = "EXISTENCE_GATE_MAX_LAG", default_value_t = 10_000)]
     max_lag: u64,
+    /// How much faster one replica's monotonic clock may run than another's (e.g. 1%, 0.5%, 100ppm): writers
+    /// that acknowledge by the fallback wait the read lease stretched by this much.
+    #[arg(long, env = "EXISTENCE_GATE_MAX_CLOCK_DRIFT", default_value = "1%", value_parser = parse_drift)]
+    max_clock_drift: u64,
+}
+
+/// A clock drift in parts per million, from `1%` or `100ppm`.
+fn parse_drift(text: &str) -> Result<u64, String> {
+    let bad = || format!("{text:?} is not a clock drift: write it as a percentage (1%) or in ppm (100ppm)");
+    let ppm = if let Some(percent) = text.strip_suffix('%') {
+        let percent: f64 = percent.trim().parse().map_err(|_| bad())?;
+        (percent * 10_000.0).round()
+    } else if let Some(ppm) = text.strip_suffix("ppm") {
+        ppm.trim().parse::<f64>().map_err(|_| bad())?
+    } else {
+        return Err(bad());
+    };
+    if !(0.0..=100_000.0).contains(&ppm) {
+        return Err(format!("{text:?} is out of range: a clock drift is 0 to 10%"));
+    }
+    Ok(ppm as u64)
 }
 
 impl ReplicationArgs {
@@ -239,12 +260,13 @@ impl ReplicationArgs {
                 self.read_lease
             ));
         }
-        let id = self.replica_id.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|name| name.trim().to_string())
-                .unwrap_or_else(|_| "replica".to_string());
-            format!("{host}:{}", listen.port())
-        });
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|name| name.trim().to_string())
+            .unwrap_or_else(|_| "replica".to_string());
+        let id = self
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| format!("{host}:{}", listen.port()));
         Ok(Some(ReplicationOptions {
             stream: StreamOptions {
                 token: self.nats_token.clone(),
@@ -257,6 +279,8 @@ impl ReplicationArgs {
                 id,
                 read_lease: self.read_lease,
                 max_lag: self.max_lag,
+                max_clock_drift_ppm: self.max_clock_drift,
+                origin: format!("{host} pid {} gRPC {listen}", std::process::id()),
             },
         }))
     }

@@ -35,6 +35,28 @@ const NETWORK_CRATES: &[&str] = &[
     "metrics_exporter_prometheus",
 ];
 
+/// The protocol is a pure state machine: besides the network crates, no runtime, no clock of its own.
+const PROTOCOL_FORBIDDEN: &[&str] = &[
+    "tonic",
+    "tonic_health",
+    "tonic_reflection",
+    "prost",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "axum",
+    "tower",
+    "http",
+    "tokio_rustls",
+    "rustls",
+    "async_nats",
+    "tokio_postgres",
+    "metrics_exporter_prometheus",
+    "tokio",
+    "Instant",
+    "SystemTime",
+];
+
 const RULES: &[Rule] = &[
     Rule {
         layer: "core",
@@ -44,6 +66,31 @@ const RULES: &[Rule] = &[
     },
     Rule {
         layer: "storage",
+        forbidden_modules: &["replication", "service", "server", "cli", "feed"],
+        allowed: &[],
+        forbidden_crates: &["tonic", "prost", "hyper", "axum", "h2", "tower", "async_nats"],
+    },
+    Rule {
+        // The replication protocol: pure rules over an injected clock, driven alike by the replica and by the
+        // deterministic simulation; no I/O, no runtime, no other part of the replicated mode.
+        layer: "replication/protocol",
+        forbidden_modules: &[
+            "storage",
+            "service",
+            "server",
+            "cli",
+            "feed",
+            "replication::replica",
+            "replication::stream",
+            "replication::snapshot_store",
+            "replication::replica_snapshots",
+            "replication::replicated_rebuild",
+        ],
+        allowed: &[],
+        forbidden_crates: PROTOCOL_FORBIDDEN,
+    },
+    Rule {
+        layer: "replication",
         forbidden_modules: &["service", "server", "cli", "feed"],
         allowed: &[],
         forbidden_crates: &["tonic", "prost", "hyper", "axum", "h2", "tower"],
@@ -146,7 +193,7 @@ fn each_layer_uses_only_the_layers_beneath_it() {
     }
     assert!(
         found.is_empty(),
-        "imports that cross a layer the wrong way (core < storage < service < server; cli beside them):\n{}",
+        "imports that cross a layer the wrong way (core < storage < replication < service < server; cli beside them):\n{}",
         found.join("\n")
     );
 }

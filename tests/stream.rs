@@ -17,7 +17,7 @@ use existence_gate::core::gate::Gate;
 use existence_gate::core::hashing::KeyHasher;
 use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::tombstones::AbsenceKind;
-use existence_gate::storage::stream::{AppliedReport, MutationStream, StreamError, StreamOptions};
+use existence_gate::replication::stream::{AppliedReport, MutationStream, StreamError, StreamOptions};
 use futures_util::StreamExt;
 
 fn add(namespace: &str, key: &str) -> Mutation {
@@ -240,19 +240,20 @@ async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
     };
     let (a, b) = (open(&nats).await, open(&nats).await);
     let reports = a.applied_reports().await.unwrap();
-    b.report_applied("replica-b", 7).await.unwrap();
-    a.report_applied("replica-a", 9).await.unwrap();
+    b.report_applied("replica-b", 2, 7).await.unwrap();
+    a.report_applied("replica-a", 1, 9).await.unwrap();
     let mut heard: Vec<AppliedReport> =
         tokio::time::timeout(common::PATIENCE, reports.take(2).collect())
             .await
             .expect("both reports arrive");
     // Two connections: the server may get them in either order.
     heard.sort_by(|x, y| x.replica.cmp(&y.replica));
-    let report = |replica: &str, seq| AppliedReport {
+    let report = |replica: &str, nonce, seq| AppliedReport {
         replica: replica.to_string(),
+        nonce,
         seq,
     };
-    assert_eq!(heard, [report("replica-a", 9), report("replica-b", 7)]);
+    assert_eq!(heard, [report("replica-a", 1, 9), report("replica-b", 2, 7)]);
     assert_eq!(
         a.last_seq().await.unwrap(),
         1,

@@ -270,8 +270,11 @@ impl Gate {
             entry.warming_answers.increment(1);
             return Ok((Lookup::WARMING, observed_seq));
         }
+        // The lease is read before the lookup: a renewal between the two cannot turn a lookup made before
+        // it into an ABSENT under the new lease (the state read after the check holds all the lease needs).
+        let leased = self.absent_allowed();
         let lookup = entry.namespace.lookup(key, self.clock.now_ms());
-        if lookup.answer == Answer::Absent && !self.absent_allowed() {
+        if lookup.answer == Answer::Absent && !leased {
             entry.lease_fail_opens.increment(1);
             return Ok((Lookup::WARMING, observed_seq));
         }
@@ -294,10 +297,11 @@ impl Gate {
             answers.resize(keys.len(), Lookup::WARMING);
             return Ok(observed_seq);
         }
+        let leased = self.absent_allowed();
         entry
             .namespace
             .lookup_many(keys, self.clock.now_ms(), answers);
-        if self.lease.is_some() && !self.absent_allowed() {
+        if !leased {
             let absent = answers.iter_mut().filter(|l| l.answer == Answer::Absent);
             let failed_open = absent.map(|l| *l = Lookup::WARMING).count();
             entry.lease_fail_opens.increment(failed_open as u64);

@@ -10,16 +10,22 @@
 //! The lease is measured on the monotonic clock ([`Instant`]), never the wall clock: a replica's wall clock
 //! may step, and the safety argument needs only that clocks on different machines run at the same *rate*.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-/// Until when this replica may answer `ABSENT`.
+/// Until when this replica may answer `ABSENT`: the end the replication protocol last granted, read by every
+/// lookup (one atomic load), and whether lookups have asked since the replica last looked, so it renews the
+/// lease only while it is used.
 #[derive(Debug)]
 pub struct ReadLease {
     /// What `until` counts from.
     origin: Instant,
-    /// Nanoseconds after `origin` at which the lease ends; 0 = never held.
+    /// Nanoseconds after `origin` at which the lease ends; 0 = not held.
     until_ns: AtomicU64,
+    /// Whether ever granted.
+    ever: AtomicBool,
+    /// Set by lookups, taken by the replica's lease keeper.
+    asked: AtomicBool,
 }
 
 impl Default for ReadLease {
@@ -34,53 +40,75 @@ impl ReadLease {
         Self {
             origin: Instant::now(),
             until_ns: AtomicU64::new(0),
+            ever: AtomicBool::new(false),
+            asked: AtomicBool::new(false),
         }
+    }
+
+    /// Now, in nanoseconds since this lease's origin: the clock the replication protocol runs on.
+    pub fn now(&self) -> u64 {
+        self.nanos_since_origin(Instant::now())
     }
 
     fn nanos_since_origin(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.origin).as_nanos() as u64
     }
 
-    /// Whether the lease holds now.
+    /// Whether the lease holds now; a lookup asking marks the lease as wanted.
     #[inline]
     pub fn holds(&self) -> bool {
-        self.holds_at(Instant::now())
+        if !self.asked.load(Ordering::Relaxed) {
+            // Written only when not yet set: lookups on every core read the flag without contending for it.
+            self.asked.store(true, Ordering::Relaxed);
+        }
+        self.holds_at(self.now())
     }
 
-    /// Whether the lease holds at `at`.
-    pub fn holds_at(&self, at: Instant) -> bool {
-        self.nanos_since_origin(at) < self.until_ns.load(Ordering::Acquire)
+    /// Whether the lease holds at `at` (nanoseconds since the origin).
+    pub fn holds_at(&self, at: u64) -> bool {
+        at < self.until_ns.load(Ordering::Acquire)
     }
 
-    /// Extends the lease to `until` (never shortens it: grants can arrive out of order).
-    pub fn extend_to(&self, until: Instant) {
-        self.until_ns
-            .fetch_max(self.nanos_since_origin(until), Ordering::AcqRel);
+    /// Sets the lease's end (0 revokes it).
+    pub fn set_until(&self, until: u64) {
+        if until != 0 {
+            self.ever.store(true, Ordering::Release);
+        }
+        self.until_ns.store(until, Ordering::Release);
+    }
+
+    /// Whether lookups asked since the last call.
+    pub fn take_asked(&self) -> bool {
+        self.asked.swap(false, Ordering::Relaxed)
     }
 
     /// Whether the lease was ever granted.
     pub fn ever_held(&self) -> bool {
-        self.until_ns.load(Ordering::Acquire) != 0
+        self.ever.load(Ordering::Acquire)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
-    fn a_lease_holds_until_its_end_and_is_never_shortened() {
+    fn a_lease_holds_until_its_end_and_can_be_revoked() {
         let lease = ReadLease::new();
-        let start = Instant::now();
-        assert!(!lease.holds_at(start), "a new lease is not held");
-        lease.extend_to(start + Duration::from_millis(100));
-        assert!(lease.holds_at(start + Duration::from_millis(99)));
-        assert!(!lease.holds_at(start + Duration::from_millis(100)));
-        lease.extend_to(start + Duration::from_millis(50));
-        assert!(
-            lease.holds_at(start + Duration::from_millis(99)),
-            "an older grant arriving late does not shorten the lease"
-        );
+        assert!(!lease.holds_at(0) && !lease.ever_held(), "a new lease is not held");
+        lease.set_until(100);
+        assert!(lease.holds_at(99));
+        assert!(!lease.holds_at(100));
+        lease.set_until(0);
+        assert!(!lease.holds_at(1) && lease.ever_held());
+    }
+
+    #[test]
+    fn lookups_mark_the_lease_wanted_until_the_keeper_takes_it() {
+        let lease = ReadLease::new();
+        assert!(!lease.take_asked());
+        lease.holds();
+        assert!(lease.take_asked());
+        assert!(!lease.take_asked());
     }
 }

@@ -18,7 +18,7 @@ use crate::service::auth::Authorizer;
 use crate::service::grpc::GateService;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::listener::{Incoming, Plaintext};
-use crate::storage::replica::Replica;
+use crate::replication::replica::Replica;
 
 /// The gRPC serving task; it ends when shutdown is triggered and in-flight calls finished.
 pub(super) type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;

@@ -11,10 +11,10 @@ use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::shutdown::Shutdown;
-use crate::storage::replica::{Replica, ReplicaOptions};
-use crate::storage::replica_snapshots::{ReplicaSnapshots, Sharing};
-use crate::storage::snapshot_store::SnapshotStore;
-use crate::storage::stream::{MutationStream, StreamError, StreamOptions};
+use crate::replication::replica::{Replica, ReplicaOptions};
+use crate::replication::replica_snapshots::{ReplicaSnapshots, Sharing};
+use crate::replication::snapshot_store::SnapshotStore;
+use crate::replication::stream::{MutationStream, StreamError, StreamOptions};
 
 /// How a replica reaches the stream and takes part.
 #[derive(Debug, Clone)]
@@ -93,7 +93,11 @@ impl Replicated {
             "state loaded; applying the stream after it"
         );
         metrics::gauge!("existence_replica_start_seq").set(covered as f64);
-        replica.start_after(covered);
+        if let Err(error) = replica.start_after(covered).await {
+            return lifecycle.fail(format!(
+                "cannot read the replicas' membership from the stream: {error}; restart when NATS is reachable"
+            ));
+        }
         background.spawn(Arc::clone(replica).apply(stop()));
         background.spawn(follow_health(
             Arc::clone(replica),

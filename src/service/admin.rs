@@ -14,8 +14,8 @@ use crate::service::access::{self, Access};
 use crate::service::auth::{Role, Scope};
 use crate::service::grpc::{self, status};
 use crate::service::lifecycle::{Lifecycle, NotDurable};
-use crate::storage::replica::Replica;
-use crate::storage::replicated_rebuild::ReplicatedRebuild;
+use crate::replication::replica::Replica;
+use crate::replication::replicated_rebuild::ReplicatedRebuild;
 use crate::storage::Persistence;
 
 /// The `Admin` service.

@@ -19,7 +19,7 @@ use crate::proto::existence_gate_server::ExistenceGate;
 use crate::service::access::Access;
 use crate::service::auth::{Role, Scope};
 use crate::service::metrics::{Rpc, RpcMetrics};
-use crate::storage::replica::Replica;
+use crate::replication::replica::Replica;
 
 /// The `ExistenceGate` service.
 #[derive(Debug, Clone)]

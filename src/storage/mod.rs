@@ -15,13 +15,8 @@
 
 pub mod codec;
 pub mod frame;
-pub mod replica;
-pub mod replica_snapshots;
-pub mod replicated_rebuild;
 pub mod segment_file;
 pub mod snapshot;
-pub mod snapshot_store;
-pub mod stream;
 pub mod wal;
 
 use std::fs::{File, OpenOptions};

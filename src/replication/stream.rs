@@ -10,7 +10,7 @@
 //!
 //! A mutation's seq is its **stream sequence**: the same on every replica, increasing within a namespace but
 //! with gaps (other namespaces' mutations take the numbers between). Messages are the log codec's bytes
-//! ([`super::codec`]), written with seq 0 — the stream assigns it — on subject `STREAM.<namespace>`.
+//! ([`crate::storage::codec`]), written with seq 0 — the stream assigns it — on subject `STREAM.<namespace>`.
 //! A publish carries a `Nats-Msg-Id`, so a publish retried after a lost acknowledgement is stored once
 //! within the stream's duplicate window (2 minutes).
 //!
@@ -28,6 +28,14 @@
 //! Both are written with an expected last sequence, so when replicas start together exactly one write
 //! wins and the others read it.
 //!
+//! - `STREAM.$member` — membership ([`MemberRecord`]): joins, leaves, operators' removals, and the hello a
+//!   starting replica publishes to read the membership up to its snapshot completely. Never purged.
+//! - `STREAM.$barrier` — a replica's freshness read: a publish only a leader with a quorum acknowledges (see
+//!   [`protocol`](super::protocol)). Purged with the namespaces' mutations below a shared snapshot.
+//!
+//! A message that is none of these — junk published by anything with publish rights — is passed over by
+//! every replica alike ([`Streamed::junk`]), never applied and never a reason to stop.
+//!
 //! Limits: stream names are NATS's (no spaces, `.`, `*` or `>`); a namespace name may contain `.`, which
 //! only adds subject tokens (`existence.a.b`), still under `existence.>`. A message holds at most the
 //! server's `max_payload` (1 MiB by default): an `Add` larger than that is refused by the publish.
@@ -43,8 +51,9 @@ use async_nats::ServerAddr;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
-use super::codec;
+use super::protocol::{MemberRecord, Membership};
 use crate::core::filter::FilterSpec;
+use crate::storage::codec;
 use crate::core::hashing::KeyHasher;
 use crate::core::log::Mutation;
 
@@ -63,6 +72,17 @@ const SIZING: &str = "$sizing";
 const IDENTITY_MAGIC: &[u8; 8] = b"EXGIDNT1";
 /// The identity format this build writes and reads.
 const IDENTITY_FORMAT: u32 = 1;
+/// The subject token of membership records.
+const MEMBER: &str = "$member";
+/// The subject token of lease barriers.
+const BARRIER: &str = "$barrier";
+/// The start of a membership record: then a kind byte, the nonce (u64 LE), the id's length (u16 LE), the
+/// id, and for a join the origin.
+const MEMBER_MAGIC: &[u8; 8] = b"EXGMEMB1";
+/// The start of an applied-seq report: then the seq and the nonce (u64 LE each) and the replica id.
+const REPORT_MAGIC: &[u8; 8] = b"EXGREPT2";
+/// How long reading the membership at start may take before it is tried again.
+const MEMBERSHIP_READ: Duration = Duration::from_secs(10);
 
 /// Where the stream is and how to reach it.
 #[derive(Debug, Clone)]
@@ -138,6 +158,8 @@ pub struct Published {
 pub struct AppliedReport {
     /// The replica's id (`--replica-id`).
     pub replica: String,
+    /// The reporting process's nonce: which incarnation of the id says so.
+    pub nonce: u64,
     /// The last stream seq it applied.
     pub seq: u64,
 }
@@ -147,9 +169,13 @@ pub struct AppliedReport {
 pub struct Streamed {
     /// Its stream sequence.
     pub seq: u64,
-    /// The mutation at `seq`; `None` for the stream's own records (identity, sizing), which a replica
-    /// passes over but counts as read.
+    /// The mutation at `seq`; `None` for the stream's own records (identity, sizing, membership,
+    /// barriers) and for junk, which a replica passes over but counts as read.
     pub mutation: Option<Mutation>,
+    /// The membership record at `seq`.
+    pub member: Option<MemberRecord>,
+    /// Why the message at `seq` is neither a mutation nor one of the stream's records, if it is not.
+    pub junk: Option<String>,
     /// The `Nats-Msg-Id` it was published with, if any: how a publisher recognises its own write.
     pub id: Option<String>,
 }
@@ -443,6 +469,91 @@ impl MutationStream {
         })
     }
 
+    /// Publishes a lease barrier for incarnation `nonce` of `replica`; the seq the stream stored it at. Only a
+    /// stream leader with a quorum acknowledges it, so every message acknowledged before it was sent is below
+    /// that seq — a read of the stream's end that an isolated leader cannot answer stale.
+    pub async fn publish_barrier(&self, replica: &str, nonce: u64) -> Result<u64, StreamError> {
+        let mut payload = nonce.to_le_bytes().to_vec();
+        payload.extend_from_slice(replica.as_bytes());
+        self.publish_record(BARRIER, payload).await
+    }
+
+    /// Publishes a membership record; the seq it was stored at.
+    pub async fn publish_member(&self, record: &MemberRecord) -> Result<u64, StreamError> {
+        self.publish_record(MEMBER, encode_member(Some(record), ("", 0)))
+            .await
+    }
+
+    async fn publish_record(&self, record: &str, payload: Vec<u8>) -> Result<u64, StreamError> {
+        let subject = format!("{}.{record}", self.name);
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Publish(format!(
+                "cannot publish {subject} to the JetStream stream {:?}: {e}",
+                self.name
+            ))
+        };
+        let message = jetstream::message::PublishMessage::build().payload(Bytes::from(payload));
+        let ack = self
+            .jetstream
+            .send_publish(subject.clone(), message)
+            .await
+            .map_err(|e| failed(&e))?
+            .await
+            .map_err(|e| failed(&e))?;
+        Ok(ack.sequence)
+    }
+
+    /// The membership as of stream seq `seq` (a snapshot's), read completely: this process publishes a hello
+    /// on the membership subject, then reads that subject from its start until its own hello comes back. The
+    /// hello was acknowledged by a quorum, so every record stored before it has been read — a stale server
+    /// cannot serve a shorter history without withholding the hello too (the read then times out and is
+    /// tried again).
+    pub async fn membership_through(
+        &self,
+        seq: u64,
+        replica: &str,
+        nonce: u64,
+    ) -> Result<Membership, StreamError> {
+        let subject = format!("{}.{MEMBER}", self.name);
+        let hello = self
+            .publish_record(MEMBER, encode_member(None, (replica, nonce)))
+            .await?;
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Read(format!(
+                "cannot read the membership ({subject}) of the JetStream stream {:?}: {e}",
+                self.name
+            ))
+        };
+        let consumer = self
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
+        let mut members = Membership::default();
+        let read = async {
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| failed(&e))?;
+                let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
+                if at >= hello {
+                    return Ok(members);
+                }
+                match parse_member(&message.payload) {
+                    Ok(Some(record)) if at <= seq => drop(members.apply(at, &record)),
+                    Ok(_) => {}
+                    Err(why) => tracing::error!(seq = at, %subject, %why, "a membership record is junk; passed over"),
+                }
+            }
+            Err(failed(&"the consumer ended"))
+        };
+        tokio::time::timeout(MEMBERSHIP_READ, read)
+            .await
+            .map_err(|_| failed(&format!("its hello at seq {hello} did not come back within {MEMBERSHIP_READ:?}")))?
+    }
+
     /// The core-NATS subject replicas report their applied seqs on: outside the stream (reports are
     /// liveness, not history, and must not take stream sequences).
     fn reports_subject(&self) -> String {
@@ -453,8 +564,10 @@ impl MutationStream {
     /// the stream up to `seq`. Flushed before it returns (the client would otherwise hold it in its write
     /// buffer while idle): a report only helps if it leaves now. Not acknowledged: a report lost in a
     /// reconnect is followed by the next one.
-    pub async fn report_applied(&self, replica: &str, seq: u64) -> Result<(), StreamError> {
-        let mut payload = seq.to_le_bytes().to_vec();
+    pub async fn report_applied(&self, replica: &str, nonce: u64, seq: u64) -> Result<(), StreamError> {
+        let mut payload = REPORT_MAGIC.to_vec();
+        payload.extend_from_slice(&seq.to_le_bytes());
+        payload.extend_from_slice(&nonce.to_le_bytes());
         payload.extend_from_slice(replica.as_bytes());
         let client = self.jetstream.client();
         let failed = |e: &dyn std::fmt::Display| {
@@ -486,14 +599,7 @@ impl MutationStream {
         // The server has the subscription once it has answered a request sent after it on the same
         // connection (it reads a connection's commands in order; a flush only empties the client's buffer).
         self.last_seq().await?;
-        Ok(reports.filter_map(|message| {
-            let payload = &message.payload;
-            let report = payload.get(..8).map(|seq| AppliedReport {
-                seq: u64::from_le_bytes(seq.try_into().expect("8 bytes")),
-                replica: String::from_utf8_lossy(&payload[8..]).into_owned(),
-            });
-            std::future::ready(report)
-        }))
+        Ok(reports.filter_map(|message| std::future::ready(parse_report(&message.payload))))
     }
 
     /// The stream's last sequence now: every mutation up to it is stored.
@@ -543,24 +649,32 @@ impl MutationStream {
         &self.jetstream
     }
 
+    /// Removes the lease barriers below `seq` (they carry no state; a retained snapshot is past them).
+    pub async fn purge_barriers_below(&self, seq: u64) -> Result<u64, StreamError> {
+        self.purge_subject_below(&format!("{}.{BARRIER}", self.name), seq).await
+    }
+
     /// Removes `namespace`'s mutations below `seq` from the stream (a retained snapshot covers them). The
-    /// stream's own records (identity, sizing) stay.
+    /// stream's own records (identity, sizing, membership) stay.
     pub async fn purge_below(&self, namespace: &str, seq: u64) -> Result<u64, StreamError> {
+        self.purge_subject_below(&self.subject(namespace), seq).await
+    }
+
+    async fn purge_subject_below(&self, subject: &str, seq: u64) -> Result<u64, StreamError> {
         if seq <= 1 {
             // Nothing is below seq 1 — and the server reads a purge "below" 0 or 1 as no bound at all, and
-            // would remove every mutation of the namespace.
+            // would remove every message on the subject.
             return Ok(0);
         }
         let purged = self
             .stream
             .purge()
-            .filter(self.subject(namespace))
+            .filter(subject)
             .sequence(seq)
             .await
             .map_err(|e| {
                 StreamError::Publish(format!(
-                    "cannot purge namespace {namespace:?} below seq {seq} from the JetStream stream {:?}: \
-                     {e}",
+                    "cannot purge {subject} below seq {seq} from the JetStream stream {:?}: {e}",
                     self.name
                 ))
             })?;
@@ -592,25 +706,100 @@ fn decode(
         .as_ref()
         .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
         .map(|id| id.as_str().to_string());
-    if message.subject.starts_with(control) {
-        return Ok(Streamed {
-            seq,
-            mutation: None,
-            id,
+    let subject = message.subject.as_str();
+    let passed_over = |member: Option<MemberRecord>, junk: Option<String>| Streamed {
+        seq,
+        mutation: None,
+        member,
+        junk,
+        id: id.clone(),
+    };
+    if let Some(record) = subject.strip_prefix(control) {
+        return Ok(match record {
+            _ if record == &MEMBER[1..] => match parse_member(&message.payload) {
+                Ok(Some(member)) => passed_over(Some(member), None),
+                Ok(None) => passed_over(None, None),
+                Err(why) => passed_over(None, Some(format!("subject {subject}: {why}"))),
+            },
+            _ => passed_over(None, None),
         });
     }
-    let mutation = codec::decode(&message.payload).map_err(|malformed| {
-        StreamError::Read(format!(
-            "message {seq} of the JetStream stream {name:?} (subject {}) is not a mutation: {}; only \
-             existence-gate replicas may publish to this stream",
-            message.subject, malformed.0
-        ))
-    })?;
-    Ok(Streamed {
-        seq,
-        mutation: Some(mutation.with_seq(seq)),
-        id,
-    })
+    match codec::decode(&message.payload) {
+        Ok(mutation) if format!("{name}.{}", mutation.namespace()) == subject => Ok(Streamed {
+            seq,
+            mutation: Some(mutation.with_seq(seq)),
+            member: None,
+            junk: None,
+            id,
+        }),
+        Ok(mutation) => Ok(passed_over(
+            None,
+            Some(format!(
+                "subject {subject}: a mutation of namespace {:?}, which belongs on {name}.{}",
+                mutation.namespace(),
+                mutation.namespace()
+            )),
+        )),
+        Err(malformed) => Ok(passed_over(
+            None,
+            Some(format!("subject {subject}: not a mutation: {}", malformed.0)),
+        )),
+    }
+}
+
+/// A report's payload, or `None` for one this build does not read (another version's, or junk).
+fn parse_report(payload: &[u8]) -> Option<AppliedReport> {
+    let rest = payload.strip_prefix(REPORT_MAGIC.as_slice())?;
+    let seq = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
+    let nonce = u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?);
+    let replica = std::str::from_utf8(rest.get(16..)?).ok()?.to_string();
+    Some(AppliedReport { replica, nonce, seq })
+}
+
+/// Membership record kinds.
+const JOIN: u8 = 1;
+const LEAVE: u8 = 2;
+const REMOVE: u8 = 3;
+/// A starting replica's hello: no change to membership (see [`MutationStream::membership_through`]).
+const HELLO: u8 = 4;
+
+/// Encodes a membership record (`None`: a hello from `id`, `nonce`).
+fn encode_member(record: Option<&MemberRecord>, hello: (&str, u64)) -> Vec<u8> {
+    let (kind, id, nonce, origin) = match record {
+        Some(MemberRecord::Join { id, nonce, origin }) => (JOIN, id.as_str(), *nonce, origin.as_str()),
+        Some(MemberRecord::Leave { id, nonce }) => (LEAVE, id.as_str(), *nonce, ""),
+        Some(MemberRecord::Remove { id }) => (REMOVE, id.as_str(), 0, ""),
+        None => (HELLO, hello.0, hello.1, ""),
+    };
+    let mut payload = MEMBER_MAGIC.to_vec();
+    payload.push(kind);
+    payload.extend_from_slice(&nonce.to_le_bytes());
+    let id_len = u16::try_from(id.len()).unwrap_or(u16::MAX);
+    payload.extend_from_slice(&id_len.to_le_bytes());
+    payload.extend_from_slice(&id.as_bytes()[..usize::from(id_len)]);
+    payload.extend_from_slice(origin.as_bytes());
+    payload
+}
+
+/// A membership record (`Ok(None)`: a hello), or why the payload is not one.
+fn parse_member(payload: &[u8]) -> Result<Option<MemberRecord>, String> {
+    let malformed = || format!("a membership record of {} bytes that does not parse", payload.len());
+    let rest = payload.strip_prefix(MEMBER_MAGIC.as_slice()).ok_or_else(malformed)?;
+    let (&kind, rest) = rest.split_first().ok_or_else(malformed)?;
+    let nonce = u64::from_le_bytes(rest.get(..8).ok_or_else(malformed)?.try_into().map_err(|_| malformed())?);
+    let id_len = usize::from(u16::from_le_bytes(
+        rest.get(8..10).ok_or_else(malformed)?.try_into().map_err(|_| malformed())?,
+    ));
+    let id = rest.get(10..10 + id_len).ok_or_else(malformed)?;
+    let id = std::str::from_utf8(id).map_err(|_| malformed())?.to_string();
+    let origin = String::from_utf8_lossy(&rest[10 + id_len..]).into_owned();
+    match kind {
+        JOIN => Ok(Some(MemberRecord::Join { id, nonce, origin })),
+        LEAVE => Ok(Some(MemberRecord::Leave { id, nonce })),
+        REMOVE => Ok(Some(MemberRecord::Remove { id })),
+        HELLO => Ok(None),
+        _ => Err(format!("a membership record of unknown kind {kind}")),
+    }
 }
 
 /// Stream names are single subject tokens in NATS's API.

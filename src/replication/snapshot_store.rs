@@ -3,7 +3,7 @@
 //! from the newest one and applies the stream after it, instead of applying the stream from its start; the
 //! stream's mutations below a retained snapshot can then be purged.
 //!
-//! The files are the local snapshot format ([`super::snapshot`]) unchanged: checksummed frames, the hash seed
+//! The files are the local snapshot format ([`crate::storage::snapshot`]) unchanged: checksummed frames, the hash seed
 //! in the header (checked against the stream's before anything is restored), each namespace's seq, sizing
 //! fingerprint, filter bits, tombstones and memory of recent adds. A snapshot covering seq S holds every
 //! mutation up to S, and nothing after.

@@ -1,37 +1,23 @@
 //! A replica: the gate fed by the shared [`MutationStream`], its writes published to it, and the read
-//! lease and acknowledgement rule that keep every replica from answering a false `ABSENT`.
+//! lease and acknowledgement rule of the [`protocol`](super::protocol) that keep every replica from
+//! answering a false `ABSENT`.
 //!
 //! ```text
 //!  write RPC ─▶ prepare (validate, REDUNDANT/THROTTLED here) ─▶ publish(Nats-Msg-Id) ─▶ stream seq N
 //!                                                                                       │
-//!  applier: follow the stream ─▶ gate.apply_streamed (outcome decided here, in order) ◀─┘
-//!           └─▶ report "applied through N" on a core subject (every replica hears every report)
-//!  write RPC answered when: applied here, and every replica heard from recently applied N — or the read
-//!                           lease length has passed since the publish ack, whichever comes first
-//!  lease keeper: every lease/4 ─ t = now; report; fetch stream last seq L ─▶ once applied ≥ L, ABSENT
-//!                may be answered until t + lease
+//!  applier: follow the stream ─▶ gate.apply_streamed + protocol.apply (in order) ◀──────┘
+//!           └─▶ after each batch: report "incarnation I applied through N" on a core subject
+//!  write RPC answered when: applied here, and every member as of N reported N (or departed over a fallback
+//!                           ago) — or lease × (1 + ρ) + margin after the publish ack (Protocol::ack)
+//!  lease keeper: every lease/4 — report; while lookups ask for the lease (or to catch up and join, or once
+//!                a second as a probe) publish a barrier at t, stored at B; once applied through B as a
+//!                member, ABSENT may be answered until t + lease. Joins once caught up; leaves at shutdown.
 //! ```
 //!
-//! **Why no replica answers `ABSENT` for an acknowledged `Add`.** Say `Add` k is stored at stream seq N
-//! at time `t_N`, and acknowledged to its caller at `t_ack`. A replica R answering at `t ≥ t_ack` holds
-//! a lease granted from a sample (report sent at `s`, stream last seq `L` fetched after `s`), with
-//! `t < s + lease`, and R has applied through `L`. If the fetch happened after `t_N`, then `L ≥ N` and R has
-//! applied k: it answers `MAY_EXIST`. Otherwise `s < t_N`. The writer acknowledged either (a) after
-//! `lease` had passed since the publish ack, which came after `t_N`: then `t ≥ t_ack > t_N + lease >
-//! s + lease`, so R's lease had ended — a contradiction; or (b) once every replica whose report it had
-//! received within the last `2 × lease` had applied N. R's report sent at `s` reached the writer soon after
-//! `s` (below); if R was in that set it had applied N; if it had dropped out, the writer had not heard
-//! from R for `2 × lease`, so `t ≥ t_ack > s + 2 × lease`: again past R's lease.
-//!
-//! Each inequality compares durations measured on different machines' monotonic clocks, so the argument
-//! needs their *rates* to agree (within the margin the factor 2 leaves), never their offsets. It also
-//! assumes a report reaches the other replicas within `lease` of being flushed to the NATS server; a
-//! replica cut off from NATS renews no lease (its fetch fails), so that can fail only for a writer that is
-//! itself connected but slow to read its subscription. The cost: an `Add` waits for the slowest recently
-//! reporting replica (one apply and one report, ~1 ms on a LAN), or `lease` if one stalls; a replica that
-//! cannot renew its lease answers `MAY_EXIST` + `WARMING` (correct, but the callers read the source).
+//! The argument is in [`protocol`](super::protocol); this module feeds it real events and real time (the
+//! read lease's monotonic clock) and acts on its answers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,6 +27,7 @@ use futures_util::StreamExt;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use tokio::sync::{oneshot, watch, Notify};
 
+use super::protocol::{Ack, Cause, Incarnation, MemberRecord, Protocol, Standing, Timing};
 use super::stream::{AppliedReport, MutationStream, StreamError, Streamed};
 use crate::core::gate::{Gate, GateError};
 use crate::core::lease::ReadLease;
@@ -61,12 +48,17 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(800);
 const STALL: Duration = Duration::from_secs(2);
 /// Messages the applier takes from the stream at once when they are waiting (one report per batch).
 const APPLY_BATCH: usize = 256;
-/// A replica whose report arrived within this many lease lengths is waited for by writers.
+/// A replica whose report arrived within this many lease lengths shares snapshots and holds back purges.
 const RECENT_LEASES: u32 = 2;
 /// A replica not heard from for this long is forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
-/// Lease samples kept while the applier catches up to them.
-const PENDING_SAMPLES: usize = 16;
+/// How often an idle replica (no lookup asked for the lease) still publishes a barrier: what keeps its
+/// health true while nobody asks it anything.
+const PROBE: Duration = Duration::from_secs(1);
+/// Added to the protocol's waits for clock granularity.
+const MARGIN: Duration = Duration::from_millis(1);
+/// How long a graceful stop waits for its leave to be stored.
+const LEAVE_WAIT: Duration = Duration::from_secs(2);
 
 /// How a replica takes part.
 #[derive(Debug, Clone)]
@@ -77,6 +69,10 @@ pub struct ReplicaOptions {
     pub read_lease: Duration,
     /// Seqs behind the stream past which it reports itself lagging (not serving).
     pub max_lag: u64,
+    /// ρ in parts per million: how much faster one replica's monotonic clock may run than another's.
+    pub max_clock_drift_ppm: u64,
+    /// Where this process runs (host, process id, gRPC address): what a twin with the same id is told.
+    pub origin: String,
 }
 
 /// Why a replica should not be sent traffic now.
@@ -88,6 +84,10 @@ pub enum Lagging {
     NoLease { applied: u64, stream: u64 },
     /// The applier stopped on an error it cannot get past.
     Stopped(String),
+    /// Not a member: another process joined with this replica's id.
+    Displaced { id: String, seq: u64, by: String },
+    /// Not a member: an operator removed it.
+    Removed { id: String, seq: u64 },
 }
 
 impl std::fmt::Display for Lagging {
@@ -105,17 +105,18 @@ impl std::fmt::Display for Lagging {
                  unreachable, or too busy to renew the lease)"
             ),
             Self::Stopped(reason) => write!(f, "stopped applying the stream: {reason}"),
+            Self::Displaced { id, seq, by } => write!(
+                f,
+                "another process joined as replica {id:?} at seq {seq} ({by}): two processes use one \
+                 --replica-id, so this one answers no ABSENT; give each replica its own id and restart it"
+            ),
+            Self::Removed { id, seq } => write!(
+                f,
+                "replica {id:?} was removed from the membership at seq {seq} (existence-gate replicas \
+                 remove): it answers no ABSENT; restart it to join again"
+            ),
         }
     }
-}
-
-/// A moment the stream's end was sampled: the lease it grants once applied through `last_seq`.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    /// When the report before the fetch was sent.
-    sent: Instant,
-    /// The stream's last seq fetched after that.
-    last_seq: u64,
 }
 
 /// What the other replicas last said, by replica id: applied seq and when it was heard.
@@ -158,13 +159,6 @@ impl Peers {
             .collect()
     }
 
-    /// Whether every replica heard from within `recent` has applied `seq`.
-    fn all_applied(&self, seq: u64, recent: Duration) -> bool {
-        self.within(recent)
-            .iter()
-            .all(|(_, applied)| *applied >= seq)
-    }
-
     /// The least applied seq heard from within `recent`.
     fn slowest(&self, recent: Duration) -> Option<u64> {
         self.within(recent)
@@ -190,6 +184,7 @@ struct ReplicaMetrics {
     publish_ack: Histogram,
     acked_by_lease: Counter,
     publish_retries: Counter,
+    skipped: Counter,
 }
 
 impl ReplicaMetrics {
@@ -204,6 +199,7 @@ impl ReplicaMetrics {
             publish_ack: histogram!("existence_replica_publish_ack_duration_seconds"),
             acked_by_lease: counter!("existence_replica_acked_by_lease_total"),
             publish_retries: counter!("existence_replica_publish_retries_total"),
+            skipped: counter!("existence_replica_skipped_messages_total"),
         }
     }
 }
@@ -220,7 +216,14 @@ pub struct Replica {
     stream_seq: AtomicU64,
     /// When the applier last had everything fetched applied: what lag in time is measured from.
     caught_up_at: Mutex<Instant>,
-    samples: Mutex<VecDeque<Sample>>,
+    /// The protocol's state: membership, reports, barriers, the lease it grants. Locked briefly, never
+    /// across an await; the lease it grants is copied into `lease` under the lock.
+    protocol: Mutex<Protocol>,
+    /// Woken when a report arrives or a batch is applied: writers waiting to acknowledge look again.
+    progress: Notify,
+    /// When the last barrier was acknowledged, and its seq: health's proof of freshness while no lookup
+    /// asks for the lease.
+    last_barrier: Mutex<Option<(Instant, u64)>>,
     /// Writes published by this replica and not yet applied here, by message id.
     waiting: Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
     peers: Peers,
@@ -255,7 +258,19 @@ impl Replica {
         options: ReplicaOptions,
     ) -> Arc<Self> {
         let applied_seq = 0;
+        let me = Incarnation {
+            id: options.id.clone(),
+            nonce: rand::random::<u64>(),
+        };
+        let timing = Timing {
+            lease: options.read_lease.as_nanos() as u64,
+            drift_ppm: options.max_clock_drift_ppm,
+            margin: MARGIN.as_nanos() as u64,
+        };
         Arc::new(Self {
+            protocol: Mutex::new(Protocol::new(me, timing)),
+            progress: Notify::new(),
+            last_barrier: Mutex::new(None),
             stream,
             gate,
             lease,
@@ -264,7 +279,6 @@ impl Replica {
             applied: watch::Sender::new(applied_seq),
             stream_seq: AtomicU64::new(applied_seq),
             caught_up_at: Mutex::new(Instant::now()),
-            samples: Mutex::new(VecDeque::new()),
             waiting: Mutex::new(HashMap::new()),
             peers: Peers::default(),
             next_id: AtomicU64::new(0),
@@ -275,10 +289,48 @@ impl Replica {
         })
     }
 
-    /// Starts from a restored snapshot covering stream seq `seq` (before [`apply`](Self::apply) runs).
-    pub fn start_after(&self, seq: u64) {
+    /// Starts from a restored snapshot covering stream seq `seq` (before [`apply`](Self::apply) runs),
+    /// reading the membership as of `seq` from the stream (see `MutationStream::membership_through`).
+    pub async fn start_after(&self, seq: u64) -> Result<(), StreamError> {
+        let members = if seq == 0 {
+            Default::default()
+        } else {
+            let nonce = self.nonce();
+            self.stream
+                .membership_through(seq, &self.options.id, nonce)
+                .await?
+        };
+        self.protocol().start_after(seq, members);
         self.applied.send_replace(seq);
         self.stream_seq.fetch_max(seq, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn protocol(&self) -> std::sync::MutexGuard<'_, Protocol> {
+        self.protocol.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This process's nonce: what tells it apart from any other process using its replica id.
+    pub fn nonce(&self) -> u64 {
+        self.protocol().me().nonce
+    }
+
+    /// The members as of the applied seq: (id, nonce, seq of its join, origin), by id.
+    pub fn members(&self) -> Vec<(String, u64, u64, String)> {
+        self.protocol()
+            .members()
+            .iter()
+            .map(|(id, m)| (id.clone(), m.nonce, m.joined, m.origin.clone()))
+            .collect()
+    }
+
+    /// Publishes an operator's removal of replica `id`; the seq it was stored at.
+    pub async fn remove_member(&self, id: &str) -> Result<u64, GateError> {
+        let record = MemberRecord::Remove { id: id.to_string() };
+        self.stream
+            .publish_member(&record)
+            .await
+            .map_err(unavailable)
     }
 
     /// The least seq applied by every replica heard from within `within` (this one included); 0 until this
@@ -387,7 +439,7 @@ impl Replica {
             let applying = self.applying.lock().await;
             let gap = self.apply_in_order(batch)?;
             drop(applying);
-            self.grant_lease();
+            self.settle();
             self.report().await;
             if let Some(missing) = gap {
                 return Err(self.explain_gap(missing).await);
@@ -449,6 +501,16 @@ impl Replica {
         if read.seq <= self.applied_seq() {
             return Ok(());
         }
+        if let Some(junk) = &read.junk {
+            // Every replica reads the same message and passes it over alike: the state stays the same everywhere.
+            self.metrics.skipped.increment(1);
+            tracing::error!(
+                seq = read.seq,
+                %junk,
+                "passed over a message of the stream that no existence-gate replica wrote; only replicas \
+                 should have publish rights on the stream's subjects (README, Scaling out)"
+            );
+        }
         let outcome = match read.mutation {
             Some(mutation) => {
                 self.metrics.applied.increment(1);
@@ -458,6 +520,13 @@ impl Replica {
             }
             None => None,
         };
+        if read.member.is_some() {
+            tracing::info!(seq = read.seq, record = ?read.member, "membership changed");
+        }
+        let mut protocol = self.protocol();
+        protocol.apply(read.seq, read.member.as_ref(), self.lease.now());
+        self.lease.set_until(protocol.lease_until());
+        drop(protocol);
         self.applied.send_replace(read.seq);
         if let Some(waiter) = read.id.and_then(|id| {
             self.waiting
@@ -474,7 +543,7 @@ impl Replica {
     async fn report(&self) -> bool {
         let sent = self
             .stream
-            .report_applied(&self.options.id, self.applied_seq())
+            .report_applied(&self.options.id, self.nonce(), self.applied_seq())
             .await;
         if let Err(error) = &sent {
             tracing::debug!(%error, "an applied-seq report was not sent");
@@ -482,55 +551,118 @@ impl Replica {
         sent.is_ok()
     }
 
-    /// Grants the lease of the newest sample the applier has reached.
-    fn grant_lease(&self) {
-        let applied = self.applied_seq();
-        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-        let mut reached = None;
-        while samples.front().is_some_and(|s| s.last_seq <= applied) {
-            reached = samples.pop_front();
-        }
-        let behind = !samples.is_empty();
-        drop(samples);
-        if let Some(sample) = reached {
-            self.lease.extend_to(sample.sent + self.options.read_lease);
-        }
-        if !behind {
+    /// After a batch (or a barrier's acknowledgement): the protocol grants what it now may, and writers
+    /// waiting to acknowledge look again.
+    fn settle(&self) {
+        let mut protocol = self.protocol();
+        protocol.settle(self.lease.now());
+        self.lease.set_until(protocol.lease_until());
+        drop(protocol);
+        let caught_up = self
+            .last_barrier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|(_, seq)| seq <= self.applied_seq());
+        if caught_up {
             *self.caught_up_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         }
+        self.progress.notify_waiters();
     }
 
-    /// Every lease/4 until `stop`: report, sample the stream's end, grant the lease if already applied.
+    /// Every lease/4 until `stop`: report; publish a barrier when the lease is wanted (see [`Self::renew`]);
+    /// join once caught up. At `stop`, leave.
     pub async fn keep_lease(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
         let mut ticks = tokio::time::interval(self.options.read_lease / 4);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = &mut stop => return,
-                _ = ticks.tick() => self.sample().await,
+                () = &mut stop => return self.leave().await,
+                _ = ticks.tick() => {}
             }
+            self.report().await;
+            if self.wants_barrier() {
+                self.renew().await;
+            }
+            self.join_if_caught_up().await;
         }
     }
 
-    async fn sample(&self) {
-        let sent = Instant::now();
-        if !self.report().await {
+    /// Whether to publish a barrier now: while lookups ask for the lease and less than half of it is left,
+    /// while not a member yet (to catch up and join), and once per [`PROBE`] in any case.
+    fn wants_barrier(&self) -> bool {
+        let asked = self.lease.take_asked();
+        let protocol = self.protocol();
+        let half = protocol.timing().lease / 2;
+        let short = protocol.lease_until() < self.lease.now().saturating_add(half);
+        let joining = *protocol.standing() == Standing::Joining;
+        drop(protocol);
+        let probe_due = self
+            .last_barrier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|(at, _)| at.elapsed() >= PROBE);
+        (asked && short) || joining || probe_due
+    }
+
+    /// Publishes a barrier and hands its seq to the protocol, which grants the lease once it is applied.
+    async fn renew(&self) {
+        let sent = self.lease.now();
+        let barrier = self.stream.publish_barrier(&self.options.id, self.nonce());
+        match tokio::time::timeout(self.options.read_lease, barrier).await {
+            Ok(Ok(seq)) => {
+                self.stream_seq.fetch_max(seq, Ordering::AcqRel);
+                *self.last_barrier.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), seq));
+                self.protocol().barrier_acked(sent, seq, self.lease.now());
+                self.settle();
+            }
+            Ok(Err(error)) => tracing::debug!(%error, "no lease barrier: the publish failed"),
+            Err(_) => tracing::debug!("no lease barrier: not acknowledged within the read lease"),
+        }
+    }
+
+    /// Publishes this process's join once it has caught up with the stream (applied a barrier).
+    async fn join_if_caught_up(&self) {
+        if !self.protocol().should_join() {
             return;
         }
-        match self.stream.last_seq().await {
-            Ok(last_seq) => {
-                self.stream_seq.fetch_max(last_seq, Ordering::AcqRel);
-                let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-                if samples.len() == PENDING_SAMPLES {
-                    samples.pop_front();
-                }
-                samples.push_back(Sample { sent, last_seq });
-                drop(samples);
-                self.grant_lease();
+        let record = MemberRecord::Join {
+            id: self.options.id.clone(),
+            nonce: self.nonce(),
+            origin: self.options.origin.clone(),
+        };
+        match self.stream.publish_member(&record).await {
+            Ok(seq) => {
+                tracing::info!(seq, replica = %self.options.id, "joined the replicas");
+                // Applied by the applier like any message; until then the join is retried each tick only if
+                // it is still not a member, which a second stored join of the same nonce does not change.
+                let _ = self.wait_applied(seq, APPLY_WAIT).await;
             }
-            Err(error) => tracing::debug!(%error, "no lease sample: the stream's end was not read"),
+            Err(error) => tracing::warn!(%error, "the join was not published; trying again"),
         }
+    }
+
+    /// A graceful stop: answer no `ABSENT` from now on, then publish the leave, so writers stop waiting for
+    /// this process's reports without waiting the fallback each.
+    async fn leave(&self) {
+        let record = {
+            let mut protocol = self.protocol();
+            let record = protocol.leave();
+            self.lease.set_until(protocol.lease_until());
+            record
+        };
+        let Some(record) = record else { return };
+        match tokio::time::timeout(LEAVE_WAIT, self.stream.publish_member(&record)).await {
+            Ok(Ok(seq)) => tracing::info!(seq, "left the replicas"),
+            Ok(Err(error)) => tracing::warn!(%error, "the leave was not published: writers wait the fallback for this replica until it restarts or is removed"),
+            Err(_) => tracing::warn!("the leave was not acknowledged within {LEAVE_WAIT:?}: writers wait the fallback for this replica until it restarts or is removed"),
+        }
+    }
+
+    fn heard(&self, report: AppliedReport) {
+        self.protocol().heard(report.nonce, report.seq);
+        self.peers.heard(report);
+        self.progress.notify_waiters();
     }
 
     /// Listens to the other replicas' reports until `stop`.
@@ -549,7 +681,7 @@ impl Replica {
                         tokio::select! {
                             () = &mut stop => return,
                             report = reports.next() => match report {
-                                Some(report) => self.peers.heard(report),
+                                Some(report) => self.heard(report),
                                 None => break,
                             },
                         }
@@ -569,7 +701,7 @@ impl Replica {
     pub fn lagging(&self) -> Option<Lagging> {
         let (applied, stream) = (self.applied_seq(), self.stream_seq.load(Ordering::Acquire));
         let stream = stream.max(applied);
-        let held = self.lease.holds();
+        let held = self.lease.holds_at(self.lease.now());
         let lag_time = if stream > applied {
             self.caught_up_at
                 .lock()
@@ -578,15 +710,15 @@ impl Replica {
         } else {
             Duration::ZERO
         };
+        let (standing, members) = {
+            let protocol = self.protocol();
+            (protocol.standing().clone(), protocol.members().iter().count())
+        };
         self.metrics.applied_seq.set(applied as f64);
         self.metrics.lag_seqs.set((stream - applied) as f64);
         self.metrics.lag_seconds.set(lag_time.as_secs_f64());
         self.metrics.lease_held.set(f64::from(u8::from(held)));
-        self.metrics.peers.set(
-            self.peers
-                .within(self.options.read_lease * RECENT_LEASES)
-                .len() as f64,
-        );
+        self.metrics.peers.set(members as f64);
         if let Some(reason) = self
             .stopped
             .lock()
@@ -594,6 +726,17 @@ impl Replica {
             .clone()
         {
             return Some(Lagging::Stopped(reason));
+        }
+        let id = self.options.id.clone();
+        match standing {
+            Standing::Departed { seq, cause: Cause::Displaced(by) } => {
+                return Some(Lagging::Displaced { id, seq, by })
+            }
+            Standing::Departed { seq, cause: Cause::Removed } => return Some(Lagging::Removed { id, seq }),
+            Standing::Departed { cause: Cause::Left, .. } => {
+                return Some(Lagging::Stopped("left the replicas (shutting down)".to_string()))
+            }
+            Standing::Joining | Standing::Member { .. } => {}
         }
         if stream - applied > self.options.max_lag {
             return Some(Lagging::Behind {
@@ -604,7 +747,17 @@ impl Replica {
         }
         // Called whether or not the lease holds: that is what ends a blip.
         let blip = self.lease_blip(held);
-        (!held && !blip).then_some(Lagging::NoLease { applied, stream })
+        let fresh = held || self.recently_fresh();
+        (!fresh && !blip).then_some(Lagging::NoLease { applied, stream })
+    }
+
+    /// Whether, though no lookup keeps the lease renewed, a member applied through a barrier acknowledged
+    /// within the last two probes: it would get a lease at the first lookup.
+    fn recently_fresh(&self) -> bool {
+        let member = matches!(self.protocol().standing(), Standing::Member { .. });
+        let last = *self.last_barrier.lock().unwrap_or_else(|e| e.into_inner());
+        member
+            && last.is_some_and(|(at, seq)| at.elapsed() < PROBE * 2 && seq <= self.applied_seq())
     }
 
     /// Whether a lease that held before has been lost for less than one lease length: the renewal is late
@@ -677,7 +830,7 @@ impl Replica {
         let (applied_tx, applied_rx) = oneshot::channel();
         let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
         let published = self.publish_retrying(&mutation, &id).await?;
-        let acked = Instant::now();
+        let acked = self.lease.now();
         let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
             .await
             .ok()
@@ -728,6 +881,7 @@ impl Replica {
             let started = Instant::now();
             match self.stream.publish(mutation, id).await {
                 Ok(published) => {
+                    self.stream_seq.fetch_max(published.seq, Ordering::AcqRel);
                     self.metrics
                         .publish_ack
                         .record(started.elapsed().as_secs_f64());
@@ -744,24 +898,25 @@ impl Replica {
         }
     }
 
-    /// Waits until every recently heard replica has applied `seq`, or the read lease has passed since
-    /// `acked` (a replica that stopped reporting can hold no lease that old).
-    async fn wait_for_replicas(&self, seq: u64, acked: Instant) {
-        let recent = self.options.read_lease * RECENT_LEASES;
-        let deadline = tokio::time::Instant::from_std(acked + self.options.read_lease);
+    /// Waits until the protocol lets the write at `seq` be acknowledged: every member reported it, or the
+    /// fallback passed since its publish was acknowledged at `published_at`.
+    async fn wait_for_replicas(&self, seq: u64, published_at: u64) {
         loop {
-            let changed = self.peers.changed.notified();
+            let changed = self.progress.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            if self.peers.all_applied(seq, recent) {
-                return;
-            }
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(deadline) => {
+            let now = self.lease.now();
+            let until = match self.protocol().ack(seq, published_at, now) {
+                Ack::Early => return,
+                Ack::ByFallback => {
                     self.metrics.acked_by_lease.increment(1);
                     return;
                 }
+                Ack::Wait(until) => until,
+            };
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep(Duration::from_nanos(until.saturating_sub(now))) => {}
             }
         }
     }

@@ -18,10 +18,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::snapshot;
+use crate::storage::snapshot;
 use super::snapshot_store::SnapshotStore;
 use super::stream::MutationStream;
-use super::DataDir;
+use crate::storage::DataDir;
 use crate::core::gate::Gate;
 use crate::core::namespace::NamespaceImage;
 
@@ -190,8 +190,8 @@ impl ReplicaSnapshots {
         let written = tokio::task::spawn_blocking(move || {
             let dir = writer_dir.path();
             let written = snapshot::write_images(dir, covered, images, hash_check, seed)?;
-            super::remove_older_snapshots(writer_dir.path(), covered)?;
-            Ok::<_, super::PersistenceError>(written)
+            crate::storage::remove_older_snapshots(writer_dir.path(), covered)?;
+            Ok::<_, crate::storage::PersistenceError>(written)
         })
         .await
         .map_err(|panic| format!("the snapshot task failed: {panic}"))?
@@ -216,6 +216,11 @@ impl ReplicaSnapshots {
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        purged += sharing
+            .stream
+            .purge_barriers_below(below)
+            .await
+            .map_err(|e| e.to_string())?;
         metrics::gauge!("existence_replica_snapshot_shared_seq").set(covered as f64);
         tracing::info!(
             covered,

@@ -1,0 +1,21 @@
+//! The replicated mode: replicas that share one NATS JetStream stream as their log, each applying it in
+//! stream order into its own gate, so that any replica answers any lookup.
+//!
+//! ```text
+//!  protocol/            the rules, pure: membership, read lease, acknowledgement (simulated in tests)
+//!  stream.rs            the JetStream stream: publish, follow, the stream's own records, reports
+//!  replica.rs           the applier and the write path, driving the protocol with real time and NATS
+//!  replica_snapshots.rs where a replica's state starts from, and the snapshots it shares
+//!  snapshot_store.rs    the shared snapshots' object-store bucket
+//!  replicated_rebuild.rs Admin.Rebuild through the stream
+//! ```
+//!
+//! The safety rule — once an `Add` is acknowledged, no replica answers `ABSENT` for its keys — is argued
+//! in [`protocol`] and checked there by a deterministic simulation under the fault model it states.
+
+pub mod protocol;
+pub mod replica;
+pub mod replica_snapshots;
+pub mod replicated_rebuild;
+pub mod snapshot_store;
+pub mod stream;

@@ -1,0 +1,450 @@
+//! The replication protocol: when a replica may answer `ABSENT`, and when a writer may acknowledge an
+//! `Add`. Pure rules: no NATS, no runtime, no clock of its own — the replica (and the simulation in this
+//! module's tests) passes in every event and the time it happened on that process's monotonic clock.
+//!
+//! # The rule and the fault model
+//! **P1**: a lookup sent after an `Add`'s acknowledgement never answers `ABSENT` for its keys, on any
+//! replica. It holds when messages on core NATS are lost, duplicated, delayed without bound or reordered;
+//! processes pause for any time, crash and restart with or without their data; NATS servers crash, leaders
+//! change, and partitions take any shape — non-transitive ones, and an isolated stream leader that still
+//! believes it leads; and monotonic clocks' *rates* differ by at most ρ (`--max-clock-drift`, 1% by
+//! default): over any real interval, one clock advances at most (1 + ρ) times as much as another. Wall
+//! clocks may be anything. The one thing assumed of JetStream is what its Raft gives: a publish is
+//! acknowledged only once a quorum stored it, and stored messages are read back in seq order.
+//!
+//! # The three rules
+//! - **Lease (reader).** At time `s` on its clock, replica R publishes a *barrier* record and is
+//!   acknowledged seq `B`. Once R has applied through `B` while being a member, it may answer `ABSENT`
+//!   until `s + lease` on its clock, and it checks the lease *before* it looks a key up. A barrier is a
+//!   publish, so only a leader with a quorum can acknowledge it: an isolated leader answers nothing, and
+//!   R's lease runs out (lookups fail open) instead of resting on a stale read of the stream's end.
+//! - **Membership.** Replicas join (once caught up), leave and are removed by records in the stream, so
+//!   every replica computes the same members as of any seq ([`membership`]). A process that is not a
+//!   member — not yet joined, displaced by a twin with its id, removed — takes no lease.
+//! - **Acknowledgement (writer).** The writer W of `Add` at seq N, having applied N itself and received
+//!   the publish acknowledgement at `p` on its clock, acknowledges once every incarnation that joined
+//!   before N and is a member, or left less than `lease × (1 + ρ) + margin` ago on W's clock, has reported
+//!   applying N; and in any case at `p + lease × (1 + ρ) + margin` (the fallback).
+//!
+//! # Why no replica answers `ABSENT` for an acknowledged `Add`
+//! Take a lookup at R after the acknowledgement of N, under a lease from a barrier sent at `s`, stored at
+//! seq `B`, with R applied through `B` and a member then (else it holds no lease).
+//! 1. `B > N`: R has applied N before it looked (the lease is checked first, and granted only after the
+//!    apply): it answers `MAY_EXIST`.
+//! 2. `B < N`, R's incarnation joined at `J < N`, and W counted it — a member when W decided, or departed
+//!    less than a fallback before (whether it departed before or after N): W waited for its report of N, which it sends only after applying
+//!    N — so R has N — unless W acknowledged by the fallback, at `p + fallback`. The barrier was stored
+//!    before N, so `s` precedes N's storing, which precedes `p`. R's lease lasts `lease` on R's clock;
+//!    W waited `lease × (1 + ρ)` on its own, which covers at least as much real time since clock rates
+//!    differ by at most ρ: R's lease had ended.
+//! 3. `B < N` and R's incarnation joined at `J > N`: R has applied J, so N.
+//! 4. `B < N`, R's incarnation joined at `J < N` and departed at `D` longer than a fallback before W
+//!    decided: R's lease came from a barrier before D (one after D needs R to have applied D, and then R
+//!    is no member), so `s` precedes `D`'s storing, which precedes the moment W applied D; W's grace ran a
+//!    fallback from that moment, so again R's lease had ended.
+//!
+//! Restarted and wiped replicas are new incarnations: they hold no lease until they have joined and applied
+//! a barrier, both after anything acknowledged before they started. No step trusts a report's timing, the
+//! stream's reported end, or an upper bound on any delay; delays cost only liveness.
+//!
+//! # What it costs
+//! With every member up and reporting, an `Add` waits for one apply and one report from each member (about
+//! a millisecond on a LAN). With a member silent — cut off, paused, crashed without leaving — each `Add`
+//! waits the fallback (`lease × (1 + ρ) + margin`, 101 ms + 1 ms by default) until it reports again, leaves,
+//! is displaced by its restart, or is removed by an operator. A replica without a lease answers `MAY_EXIST`
+//! + `WARMING`: callers read the source, never a wrong `ABSENT`.
+
+pub mod membership;
+#[cfg(test)]
+mod simulation;
+
+use std::collections::{HashMap, VecDeque};
+
+pub use membership::{Cause, Departure, Member, MemberRecord, Membership};
+
+/// A moment on one process's monotonic clock, in nanoseconds from an origin of that process's choosing.
+pub type Nanos = u64;
+
+/// The protocol's durations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How long a barrier lets its replica answer `ABSENT`, from when it was sent.
+    pub lease: Nanos,
+    /// ρ, in parts per million: how much faster one process's monotonic clock may run than another's.
+    pub drift_ppm: u64,
+    /// Added to every wait for clock granularity.
+    pub margin: Nanos,
+}
+
+impl Timing {
+    /// `lease × (1 + ρ) + margin`: how long after an `Add`'s publish acknowledgement (or after a member's
+    /// departure) no lease from before it can still hold anywhere.
+    pub fn fallback(&self) -> Nanos {
+        let stretch = u128::from(self.lease) * u128::from(self.drift_ppm) / 1_000_000;
+        self.lease
+            .saturating_add(u64::try_from(stretch).unwrap_or(u64::MAX))
+            .saturating_add(self.margin)
+    }
+}
+
+/// A process taking part: its replica id and the nonce it drew when it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incarnation {
+    /// `--replica-id`.
+    pub id: String,
+    /// Drawn at start: tells this process apart from any other using the same id.
+    pub nonce: u64,
+}
+
+/// Where this process stands in the membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// Not a member yet: it joins once it has applied a barrier (caught up with the stream).
+    Joining,
+    /// A member since its join at `joined`.
+    Member {
+        /// The seq of its join.
+        joined: u64,
+    },
+    /// No longer a member (it takes no lease): left, removed, or displaced by a twin, at `seq`.
+    Departed {
+        /// The seq of the record that ended its membership.
+        seq: u64,
+        /// Why.
+        cause: Cause,
+    },
+}
+
+/// What the writer of an `Add` may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// Acknowledge: every member that must have it reported applying it.
+    Early,
+    /// Acknowledge: the fallback has passed.
+    ByFallback,
+    /// Not yet: ask again when a report arrives, or at this time at the latest.
+    Wait(Nanos),
+}
+
+/// A departed incarnation still counted for acknowledgements: a lease it took before departing may hold
+/// until `until`.
+#[derive(Debug, Clone, Copy)]
+struct Grace {
+    nonce: u64,
+    joined: u64,
+    until: Nanos,
+}
+
+/// An acknowledged barrier not yet applied.
+#[derive(Debug, Clone, Copy)]
+struct Barrier {
+    sent_at: Nanos,
+    seq: u64,
+}
+
+/// Reports kept from incarnations that are not (yet) known members: a joiner's reports can arrive before
+/// its join is applied here. Beyond this many, unknown reporters are forgotten (a wait by the fallback).
+const UNKNOWN_REPORTERS: usize = 256;
+
+/// One process's view of the protocol.
+#[derive(Debug, Clone)]
+pub struct Protocol {
+    me: Incarnation,
+    timing: Timing,
+    members: Membership,
+    standing: Standing,
+    applied: u64,
+    /// The highest applied seq each incarnation reported, by nonce.
+    reports: HashMap<u64, u64>,
+    graces: Vec<Grace>,
+    barriers: VecDeque<Barrier>,
+    /// Whether a barrier has been applied since this process started: it has caught up once.
+    caught_up: bool,
+    lease_until: Nanos,
+}
+
+impl Protocol {
+    /// A process that has applied nothing yet (see [`start_after`](Self::start_after)).
+    pub fn new(me: Incarnation, timing: Timing) -> Self {
+        Self {
+            me,
+            timing,
+            members: Membership::default(),
+            standing: Standing::Joining,
+            applied: 0,
+            reports: HashMap::new(),
+            graces: Vec::new(),
+            barriers: VecDeque::new(),
+            caught_up: false,
+            lease_until: 0,
+        }
+    }
+
+    /// Starts from a snapshot covering seqs through `seq`, with the membership it recorded.
+    pub fn start_after(&mut self, seq: u64, members: Membership) {
+        self.applied = seq;
+        self.members = members;
+    }
+
+    /// This process.
+    pub fn me(&self) -> &Incarnation {
+        &self.me
+    }
+
+    /// The timing.
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    /// The seq applied through.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The membership as of the applied seq.
+    pub fn members(&self) -> &Membership {
+        &self.members
+    }
+
+    /// Where this process stands.
+    pub fn standing(&self) -> &Standing {
+        &self.standing
+    }
+
+    /// Until when (this process's clock) it may answer `ABSENT`; 0 if never.
+    pub fn lease_until(&self) -> Nanos {
+        self.lease_until
+    }
+
+    /// Whether it may answer `ABSENT` at `now`.
+    pub fn may_answer_absent(&self, now: Nanos) -> bool {
+        now < self.lease_until
+    }
+
+    /// Whether it should publish its join now: caught up, and not a member.
+    pub fn should_join(&self) -> bool {
+        self.caught_up && self.standing == Standing::Joining
+    }
+
+    /// Applies the message at `seq` (a membership record, or anything else), at `now`. Seqs at or below the
+    /// applied one are ignored. Call [`settle`](Self::settle) after a batch.
+    pub fn apply(&mut self, seq: u64, record: Option<&MemberRecord>, now: Nanos) {
+        if seq <= self.applied {
+            return;
+        }
+        self.applied = seq;
+        let Some(record) = record else { return };
+        if let MemberRecord::Join { id, nonce, .. } = record {
+            if *id == self.me.id && *nonce == self.me.nonce && self.standing == Standing::Joining {
+                self.standing = Standing::Member { joined: seq };
+            }
+        }
+        let Some(departure) = self.members.apply(seq, record) else {
+            return;
+        };
+        if departure.nonce == self.me.nonce && departure.id == self.me.id {
+            self.standing = Standing::Departed {
+                seq,
+                cause: departure.cause,
+            };
+            self.lease_until = 0;
+            return;
+        }
+        self.graces.push(Grace {
+            nonce: departure.nonce,
+            joined: departure.joined,
+            until: now.saturating_add(self.timing.fallback()),
+        });
+    }
+
+    /// After applying: grants the lease of the newest acknowledged barrier now applied, and forgets what no
+    /// longer matters.
+    pub fn settle(&mut self, now: Nanos) {
+        let mut reached = None;
+        while self.barriers.front().is_some_and(|b| b.seq <= self.applied) {
+            reached = self.barriers.pop_front();
+        }
+        if let Some(barrier) = reached {
+            self.caught_up = true;
+            if matches!(self.standing, Standing::Member { .. }) {
+                self.lease_until = self
+                    .lease_until
+                    .max(barrier.sent_at.saturating_add(self.timing.lease));
+            }
+        }
+        self.graces.retain(|g| now < g.until);
+        if self.reports.len() > UNKNOWN_REPORTERS {
+            let (members, graces) = (&self.members, &self.graces);
+            self.reports.retain(|nonce, _| {
+                members.iter().any(|(_, m)| m.nonce == *nonce) || graces.iter().any(|g| g.nonce == *nonce)
+            });
+        }
+    }
+
+    /// A graceful stop: no lease from now on; the leave record to publish (`None` if not a member).
+    pub fn leave(&mut self) -> Option<MemberRecord> {
+        let was_member = matches!(self.standing, Standing::Member { .. });
+        self.standing = Standing::Departed {
+            seq: self.applied,
+            cause: Cause::Left,
+        };
+        self.lease_until = 0;
+        was_member.then(|| MemberRecord::Leave {
+            id: self.me.id.clone(),
+            nonce: self.me.nonce,
+        })
+    }
+
+    /// A barrier sent at `sent_at` was stored at `seq`.
+    pub fn barrier_acked(&mut self, sent_at: Nanos, seq: u64, now: Nanos) {
+        self.barriers.push_back(Barrier { sent_at, seq });
+        self.barriers.make_contiguous().sort_by_key(|b| b.seq);
+        self.settle(now);
+    }
+
+    /// Incarnation `nonce` reported having applied through `applied` (reports may arrive late, twice, or out
+    /// of order: the highest counts).
+    pub fn heard(&mut self, nonce: u64, applied: u64) {
+        let reported = self.reports.entry(nonce).or_insert(0);
+        *reported = (*reported).max(applied);
+    }
+
+    /// Whether the `Add` stored at `seq`, whose publish this process saw acknowledged at `published_at`,
+    /// may be acknowledged at `now`. The caller has applied `seq`.
+    pub fn ack(&self, seq: u64, published_at: Nanos, now: Nanos) -> Ack {
+        let fallback = published_at.saturating_add(self.timing.fallback());
+        if now >= fallback {
+            return Ack::ByFallback;
+        }
+        let reported = |nonce: u64| {
+            if nonce == self.me.nonce {
+                self.applied >= seq
+            } else {
+                self.reports.get(&nonce).is_some_and(|r| *r >= seq)
+            }
+        };
+        let members_missing = self
+            .members
+            .iter()
+            .any(|(_, m)| m.joined < seq && !reported(m.nonce));
+        let graces_missing = self
+            .graces
+            .iter()
+            .filter(|g| g.joined < seq && now < g.until && !reported(g.nonce));
+        let grace_end = graces_missing.map(|g| g.until).min();
+        match (members_missing, grace_end) {
+            (false, None) => Ack::Early,
+            (true, _) => Ack::Wait(fallback),
+            (false, Some(until)) => Ack::Wait(until.min(fallback)),
+        }
+    }
+
+    /// The incarnations a writer still waits for before acknowledging `seq` early: (id, nonce).
+    pub fn missing_reports(&self, seq: u64) -> Vec<(String, u64)> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.joined < seq && m.nonce != self.me.nonce)
+            .filter(|(_, m)| self.reports.get(&m.nonce).is_none_or(|r| *r < seq))
+            .map(|(id, m)| (id.clone(), m.nonce))
+            .collect()
+    }
+
+    /// The least applied seq every member has reported (this process counts with its own), 0 if one has
+    /// not reported: what is safe to purge below.
+    pub fn applied_by_every_member(&self) -> u64 {
+        self.members
+            .iter()
+            .map(|(_, m)| {
+                if m.nonce == self.me.nonce {
+                    self.applied
+                } else {
+                    self.reports.get(&m.nonce).copied().unwrap_or(0)
+                }
+            })
+            .min()
+            .unwrap_or(self.applied)
+            .min(self.applied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Nanos = 1_000_000;
+
+    fn timing() -> Timing {
+        Timing {
+            lease: 100 * MS,
+            drift_ppm: 10_000,
+            margin: MS,
+        }
+    }
+
+    fn join(id: &str, nonce: u64) -> MemberRecord {
+        MemberRecord::Join {
+            id: id.into(),
+            nonce,
+            origin: String::new(),
+        }
+    }
+
+    fn replica(id: &str, nonce: u64) -> Protocol {
+        Protocol::new(
+            Incarnation {
+                id: id.into(),
+                nonce,
+            },
+            timing(),
+        )
+    }
+
+    #[test]
+    fn the_fallback_stretches_the_lease_by_the_drift_and_adds_the_margin() {
+        assert_eq!(timing().fallback(), 102 * MS);
+    }
+
+    #[test]
+    fn a_lease_needs_a_membership_and_an_applied_barrier() {
+        let mut r = replica("r", 1);
+        r.apply(2, None, 0);
+        r.barrier_acked(10 * MS, 3, 11 * MS);
+        assert!(!r.should_join(), "the barrier is not applied yet");
+        r.apply(3, None, 12 * MS);
+        r.settle(12 * MS);
+        assert!(r.should_join());
+        assert!(!r.may_answer_absent(13 * MS), "no lease before its own join is applied");
+        r.apply(4, Some(&join("r", 1)), 14 * MS);
+        r.barrier_acked(15 * MS, 5, 16 * MS);
+        r.apply(5, None, 17 * MS);
+        r.settle(17 * MS);
+        assert!(r.may_answer_absent(114 * MS) && !r.may_answer_absent(115 * MS));
+        r.apply(6, Some(&join("r", 9)), 20 * MS);
+        assert!(!r.may_answer_absent(21 * MS), "a twin's join ends the lease at once");
+        assert!(matches!(r.standing(), Standing::Departed { cause: Cause::Displaced(_), .. }));
+    }
+
+    #[test]
+    fn a_writer_waits_for_every_member_and_departed_incarnations_through_their_grace() {
+        let mut w = replica("w", 1);
+        w.apply(2, Some(&join("w", 1)), 0);
+        w.apply(3, Some(&join("r", 2)), 0);
+        w.apply(4, None, MS);
+        assert_eq!(w.ack(4, MS, 2 * MS), Ack::Wait(103 * MS));
+        w.heard(2, 4);
+        assert_eq!(w.ack(4, MS, 2 * MS), Ack::Early);
+        w.apply(5, Some(&MemberRecord::Remove { id: "r".into() }), 10 * MS);
+        w.apply(6, None, 11 * MS);
+        w.settle(11 * MS);
+        assert_eq!(w.missing_reports(6), vec![], "r is no member now");
+        assert_eq!(
+            w.ack(6, 11 * MS, 12 * MS),
+            Ack::Wait(112 * MS),
+            "a removed member may hold a lease from before its removal for one more fallback"
+        );
+        assert_eq!(w.ack(6, 11 * MS, 112 * MS), Ack::Early);
+        w.heard(2, 6);
+        assert_eq!(w.ack(6, 11 * MS, 12 * MS), Ack::Early, "or until it reports");
+        assert_eq!(w.ack(6, 11 * MS, 113 * MS), Ack::ByFallback);
+    }
+}
