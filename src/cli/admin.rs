@@ -128,7 +128,7 @@ fn stats_json(s: &NamespaceStats) -> serde_json::Value {
 
 /// `rows` under `header` in columns two spaces apart: the first column left-aligned (names), the others
 /// right-aligned (figures), so digits line up.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

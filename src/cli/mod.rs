@@ -13,6 +13,7 @@
 //! - [`point`]: `check`, `add` and `absent`, a few keys at a time.
 //! - [`watch`]: `watch`, invalidations as JSON lines.
 //! - [`admin`]: `stats` and `snapshot`.
+//! - [`replicas`]: `replicas list` and `replicas remove`, the replicated mode's membership.
 
 pub mod admin;
 pub mod bulk;
@@ -23,6 +24,7 @@ pub mod point;
 pub mod postgres;
 pub mod progress;
 pub mod reader;
+pub mod replicas;
 pub mod source;
 pub mod watch;
 
@@ -57,6 +59,8 @@ pub enum Command {
     Watch(watch::WatchArgs),
     /// Take a snapshot now (`Admin.Snapshot`) and print where it went, its size and how long it took.
     Snapshot(admin::SnapshotArgs),
+    /// The replicas' membership (replicated mode): `list` the members, `remove` one that is gone for good.
+    Replicas(replicas::ReplicasArgs),
 }
 
 /// Runs `command` against the gate it names.
@@ -70,5 +74,6 @@ pub async fn run(command: Command) -> Result<(), String> {
         Command::Absent(args) => point::absent(args).await,
         Command::Watch(args) => watch::watch(args).await,
         Command::Snapshot(args) => admin::snapshot(args).await,
+        Command::Replicas(args) => replicas::replicas(args).await,
     }
 }

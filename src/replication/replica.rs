@@ -75,6 +75,23 @@ pub struct ReplicaOptions {
     pub origin: String,
 }
 
+/// A member as a replica sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    /// Its `--replica-id`.
+    pub id: String,
+    /// Its process's nonce.
+    pub nonce: u64,
+    /// The seq of its join.
+    pub joined: u64,
+    /// Where it runs.
+    pub origin: String,
+    /// The applied seq it last reported here.
+    pub reported: u64,
+    /// Whether it is this replica.
+    pub this_replica: bool,
+}
+
 /// Why a replica should not be sent traffic now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lagging {
@@ -315,22 +332,29 @@ impl Replica {
         self.protocol().me().nonce
     }
 
-    /// The members as of the applied seq: (id, nonce, seq of its join, origin), by id.
-    pub fn members(&self) -> Vec<(String, u64, u64, String)> {
-        self.protocol()
+    /// The members as of the applied seq, by id.
+    pub fn members(&self) -> Vec<MemberView> {
+        let protocol = self.protocol();
+        protocol
             .members()
             .iter()
-            .map(|(id, m)| (id.clone(), m.nonce, m.joined, m.origin.clone()))
+            .map(|(id, m)| MemberView {
+                id: id.clone(),
+                nonce: m.nonce,
+                joined: m.joined,
+                origin: m.origin.clone(),
+                reported: protocol.reported(m.nonce),
+                this_replica: m.nonce == protocol.me().nonce,
+            })
             .collect()
     }
 
     /// Publishes an operator's removal of replica `id`; the seq it was stored at.
     pub async fn remove_member(&self, id: &str) -> Result<u64, GateError> {
         let record = MemberRecord::Remove { id: id.to_string() };
-        self.stream
-            .publish_member(&record)
-            .await
-            .map_err(unavailable)
+        let seq = self.stream.publish_member(&record).await.map_err(unavailable)?;
+        tracing::warn!(seq, replica = %id, "replica removed from the membership by an operator");
+        Ok(seq)
     }
 
     /// The least seq applied by every replica heard from within `within` (this one included); 0 until this

@@ -202,6 +202,60 @@ impl Admin for AdminService {
             seq: rebuilt.seq,
         }))
     }
+
+    async fn list_replicas(
+        &self,
+        request: Request<proto::ListReplicasRequest>,
+    ) -> Result<Response<proto::ListReplicasResponse>, Status> {
+        self.access.admit(&request, Role::Admin, Scope::All)?;
+        let replica = self.replica()?;
+        let replicas = replica
+            .members()
+            .into_iter()
+            .map(|m| proto::ReplicaMember {
+                id: m.id,
+                nonce: m.nonce,
+                joined_seq: m.joined,
+                origin: m.origin,
+                reported_seq: m.reported,
+                this_replica: m.this_replica,
+            })
+            .collect();
+        Ok(Response::new(proto::ListReplicasResponse {
+            replicas,
+            applied_seq: replica.applied_seq(),
+        }))
+    }
+
+    async fn remove_replica(
+        &self,
+        request: Request<proto::RemoveReplicaRequest>,
+    ) -> Result<Response<proto::RemoveReplicaResponse>, Status> {
+        self.access.admit(&request, Role::Admin, Scope::All)?;
+        let replica = self.replica()?;
+        let id = &request.get_ref().id;
+        let members = replica.members();
+        if !members.iter().any(|m| m.id == *id) {
+            let ids: Vec<&str> = members.iter().map(|m| m.id.as_str()).collect();
+            return Err(Status::not_found(format!(
+                "replica {id:?} is not a member (members: {})",
+                if ids.is_empty() { "none".to_string() } else { ids.join(", ") }
+            )));
+        }
+        let seq = replica.remove_member(id).await.map_err(status)?;
+        Ok(Response::new(proto::RemoveReplicaResponse { seq }))
+    }
+}
+
+impl AdminService {
+    /// The replica this gate is, or `FAILED_PRECONDITION` for a gate that is not one.
+    fn replica(&self) -> Result<&Arc<Replica>, Status> {
+        self.replica.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this gate is not a replica (started without --nats): it has no membership",
+            )
+        })
+    }
 }
 
 /// Rebuilds on every replica through the stream (see [`ReplicatedRebuild`]); an error or cancellation drops

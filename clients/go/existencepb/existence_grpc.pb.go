@@ -290,6 +290,14 @@ type AdminClient interface {
 	// in atomically when the stream ends. Adds that arrive meanwhile go to both and are not lost. Tombstones
 	// are kept. A stream that fails or is cancelled leaves the live filter untouched.
 	Rebuild(ctx context.Context, opts ...grpc.CallOption) (Admin_RebuildClient, error)
+	// The replicas' membership as this replica has applied it (replicated mode; FAILED_PRECONDITION on a gate
+	// that is not a replica). Writers wait for every member's report before acknowledging an Add early.
+	ListReplicas(ctx context.Context, in *ListReplicasRequest, opts ...grpc.CallOption) (*ListReplicasResponse, error)
+	// Removes a replica that is gone for good from the membership, through the stream: writers stop waiting
+	// the fallback (read lease x (1 + drift)) for its reports one fallback after every replica applied it. A
+	// removed replica that is still running answers no ABSENT until it is restarted. NOT_FOUND for an id that
+	// is not a member.
+	RemoveReplica(ctx context.Context, in *RemoveReplicaRequest, opts ...grpc.CallOption) (*RemoveReplicaResponse, error)
 }
 
 type adminClient struct {
@@ -352,6 +360,24 @@ func (x *adminRebuildClient) CloseAndRecv() (*RebuildResponse, error) {
 	return m, nil
 }
 
+func (c *adminClient) ListReplicas(ctx context.Context, in *ListReplicasRequest, opts ...grpc.CallOption) (*ListReplicasResponse, error) {
+	out := new(ListReplicasResponse)
+	err := c.cc.Invoke(ctx, "/existence.v1.Admin/ListReplicas", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RemoveReplica(ctx context.Context, in *RemoveReplicaRequest, opts ...grpc.CallOption) (*RemoveReplicaResponse, error) {
+	out := new(RemoveReplicaResponse)
+	err := c.cc.Invoke(ctx, "/existence.v1.Admin/RemoveReplica", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility
@@ -364,6 +390,14 @@ type AdminServer interface {
 	// in atomically when the stream ends. Adds that arrive meanwhile go to both and are not lost. Tombstones
 	// are kept. A stream that fails or is cancelled leaves the live filter untouched.
 	Rebuild(Admin_RebuildServer) error
+	// The replicas' membership as this replica has applied it (replicated mode; FAILED_PRECONDITION on a gate
+	// that is not a replica). Writers wait for every member's report before acknowledging an Add early.
+	ListReplicas(context.Context, *ListReplicasRequest) (*ListReplicasResponse, error)
+	// Removes a replica that is gone for good from the membership, through the stream: writers stop waiting
+	// the fallback (read lease x (1 + drift)) for its reports one fallback after every replica applied it. A
+	// removed replica that is still running answers no ABSENT until it is restarted. NOT_FOUND for an id that
+	// is not a member.
+	RemoveReplica(context.Context, *RemoveReplicaRequest) (*RemoveReplicaResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -379,6 +413,12 @@ func (UnimplementedAdminServer) Snapshot(context.Context, *SnapshotRequest) (*Sn
 }
 func (UnimplementedAdminServer) Rebuild(Admin_RebuildServer) error {
 	return status.Errorf(codes.Unimplemented, "method Rebuild not implemented")
+}
+func (UnimplementedAdminServer) ListReplicas(context.Context, *ListReplicasRequest) (*ListReplicasResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListReplicas not implemented")
+}
+func (UnimplementedAdminServer) RemoveReplica(context.Context, *RemoveReplicaRequest) (*RemoveReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveReplica not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 
@@ -455,6 +495,42 @@ func (x *adminRebuildServer) Recv() (*RebuildRequest, error) {
 	return m, nil
 }
 
+func _Admin_ListReplicas_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListReplicasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListReplicas(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/existence.v1.Admin/ListReplicas",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListReplicas(ctx, req.(*ListReplicasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RemoveReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RemoveReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/existence.v1.Admin/RemoveReplica",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RemoveReplica(ctx, req.(*RemoveReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _Admin_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "existence.v1.Admin",
 	HandlerType: (*AdminServer)(nil),
@@ -466,6 +542,14 @@ var _Admin_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Snapshot",
 			Handler:    _Admin_Snapshot_Handler,
+		},
+		{
+			MethodName: "ListReplicas",
+			Handler:    _Admin_ListReplicas_Handler,
+		},
+		{
+			MethodName: "RemoveReplica",
+			Handler:    _Admin_RemoveReplica_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

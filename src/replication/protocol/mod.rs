@@ -339,6 +339,14 @@ impl Protocol {
         }
     }
 
+    /// The highest applied seq incarnation `nonce` reported (this process's own: its applied seq).
+    pub fn reported(&self, nonce: u64) -> u64 {
+        if nonce == self.me.nonce {
+            return self.applied;
+        }
+        self.reports.get(&nonce).copied().unwrap_or(0)
+    }
+
     /// The incarnations a writer still waits for before acknowledging `seq` early: (id, nonce).
     pub fn missing_reports(&self, seq: u64) -> Vec<(String, u64)> {
         self.members
