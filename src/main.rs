@@ -280,7 +280,7 @@ impl ReplicationArgs {
                 read_lease: self.read_lease,
                 max_lag: self.max_lag,
                 max_clock_drift_ppm: self.max_clock_drift,
-                origin: format!("{host} pid {} gRPC {listen}", std::process::id()),
+                origin: format!("{host} pid {}", std::process::id()),
             },
         }))
     }

@@ -14,8 +14,8 @@ use common::replicas::{config_file, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::{
     AbsenceKind, AddRequest, Answer, Basis, BatchMayExistRequest, InvalidationCause,
-    MayExistRequest, RebuildRequest, RebuildResponse, RecordAbsentRequest, RecordOutcome,
-    SubscribeInvalidationsRequest,
+    ListReplicasRequest, MayExistRequest, RebuildRequest, RebuildResponse, RecordAbsentRequest,
+    RecordOutcome, RemoveReplicaRequest, SubscribeInvalidationsRequest,
 };
 
 const CONFIG: &str = r#"
@@ -848,4 +848,126 @@ async fn a_wiped_replica_bootstraps_from_the_shared_snapshot_and_the_stream_tail
     }
     replicas.push(restarted);
     agreed_digests(&replicas).await;
+}
+
+/// Issue scenario 4: a second process started with a replica's `--replica-id` (identically named
+/// containers). The first learns of it from its join, says on `/readyz` which process took its id, and answers
+/// no `ABSENT` from then on; the writer waits for the newcomer's reports, never taking them for the first's.
+/// Rounds of stalling the first process (SIGSTOP) around each `Add` — how the old rule, which knew replicas
+/// by id, answered `ABSENT` for acknowledged keys (458 in 300 rounds) — find no false `ABSENT`.
+#[tokio::test]
+async fn a_second_process_with_a_replica_id_displaces_the_first_without_a_false_absent() {
+    let Some((nats, dir, replicas)) = deployment(2).await else {
+        return;
+    };
+    let (a, b) = (&replicas[0], &replicas[1]);
+    assert_answers_absent(b).await;
+    let mut launch = Launch::new(&nats.url, &dir.path().join("config.toml"), &b.id);
+    launch.data_dir = dir.path().join("data-twin");
+    let twin = launch.start().await;
+    twin.serving().await;
+    let twin_addr = twin.grpc_addr.to_string();
+    let why = wait_until(PATIENCE, "the displaced process to name the other", async || {
+        let (code, text) = b.readiness().await;
+        (code == 503 && text.contains(&twin_addr)).then_some(text)
+    })
+    .await;
+    assert!(why.contains("another process joined as replica"), "{why}");
+    for round in 0..100 {
+        let key = format!("added-beside-a-twin-{round}");
+        b.signal("STOP");
+        add(a, "users", &[&key]).await;
+        b.signal("CONT");
+        let (answer, basis, _) = b.lookup("users", key.as_bytes()).await;
+        assert_ne!(answer, Answer::Absent, "{key} on the displaced process ({basis:?})");
+        let (answer, _, _) = twin.lookup("users", key.as_bytes()).await;
+        assert_eq!(answer, Answer::MayExist, "{key} on the process that took the id");
+    }
+    let (answer, basis, _) = b.lookup("users", b"never-added").await;
+    assert_eq!((answer, basis), (Answer::MayExist, Basis::Warming), "displaced: no ABSENT at all");
+    assert_answers_absent(&twin).await;
+}
+
+/// Issue scenario 5: junk published to the stream's subjects by anything with publish rights is passed over
+/// by every replica alike (counted, logged with its seq and subject): writes go on, every replica stays
+/// ready, and the replicas still agree bit for bit.
+#[tokio::test]
+async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
+    let Some((nats, _dir, replicas)) = deployment(2).await else {
+        return;
+    };
+    let (a, b) = (&replicas[0], &replicas[1]);
+    add(a, "users", &["before-the-junk"]).await;
+    let jetstream = async_nats::jetstream::new(async_nats::connect(nats.url.as_str()).await.unwrap());
+    for subject in ["existence.users", "existence.$member", "existence.orders"] {
+        jetstream
+            .publish(subject, bytes::Bytes::from_static(&[0xA5; 32]))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let seq = add(b, "users", &["after-the-junk"]).await;
+    for replica in &replicas {
+        wait_until(PATIENCE, "the junk to be counted", async || {
+            (replica.metric("existence_replica_skipped_messages_total").await == 3.0).then_some(())
+        })
+        .await;
+        let (answer, _, observed) = replica.leased_lookup("users", b"after-the-junk").await;
+        assert_eq!(answer, Answer::MayExist, "{}", replica.id);
+        assert!(observed >= seq);
+        assert_eq!(replica.readiness().await.0, 200, "{}", replica.id);
+    }
+    agreed_digests(&replicas).await;
+}
+
+/// A member that died without leaving makes every `Add` wait the fallback; an operator's removal (through any
+/// replica) ends that, an unknown id is `NOT_FOUND`, and a replica stopped gracefully leaves by itself.
+#[tokio::test]
+async fn a_dead_member_is_removed_by_an_operator_and_a_stopped_one_leaves() {
+    let Some((_nats, _dir, mut replicas)) = deployment(3).await else {
+        return;
+    };
+    let dead = replicas.pop().unwrap();
+    let dead_id = dead.id.clone();
+    let (a, b) = (&replicas[0], &replicas[1]);
+    let members = |reply: existence_gate::proto::ListReplicasResponse| {
+        reply.replicas.into_iter().map(|m| m.id).collect::<Vec<_>>()
+    };
+    let listed = wait_until(PATIENCE, "every replica to have joined", async || {
+        let reply = a.admin().list_replicas(ListReplicasRequest {}).await.unwrap().into_inner();
+        (reply.replicas.len() == 3).then_some(members(reply))
+    })
+    .await;
+    assert_eq!(listed, ["r0", "r1", "r2"]);
+    dead.kill().await;
+    let by_fallback = a.metric("existence_replica_acked_by_lease_total").await;
+    add(a, "users", &["while-a-member-is-dead"]).await;
+    assert!(
+        a.metric("existence_replica_acked_by_lease_total").await > by_fallback,
+        "a dead member's reports are waited for, up to the fallback"
+    );
+    let unknown = b
+        .admin()
+        .remove_replica(RemoveReplicaRequest { id: "no-such-replica".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+    assert!(unknown.message().contains("r0, r1, r2"), "{}", unknown.message());
+    b.admin()
+        .remove_replica(RemoveReplicaRequest { id: dead_id.clone() })
+        .await
+        .unwrap();
+    wait_until(PATIENCE, "an Add acknowledged without the fallback again", async || {
+        let before = a.metric("existence_replica_acked_by_lease_total").await;
+        add(a, "users", &["after-the-removal"]).await;
+        (a.metric("existence_replica_acked_by_lease_total").await == before).then_some(())
+    })
+    .await;
+    b.signal("TERM");
+    wait_until(PATIENCE, "the stopped replica to leave", async || {
+        let reply = a.admin().list_replicas(ListReplicasRequest {}).await.unwrap().into_inner();
+        (members(reply) == ["r0"]).then_some(())
+    })
+    .await;
 }

@@ -71,7 +71,8 @@ pub struct ReplicaOptions {
     pub max_lag: u64,
     /// ρ in parts per million: how much faster one replica's monotonic clock may run than another's.
     pub max_clock_drift_ppm: u64,
-    /// Where this process runs (host, process id, gRPC address): what a twin with the same id is told.
+    /// Where this process runs (host and process id; the server adds its gRPC address): what a twin with
+    /// the same id is told.
     pub origin: String,
 }
 

@@ -221,12 +221,9 @@ pub async fn start(
     let (replicated, data_dir) = match (joined, &options.replication) {
         (Some((stream, store)), Some(replication)) => {
             let snapshots = ReplicaSnapshots::new(data_dir.map(Arc::new), store, stream.seed());
-            let replica = Replica::new(
-                stream,
-                Arc::clone(&gate),
-                lease,
-                replication.replica.clone(),
-            );
+            let mut replica_options = replication.replica.clone();
+            replica_options.origin = format!("{}, gRPC {grpc_addr}", replica_options.origin);
+            let replica = Replica::new(stream, Arc::clone(&gate), lease, replica_options);
             let snapshot_interval = options
                 .durability
                 .as_ref()
