@@ -1,16 +1,20 @@
-//! Test 6 of the replicated mode: the NATS server leading the stream is killed under `Add` load in a
-//! three-server cluster with an R3 stream. No acknowledged `Add` is lost, writes resume once another server
-//! leads, and meanwhile clients see nothing worse than `UNAVAILABLE`.
+//! The replicated mode on a three-server cluster with an R3 stream: the NATS server leading the stream is
+//! killed under `Add` load (no acknowledged `Add` is lost, writes resume once another server leads, and
+//! meanwhile clients see nothing worse than `UNAVAILABLE`); and partitions of the routes and the replicas'
+//! links, made by proxies, never make a replica answer `ABSENT` for an acknowledged `Add`.
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::nats::Cluster;
-use common::replicas::{config_file, start_serving, Replica};
+use std::time::Duration;
+
+use common::nats::{Cluster, ProxiedCluster};
+use common::proxy::Mode;
+use common::replicas::{config_file, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
-use existence_gate::proto::{AddRequest, Answer};
+use existence_gate::proto::{AddRequest, Answer, Basis};
 
 /// The server leading the stream's Raft group, by name.
 async fn stream_leader(urls: &str) -> String {
@@ -106,4 +110,151 @@ async fn losing_the_stream_leader_loses_no_acknowledged_add() {
 /// Three replicas of an R3 stream on the cluster at `urls`, serving.
 async fn start_serving_r3(urls: &str, config: &std::path::Path) -> Vec<Replica> {
     start_serving(urls, config, 3, &["--nats-replicas", "3"]).await
+}
+
+/// Adds one key at a time through `writer` and looks each acknowledged key up at once on every replica of
+/// `readers`; collects every `ABSENT` answered for an acknowledged key.
+struct Checker {
+    acked: Vec<String>,
+    violations: Vec<String>,
+    next: usize,
+    /// Lookups of acknowledged keys, and how many of them failed open (`WARMING`).
+    lookups: usize,
+    warming: usize,
+}
+
+impl Checker {
+    /// One `Add` through `writer`, then the lookups; whether it was acknowledged (`UNAVAILABLE` is allowed:
+    /// a stream electing a leader refuses writes, it must not lose them).
+    async fn add_and_check(&mut self, writer: &Replica, readers: &[&Replica]) -> bool {
+        let key = format!("partitioned-{}", self.next);
+        self.next += 1;
+        let request = AddRequest {
+            namespace: "users".to_string(),
+            keys: vec![key.clone().into_bytes().into()],
+        };
+        match writer.client().add(request).await {
+            Ok(_) => {}
+            Err(status) if status.code() == tonic::Code::Unavailable => return false,
+            Err(status) => panic!("an Add failed with {status:?}, not UNAVAILABLE"),
+        }
+        self.check(&[key.clone()], readers).await;
+        self.acked.push(key);
+        true
+    }
+
+    async fn check(&mut self, keys: &[String], readers: &[&Replica]) {
+        for key in keys {
+            for reader in readers {
+                let (answer, basis, observed) = reader.lookup("users", key.as_bytes()).await;
+                self.lookups += 1;
+                self.warming += usize::from(basis == Basis::Warming);
+                if answer == Answer::Absent {
+                    self.violations
+                        .push(format!("{} answered ABSENT for acknowledged {key} (observed seq {observed})", reader.id));
+                }
+            }
+        }
+    }
+
+    /// Adds through `writer` until `acks` more are acknowledged.
+    async fn acknowledged(&mut self, acks: usize, writer: &Replica, readers: &[&Replica]) {
+        let mut done = 0;
+        let give_up = std::time::Instant::now() + PATIENCE * 2;
+        while done < acks {
+            assert!(std::time::Instant::now() < give_up, "{done} of {acks} Adds acknowledged through {}", writer.id);
+            done += usize::from(self.add_and_check(writer, readers).await);
+        }
+    }
+}
+
+/// Issue scenarios 1-3 against the real binaries: three nats-servers whose routes and client ports all pass
+/// through proxies, an R3 stream, a replica on each server, and every key looked up on every replica right
+/// after its `Add` is acknowledged.
+/// 1. The server leading the stream is cut off from the other two (its replica stays connected to it): the
+///    others elect a leader and writes go on; the isolated replica, unable to have a barrier acknowledged,
+///    fails open instead of answering from its stale state.
+/// 2. A non-transitive partition: the route between the writer's server and a reader's goes silent while
+///    both reach the leader's; the writer no longer hears the reader, which stays a member it waits for.
+/// 3. 60 ms between the reader's server and the writer's, and the reader paused (SIGSTOP) past twice its
+///    lease: once continued, its first answers for keys added meanwhile are never `ABSENT`.
+#[tokio::test]
+async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add() {
+    let Some(cluster) = ProxiedCluster::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), "[namespaces.users]\nexpected_keys = 100000\n");
+    // The stream first, so that the replicas can be placed knowing where its leader is.
+    cluster
+        .jetstream(0)
+        .await
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "existence".to_string(),
+            subjects: vec!["existence.>".to_string()],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            num_replicas: 3,
+            duplicate_window: Duration::from_secs(120),
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let leader = cluster.stream_leader("existence", 0).await;
+    let mut replicas = Vec::new();
+    for server in 0..3 {
+        let mut launch = Launch::new(&cluster.client_url(server), &config, &format!("on-n{server}"));
+        launch.args = vec!["--nats-replicas".to_string(), "3".to_string()];
+        replicas.push(launch.start().await);
+    }
+    for replica in &replicas {
+        replica.serving().await;
+    }
+    let all: Vec<&Replica> = replicas.iter().collect();
+    let mut checker = Checker { acked: Vec::new(), violations: Vec::new(), next: 0, lookups: 0, warming: 0 };
+
+    // 1: the stream leader isolated, with its replica.
+    let writer = &replicas[(leader + 1) % 3];
+    checker.acknowledged(5, writer, &all).await;
+    cluster.isolate(leader, Mode::Silent);
+    let (lookups, warming) = (checker.lookups, checker.warming);
+    checker.acknowledged(30, writer, &all).await;
+    println!(
+        "isolated leader: {} lookups of acknowledged keys, {} failed open",
+        checker.lookups - lookups,
+        checker.warming - warming
+    );
+    cluster.heal();
+    for replica in &replicas {
+        replica.serving().await;
+    }
+
+    // 2: a non-transitive partition between two servers that both reach the leader.
+    let leader = cluster.stream_leader("existence", (leader + 1) % 3).await;
+    let (x, y) = ((leader + 1) % 3, (leader + 2) % 3);
+    cluster.route(x, y, Mode::Silent);
+    checker.acknowledged(20, &replicas[x], &all).await;
+    cluster.heal();
+
+    // 3: latency between the writer's and the reader's servers, the reader paused past 2 x its lease.
+    cluster.route(x, y, Mode::Delay(Duration::from_millis(60)));
+    let others: Vec<&Replica> = all.iter().copied().filter(|r| r.id != replicas[y].id).collect();
+    for _ in 0..8 {
+        replicas[y].signal("STOP");
+        let before = checker.acked.len();
+        // Each Add waits the fallback for the paused member: four of them outlast twice its lease.
+        checker.acknowledged(4, &replicas[x], &others).await;
+        replicas[y].signal("CONT");
+        let missed = checker.acked[before..].to_vec();
+        checker.check(&missed, &[&replicas[y]]).await;
+        checker.acknowledged(2, &replicas[x], &all).await;
+    }
+    cluster.heal();
+    assert!(
+        checker.violations.is_empty(),
+        "{} false ABSENT answers of {} acknowledged keys:\n{}",
+        checker.violations.len(),
+        checker.acked.len(),
+        checker.violations.join("\n")
+    );
 }

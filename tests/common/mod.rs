@@ -6,6 +6,7 @@ pub mod feed;
 pub mod nats;
 pub mod polyglot;
 pub mod postgres;
+pub mod proxy;
 pub mod replicas;
 
 use std::sync::Arc;

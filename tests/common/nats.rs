@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 
 use async_nats::jetstream::context::GetStreamErrorKind;
 
+use super::proxy::{Mode, Proxy};
 use super::{free_port, wait_until, PATIENCE};
 
 /// A running JetStream server.
@@ -25,6 +26,8 @@ pub struct Cluster {
     servers: Vec<(String, Child)>,
     /// Their client URLs, comma-separated (as `--nats` takes them).
     pub urls: String,
+    /// Their client URLs, one each.
+    client_urls: Vec<String>,
     _store: tempfile::TempDir,
 }
 
@@ -112,18 +115,112 @@ fn spawn(binary: &std::path::Path, port: u16, store: &std::path::Path) -> Child 
         .expect("starting nats-server")
 }
 
+/// Three clustered JetStream servers whose routes all pass through [`Proxy`]s — one for each direction a
+/// server dials another — and whose client ports are each behind one more, so a test can delay, silence or
+/// cut any route or any replica's link, and isolate a server (a stream leader that still believes it leads).
+/// Servers advertise neither their routes nor their client URLs: nothing reaches around the proxies.
+pub struct ProxiedCluster {
+    cluster: Cluster,
+    /// `routes[&(i, j)]`: the proxy server `i` dials to reach server `j`.
+    routes: std::collections::HashMap<(usize, usize), Proxy>,
+    /// The proxy in front of each server's client port.
+    clients: Vec<Proxy>,
+}
+
+impl ProxiedCluster {
+    /// Starts the proxies and the servers; `None` if nats-server is not installed (and not required).
+    pub async fn start() -> Option<Self> {
+        let route_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut routes = std::collections::HashMap::new();
+        for i in 0..3 {
+            for j in (0..3).filter(|j| *j != i) {
+                let upstream = ([127, 0, 0, 1], route_ports[j]).into();
+                routes.insert((i, j), Proxy::start(upstream).await);
+            }
+        }
+        let mut clients = Vec::new();
+        for port in &client_ports {
+            clients.push(Proxy::start(([127, 0, 0, 1], *port).into()).await);
+        }
+        let dialed = |i: usize| -> Vec<String> {
+            (0..3)
+                .filter(|j| *j != i)
+                .map(|j| routes[&(i, j)].url())
+                .collect()
+        };
+        let cluster = Cluster::start_with(client_ports, route_ports, dialed, &["--no_advertise", "--cluster_advertise", "127.0.0.1:1"]).await?;
+        Some(Self { cluster, routes, clients })
+    }
+
+    /// The `--nats` URL of server `i`, through its client proxy.
+    pub fn client_url(&self, i: usize) -> String {
+        self.clients[i].url()
+    }
+
+    /// The proxy in front of server `i`'s client port.
+    pub fn client_link(&self, i: usize) -> &Proxy {
+        &self.clients[i]
+    }
+
+    /// Sets the route between servers `i` and `j`, both ways.
+    pub fn route(&self, i: usize, j: usize, mode: Mode) {
+        self.routes[&(i, j)].set(mode);
+        self.routes[&(j, i)].set(mode);
+    }
+
+    /// Sets every route of server `i`: `Silent` cuts it off from the other two.
+    pub fn isolate(&self, i: usize, mode: Mode) {
+        (0..3).filter(|j| *j != i).for_each(|j| self.route(i, j, mode));
+    }
+
+    /// Every route and client link passes again.
+    pub fn heal(&self) {
+        self.routes.values().chain(&self.clients).for_each(|p| p.set(Mode::Pass));
+    }
+
+    /// The index of the server leading stream `stream`'s Raft group, asked through server `via`.
+    pub async fn stream_leader(&self, stream: &str, via: usize) -> usize {
+        let url = self.cluster.client_urls[via].clone();
+        wait_until(PATIENCE, "the stream to have a leader", async || {
+            let client = async_nats::connect(url.as_str()).await.ok()?;
+            let mut stream = async_nats::jetstream::new(client).get_stream(stream).await.ok()?;
+            let info = stream.info().await.ok()?;
+            let leader = info.cluster.as_ref()?.leader.clone()?;
+            leader.strip_prefix('n')?.parse().ok()
+        })
+        .await
+    }
+
+    /// A JetStream context on server `i`, directly (not through its proxy).
+    pub async fn jetstream(&self, i: usize) -> async_nats::jetstream::Context {
+        let client = async_nats::connect(self.cluster.client_urls[i].as_str()).await.unwrap();
+        async_nats::jetstream::new(client)
+    }
+}
+
 impl Cluster {
     /// Starts three clustered JetStream servers and waits until they take JetStream requests (a meta
     /// leader is elected); `None` if nats-server is not installed (and not required).
     pub async fn start() -> Option<Self> {
-        let binary = binary()?;
-        let store = tempfile::tempdir().expect("a temporary directory");
         let (clients, routes): (Vec<u16>, Vec<u16>) =
             (0..3).map(|_| (free_port(), free_port())).unzip();
         let route_urls: Vec<String> = routes
             .iter()
             .map(|p| format!("nats://127.0.0.1:{p}"))
             .collect();
+        Self::start_with(clients, routes, |_| route_urls.clone(), &[]).await
+    }
+
+    /// Three servers on `clients` and `routes` ports, server `i` dialing `dialed(i)`, with `more` flags.
+    async fn start_with(
+        clients: Vec<u16>,
+        routes: Vec<u16>,
+        dialed: impl Fn(usize) -> Vec<String>,
+        more: &[&str],
+    ) -> Option<Self> {
+        let binary = binary()?;
+        let store = tempfile::tempdir().expect("a temporary directory");
         let servers = (0..3)
             .map(|i| {
                 let name = format!("n{i}");
@@ -140,10 +237,11 @@ impl Cluster {
                     .args(["--server_name", &name, "--cluster_name", "existence-test"])
                     .args([
                         "--cluster",
-                        &route_urls[i],
+                        &format!("nats://127.0.0.1:{}", routes[i]),
                         "--routes",
-                        &route_urls.join(","),
+                        &dialed(i).join(","),
                     ])
+                    .args(more)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
@@ -158,6 +256,7 @@ impl Cluster {
         let cluster = Self {
             servers,
             urls: urls.join(","),
+            client_urls: urls.clone(),
             _store: store,
         };
         wait_until(
