@@ -890,22 +890,25 @@ async fn a_second_process_with_a_replica_id_displaces_the_first_without_a_false_
 
 /// Issue scenario 5: junk published to the stream's subjects by anything with publish rights is passed over
 /// by every replica alike (counted, logged with its seq and subject): writes go on, every replica stays
-/// ready, and the replicas still agree bit for bit.
+/// ready, and the replicas still agree bit for bit — also for a replica that starts afterwards, once a junk
+/// message was deleted and more junk landed on the records it reads at start (hash seed, sizing, index).
 #[tokio::test]
 async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
-    let Some((nats, _dir, replicas)) = deployment(2).await else {
+    let Some((nats, dir, replicas)) = deployment(2).await else {
         return;
     };
     let (a, b) = (&replicas[0], &replicas[1]);
     add(a, "users", &["before-the-junk"]).await;
     let jetstream = async_nats::jetstream::new(async_nats::connect(nats.url.as_str()).await.unwrap());
+    let mut junk = Vec::new();
     for subject in ["existence.users", "existence.$member", "existence.orders"] {
-        jetstream
+        let ack = jetstream
             .publish(subject, bytes::Bytes::from_static(&[0xA5; 32]))
             .await
             .unwrap()
             .await
             .unwrap();
+        junk.push(ack.sequence);
     }
     let seq = add(b, "users", &["after-the-junk"]).await;
     for replica in &replicas {
@@ -919,6 +922,33 @@ async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
         assert_eq!(replica.readiness().await.0, 200, "{}", replica.id);
     }
     agreed_digests(&replicas).await;
+    // An operator deletes a junk message: a replica reading the stream afresh passes over the gap (a
+    // deletion, not a purge: no retained snapshot covers it) instead of stopping as if it were purged.
+    let mut stream = jetstream.get_stream("existence").await.unwrap();
+    assert!(stream.delete_message(junk[0]).await.unwrap());
+    // Junk on the records a starting replica reads: its hash seed, a sizing, the shared snapshots' index.
+    for subject in ["existence.$identity", "existence.$sizing.users", "existence.$snapshots"] {
+        jetstream
+            .publish(subject, bytes::Bytes::from_static(&[0xA5; 32]))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let mut launch = Launch::new(&nats.url, &dir.path().join("config.toml"), "after-the-deletion");
+    launch.data_dir = dir.path().join("data-after-the-deletion");
+    let late = launch.start().await;
+    late.serving().await;
+    let (answer, _, _) = late.leased_lookup("users", b"after-the-junk").await;
+    assert_eq!(answer, Answer::MayExist);
+    assert_eq!(
+        late.metric("existence_replica_skipped_messages_total").await,
+        3.0,
+        "two junk messages and the gap of the deleted one"
+    );
+    let mut all = replicas;
+    all.push(late);
+    agreed_digests(&all).await;
 }
 
 /// A member that died without leaving makes every `Add` wait the fallback; an operator's removal (through any

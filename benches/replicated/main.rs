@@ -6,10 +6,10 @@
 //! both deployments side by side and measures, in one run of about two minutes:
 //!
 //! 0. **at rest**: the CPU each deployment uses to keep its replicas' read leases;
-//! 1. **writes**: `Add` of 1,000 keys through all three replicas with a fixed number of calls in flight,
-//!    for a fixed number of calls per deployment, in stretches alternating between R1 and R3 so that a
-//!    change in the machine's load hits both: keys/s and the latency of the acknowledgement (published,
-//!    applied here, applied by every replica heard from or the read lease passed);
+//! 1. **writes**: `Add` of one key (one call in flight per replica), then of 1,000 keys (three in flight per
+//!    replica), through all three replicas for a fixed number of calls per deployment, in stretches
+//!    alternating between R1 and R3 so that a change in the machine's load hits both: keys/s and the latency
+//!    of the acknowledgement (published, applied here, reported by every member or the fallback passed);
 //! 2. **catch-up**: one replica stopped (SIGSTOP) while single-key Adds, then 1,000-key Adds, go through
 //!    the other two; once continued, the time until its applied seq reaches the stream's last seq;
 //! 3. **reads** of the R1 deployment (R3 is stopped first): `BatchMayExist` and unary `MayExist` from
@@ -77,6 +77,7 @@ const IDLE: Duration = Duration::from_secs(2);
 /// Key spaces: keys of the measured writes, of the catch-up Adds, and keys never added.
 const WRITTEN: u64 = 0;
 const CAUGHT_UP_SINGLE: u64 = 1 << 40;
+const SINGLE_WRITTEN: u64 = 1 << 39;
 const CAUGHT_UP_BATCHES: u64 = 1 << 41;
 const NEVER_ADDED: u64 = 1 << 42;
 /// Distinct keys unary lookups cycle through; prebuilt lookup batches.
@@ -294,6 +295,33 @@ impl<'a> Side<'a> {
     }
 }
 
+/// One kind of `Add` measured.
+struct WriteWorkload {
+    label: &'static str,
+    base: u64,
+    batch: u64,
+    per_replica: usize,
+    calls: u64,
+}
+
+/// 1,000-key Adds, three in flight on each replica: throughput.
+const BATCHED_WRITES: WriteWorkload = WriteWorkload {
+    label: "1,000 keys, 9 in flight",
+    base: WRITTEN,
+    batch: BATCH,
+    per_replica: WRITES_PER_REPLICA,
+    calls: WRITE_BATCHES,
+};
+
+/// Single-key Adds, one in flight on each replica: how soon one key is acknowledged.
+const SINGLE_WRITES: WriteWorkload = WriteWorkload {
+    label: "1 key, 3 in flight",
+    base: SINGLE_WRITTEN,
+    batch: 1,
+    per_replica: 1,
+    calls: 4_000,
+};
+
 /// The run's deployments.
 struct Bench {
     r1: Deployment,
@@ -339,20 +367,21 @@ impl Bench {
         }
     }
 
-    /// 1,000-key Adds through all three replicas of each deployment, in alternating stretches.
-    async fn writes(&self, report: &mut Report) {
+    /// `Add`s through all three replicas of each deployment, in alternating stretches: `calls` of `batch`
+    /// keys each, `per_replica` in flight on each replica, keys from `base`.
+    async fn writes(&self, report: &mut Report, workload: WriteWorkload) {
+        let WriteWorkload { label, base, batch, per_replica, calls } = workload;
         let mut sides = Vec::new();
         for deployment in [&self.r1, &self.r3] {
             let replicas = &deployment.replicas;
-            let connections = WRITES_PER_REPLICA * replicas.len();
+            let connections = per_replica * replicas.len();
             let next = Arc::new(AtomicU64::new(0));
-            let calls = WRITE_BATCHES / WRITE_ROUNDS;
             let side = Side::new(
                 deployment,
                 replicas,
                 connections,
-                calls,
-                |clients, tally| add(clients, WRITTEN, BATCH, next, tally),
+                calls / WRITE_ROUNDS,
+                |clients, tally| add(clients, base, batch, next, tally),
             )
             .await;
             side.stretch(WARM_UP_BATCHES).await;
@@ -373,6 +402,7 @@ impl Bench {
             let after = WriteMetrics::read(deployment).await;
             let (sample, replicas_cpu, rates, tally) = side.result();
             report.writes.push(Writes {
+                workload: label,
                 stream: deployment.name,
                 in_flight,
                 sample,
@@ -568,7 +598,8 @@ async fn run() {
     let mut report = Report::new(WRITE_ROUNDS, READ_ROUNDS, READ_IN_FLIGHT);
     let bench = Bench::start(&mut report).await;
     bench.idle(&mut report).await;
-    bench.writes(&mut report).await;
+    bench.writes(&mut report, SINGLE_WRITES).await;
+    bench.writes(&mut report, BATCHED_WRITES).await;
     let r1 = bench.catch_up(&mut report).await;
     reads(&r1, &mut report).await;
     read_logs(&mut report, &r1);

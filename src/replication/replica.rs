@@ -28,6 +28,7 @@ use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use tokio::sync::{oneshot, watch, Notify};
 
 use super::protocol::{Ack, Cause, Incarnation, MemberRecord, Protocol, Standing, Timing};
+use super::snapshot_store::oldest_retained;
 use super::stream::{AppliedReport, MutationStream, StreamError, Streamed};
 use crate::core::gate::{Gate, GateError};
 use crate::core::lease::ReadLease;
@@ -486,39 +487,61 @@ impl Replica {
         )))
     }
 
-    /// Applies `batch` in order; stops at a gap in stream seqs, returning the first seq missing.
+    /// Applies `batch` in order; stops at a gap in stream seqs, returning the seqs missing (first, last).
     fn apply_in_order(
         &self,
         batch: Vec<Result<Streamed, StreamError>>,
-    ) -> Result<Option<u64>, StreamError> {
+    ) -> Result<Option<(u64, u64)>, StreamError> {
         for read in batch {
             let read = read?;
             let next = self.applied_seq() + 1;
             if read.seq > next {
-                return Ok(Some(next));
+                return Ok(Some((next, read.seq - 1)));
             }
             self.apply_one(read)?;
         }
         Ok(None)
     }
 
-    /// Why the stream skipped from before `missing`: if the stream still holds it, the consumer lost it
-    /// (following again from the applied seq reads it); if not, it was purged before this replica applied it,
-    /// and only a newer snapshot can replace it.
-    async fn explain_gap(&self, missing: u64) -> StreamError {
-        match self.stream.holds(missing).await {
+    /// Why the stream skipped `first..=last`, and what to do: if the stream still holds `first`, the consumer
+    /// lost it (following again from the applied seq reads it). If not, either a purge removed it — purges
+    /// reach only seqs at or below the oldest snapshot the bucket retains, and that index is written before
+    /// the purge — and only a newer snapshot can replace it; or the messages were deleted one by one (junk an
+    /// operator removed), which every replica passes over alike.
+    async fn explain_gap(&self, (first, last): (u64, u64)) -> StreamError {
+        match self.stream.holds(first).await {
             Ok(true) => StreamError::Read(format!(
-                "the stream's consumer skipped seq {missing}, which the stream holds; reading it again"
+                "the stream's consumer skipped seq {first}, which the stream holds; reading it again"
             )),
-            Ok(false) => StreamError::Setup(format!(
-                "the JetStream stream {:?} no longer holds seq {missing}: the mutations after seq {} were \
-                 purged (covered by a shared snapshot) before this replica applied them; restart it to load \
-                 the newest snapshot",
-                self.stream.name(),
-                missing - 1
-            )),
+            Ok(false) => match oldest_retained(&self.stream).await {
+                Ok(Some(oldest)) if first <= oldest => StreamError::Setup(format!(
+                    "the JetStream stream {:?} no longer holds seq {first}: the mutations after seq {} were \
+                     purged (covered by a shared snapshot) before this replica applied them; restart it to \
+                     load the newest snapshot",
+                    self.stream.name(),
+                    first - 1
+                )),
+                Ok(_) => {
+                    self.pass_over_deleted(first, last);
+                    StreamError::Read(format!(
+                        "seqs {first} to {last} were deleted from the stream (not purged: no retained snapshot \
+                         covers them); passed over, following on"
+                    ))
+                }
+                Err(error) => error,
+            },
             Err(error) => error,
         }
+    }
+
+    /// Counts `first..=last`, deleted from the stream, as applied.
+    fn pass_over_deleted(&self, first: u64, last: u64) {
+        self.metrics.skipped.increment(last - first + 1);
+        tracing::error!(first, last, "messages deleted from the stream; passed over");
+        let mut protocol = self.protocol();
+        protocol.apply(last, None, self.lease.now());
+        drop(protocol);
+        self.applied.send_replace(last);
     }
 
     /// Applies the message after the applied seq (an earlier one, read again, is skipped).

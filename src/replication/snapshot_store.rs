@@ -80,14 +80,8 @@ impl SnapshotStore {
 
     /// The index record: the covered seqs, oldest first, and the record's stream seq (0: none yet).
     async fn index(&self) -> Result<(Vec<u64>, u64), StreamError> {
-        let Some((at, payload)) = self.stream.record(INDEX).await? else {
-            return Ok((Vec::new(), 0));
-        };
-        let seqs = payload
-            .chunks_exact(8)
-            .map(|seq| u64::from_le_bytes(seq.try_into().expect("8 bytes")))
-            .collect();
-        Ok((seqs, at))
+        let (at, payload) = self.stream.record(INDEX, valid_index).await?;
+        Ok((payload.map_or_else(Vec::new, |p| covered_seqs(&p)), at))
     }
 
     /// The seqs covered by the snapshots the bucket holds, oldest first.
@@ -133,11 +127,15 @@ impl SnapshotStore {
             kept.dedup();
             let dropped: Vec<u64> = kept.drain(..kept.len().saturating_sub(keep)).collect();
             let payload: Vec<u8> = kept.iter().flat_map(|s| s.to_le_bytes()).collect();
-            if self
+            if let Some(written) = self
                 .stream
                 .replace_record(INDEX, Bytes::from(payload), at)
                 .await?
             {
+                // The index's earlier versions are of no use: the subject keeps this one (and what follows).
+                if let Err(error) = self.stream.purge_record_below(INDEX, written).await {
+                    tracing::debug!(%error, "the index's earlier versions were not purged");
+                }
                 break (dropped, kept);
             }
         };
@@ -149,6 +147,29 @@ impl SnapshotStore {
         }
         Ok(kept[0])
     }
+}
+
+/// The oldest seq a snapshot the bucket of `stream` retains covers (`None`: none shared yet). Every purge of
+/// the stream is at or below it: the index naming it is written before the purge.
+pub async fn oldest_retained(stream: &MutationStream) -> Result<Option<u64>, StreamError> {
+    let (_, payload) = stream.record(INDEX, valid_index).await?;
+    Ok(payload.and_then(|p| covered_seqs(&p).first().copied()))
+}
+
+/// Whether `payload` is an index: seqs, eight bytes each, rising (junk published on the subject is not).
+fn valid_index(payload: &[u8]) -> bool {
+    !payload.is_empty()
+        && payload.len() % 8 == 0
+        && covered_seqs(payload).windows(2).all(|pair| pair[0] < pair[1])
+        && covered_seqs(payload).first().is_some_and(|first| *first > 0)
+}
+
+/// The index record's seqs, oldest first.
+fn covered_seqs(payload: &[u8]) -> Vec<u64> {
+    payload
+        .chunks_exact(8)
+        .map(|seq| u64::from_le_bytes(seq.try_into().expect("8 bytes")))
+        .collect()
 }
 
 fn upload_failed(name: &str, bucket: &str, e: &dyn std::fmt::Display) -> StreamError {

@@ -269,7 +269,7 @@ impl MutationStream {
         // The stream's length first: an identity is always seq 1, so if the stream held anything when its
         // length was read, an identity read after that is there — unless the stream is not ours.
         let stored = self.last_seq().await?;
-        if let Some(found) = self.last_on(&subject).await? {
+        if let Some(found) = self.first_on(&subject).await? {
             return self.parse_identity(&found);
         }
         if stored > 0 {
@@ -320,7 +320,7 @@ impl MutationStream {
     ) -> Result<(), StreamError> {
         let subject = format!("{}.{SIZING}.{namespace}", self.name);
         let mine = spec.describe();
-        let recorded = match self.last_on(&subject).await? {
+        let recorded = match self.first_on(&subject).await? {
             Some(found) => found,
             None => {
                 let first = jetstream::message::PublishMessage::build()
@@ -341,21 +341,62 @@ impl MutationStream {
         Ok(())
     }
 
-    /// The newest of the stream's own records `name` (subject `NAME.$name`): its stream seq and payload.
-    pub async fn record(&self, name: &str) -> Result<Option<(u64, Bytes)>, StreamError> {
+    /// The stream's own record `name` (subject `NAME.$name`), replaced over time: the stream seq of the last
+    /// message on the subject (0: none; what a replacement must expect), and the newest payload `valid`
+    /// accepts — a message that is not one (junk published there) is passed over in favour of the one before.
+    pub async fn record(
+        &self,
+        name: &str,
+        valid: impl Fn(&[u8]) -> bool,
+    ) -> Result<(u64, Option<Bytes>), StreamError> {
         let subject = format!("{}.${name}", self.name);
-        let found = self.last_on(&subject).await?;
-        Ok(found.map(|message| (message.sequence, message.payload)))
+        let Some(last) = self.last_on(&subject).await? else {
+            return Ok((0, None));
+        };
+        if valid(&last.payload) {
+            return Ok((last.sequence, Some(last.payload)));
+        }
+        tracing::error!(seq = last.sequence, %subject, "the newest record is junk; reading the ones before it");
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Read(format!("cannot read {subject} from the JetStream stream {:?}: {e}", self.name))
+        };
+        let consumer = self
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
+        let mut newest_valid = None;
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(|e| failed(&e))?;
+            let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
+            if at >= last.sequence {
+                return Ok((last.sequence, newest_valid));
+            }
+            if valid(&message.payload) {
+                newest_valid = Some(message.payload.clone());
+            }
+        }
+        Err(failed(&"the consumer ended"))
     }
 
-    /// Replaces record `name` with `payload` if its newest is still the one at stream seq `expected` (0:
-    /// none yet); `false` if another replica replaced it first (read it again and retry).
+    /// Removes the messages of record `name` below stream seq `seq` (the replaced ones).
+    pub async fn purge_record_below(&self, name: &str, seq: u64) -> Result<u64, StreamError> {
+        self.purge_subject_below(&format!("{}.${name}", self.name), seq).await
+    }
+
+    /// Replaces record `name` with `payload` if the last message on its subject is still the one at stream seq
+    /// `expected` (0: none yet): the seq it was stored at, or `None` if another replica replaced it first
+    /// (read it again and retry).
     pub async fn replace_record(
         &self,
         name: &str,
         payload: Bytes,
         expected: u64,
-    ) -> Result<bool, StreamError> {
+    ) -> Result<Option<u64>, StreamError> {
         let subject = format!("{}.${name}", self.name);
         let message = jetstream::message::PublishMessage::build()
             .payload(payload)
@@ -365,8 +406,8 @@ impl MutationStream {
             Err(e) => Err(e),
         };
         match acked {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(false),
+            Ok(ack) => Ok(Some(ack.sequence)),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(None),
             Err(e) => Err(StreamError::Publish(format!(
                 "cannot write {subject} into the JetStream stream {:?}: {e}",
                 self.name
@@ -386,6 +427,20 @@ impl MutationStream {
         }
     }
 
+    /// The first message on `subject`, if there is one: for the records written once, by the first writer
+    /// (an expected sequence lets only it store), the one that counts — anything published on the subject
+    /// later is junk and changes nothing.
+    async fn first_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
+        match self.stream.get_first_raw_message_by_subject(subject, 1).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(StreamError::Read(format!(
+                "cannot read {subject} from the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
+    }
+
     /// The last message on `subject`, if there is one.
     async fn last_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
         match self.stream.get_last_raw_message_by_subject(subject).await {
@@ -399,7 +454,7 @@ impl MutationStream {
     }
 
     /// Publishes a message that only the first writer may store (its expected sequence says so), then
-    /// returns what is stored on `subject`: this message, or the one that won the race.
+    /// returns the first message stored on `subject`: this one, or the one that won the race.
     async fn write_first(
         &self,
         subject: &str,
@@ -423,7 +478,7 @@ impl MutationStream {
                 )))
             }
         }
-        self.last_on(subject).await?.ok_or_else(|| {
+        self.first_on(subject).await?.ok_or_else(|| {
             StreamError::Setup(format!(
                 "{subject} vanished from the JetStream stream {:?} right after it was written",
                 self.name
