@@ -528,3 +528,19 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_drift;
+
+    #[test]
+    fn clock_drift_takes_percent_or_ppm_and_refuses_the_rest() {
+        assert_eq!(parse_drift("1%"), Ok(10_000));
+        assert_eq!(parse_drift("0.5%"), Ok(5_000));
+        assert_eq!(parse_drift("100ppm"), Ok(100));
+        assert_eq!(parse_drift("0%"), Ok(0));
+        assert!(parse_drift("1").unwrap_err().contains("percentage (1%) or in ppm"));
+        assert!(parse_drift("11%").unwrap_err().contains("out of range"));
+        assert!(parse_drift("-1%").is_err());
+    }
+}

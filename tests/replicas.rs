@@ -924,7 +924,7 @@ async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
     agreed_digests(&replicas).await;
     // An operator deletes a junk message: a replica reading the stream afresh passes over the gap (a
     // deletion, not a purge: no retained snapshot covers it) instead of stopping as if it were purged.
-    let mut stream = jetstream.get_stream("existence").await.unwrap();
+    let stream = jetstream.get_stream("existence").await.unwrap();
     assert!(stream.delete_message(junk[0]).await.unwrap());
     // Junk on the records a starting replica reads: its hash seed, a sizing, the shared snapshots' index.
     for subject in ["existence.$identity", "existence.$sizing.users", "existence.$snapshots"] {

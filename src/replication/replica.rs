@@ -9,9 +9,10 @@
 //!           └─▶ after each batch: report "incarnation I applied through N" on a core subject
 //!  write RPC answered when: applied here, and every member as of N reported N (or departed over a fallback
 //!                           ago) — or lease × (1 + ρ) + margin after the publish ack (Protocol::ack)
-//!  lease keeper: every lease/4 — report; while lookups ask for the lease (or to catch up and join, or once
-//!                a second as a probe) publish a barrier at t, stored at B; once applied through B as a
-//!                member, ABSENT may be answered until t + lease. Joins once caught up; leaves at shutdown.
+//!  lease keeper: every lease/4 — report; every half lease while lookups asked for the lease in the last
+//!                30 s (or to catch up and join, or once a second as a probe) publish a barrier at t, stored
+//!                at B; once applied through B as a member, ABSENT may be answered until t + lease. Joins
+//!                once caught up; leaves at shutdown.
 //! ```
 //!
 //! The argument is in [`protocol`](super::protocol); this module feeds it real events and real time (the
@@ -56,6 +57,9 @@ const FORGET_AFTER: Duration = Duration::from_secs(3600);
 /// How often an idle replica (no lookup asked for the lease) still publishes a barrier: what keeps its
 /// health true while nobody asks it anything.
 const PROBE: Duration = Duration::from_secs(1);
+/// How long after the last lookup that asked for the lease it is still renewed every half lease: a caller
+/// with a lookup every few seconds finds it held, and an idle replica publishes only the probe.
+const IN_USE: Duration = Duration::from_secs(30);
 /// Added to the protocol's waits for clock granularity.
 const MARGIN: Duration = Duration::from_millis(1);
 /// How long a graceful stop waits for its leave to be stored.
@@ -243,6 +247,8 @@ pub struct Replica {
     /// When the last barrier was acknowledged, and its seq: health's proof of freshness while no lookup
     /// asks for the lease.
     last_barrier: Mutex<Option<(Instant, u64)>>,
+    /// When a lookup last asked for the lease (as the lease keeper saw it).
+    last_asked: Mutex<Option<Instant>>,
     /// Writes published by this replica and not yet applied here, by message id.
     waiting: Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
     peers: Peers,
@@ -290,6 +296,7 @@ impl Replica {
             protocol: Mutex::new(Protocol::new(me, timing)),
             progress: Notify::new(),
             last_barrier: Mutex::new(None),
+            last_asked: Mutex::new(None),
             stream,
             gate,
             lease,
@@ -636,10 +643,16 @@ impl Replica {
         }
     }
 
-    /// Whether to publish a barrier now: while lookups ask for the lease and less than half of it is left,
-    /// while not a member yet (to catch up and join), and once per [`PROBE`] in any case.
+    /// Whether to publish a barrier now: while lookups have asked for the lease within [`IN_USE`] and less
+    /// than half of it is left, while not a member yet (to catch up and join), and once per [`PROBE`] in any
+    /// case.
     fn wants_barrier(&self) -> bool {
-        let asked = self.lease.take_asked();
+        let mut last_asked = self.last_asked.lock().unwrap_or_else(|e| e.into_inner());
+        if self.lease.take_asked() {
+            *last_asked = Some(Instant::now());
+        }
+        let asked = last_asked.is_some_and(|at| at.elapsed() < IN_USE);
+        drop(last_asked);
         let protocol = self.protocol();
         let half = protocol.timing().lease / 2;
         let short = protocol.lease_until() < self.lease.now().saturating_add(half);
