@@ -81,8 +81,9 @@ const BARRIER: &str = "$barrier";
 const MEMBER_MAGIC: &[u8; 8] = b"EXGMEMB1";
 /// The start of an applied-seq report: then the seq and the nonce (u64 LE each) and the replica id.
 const REPORT_MAGIC: &[u8; 8] = b"EXGREPT2";
-/// How long reading the membership at start may take before it is tried again.
-const MEMBERSHIP_READ: Duration = Duration::from_secs(10);
+/// How long reading one of the stream's record subjects from its start may take (the membership at start,
+/// a record's history past junk).
+const SUBJECT_READ: Duration = Duration::from_secs(10);
 
 /// Where the stream is and how to reach it.
 #[derive(Debug, Clone)]
@@ -357,30 +358,54 @@ impl MutationStream {
             return Ok((last.sequence, Some(last.payload)));
         }
         tracing::error!(seq = last.sequence, %subject, "the newest record is junk; reading the ones before it");
+        let mut newest_valid = None;
+        self.read_subject_before(&subject, last.sequence, |_, payload| {
+            if valid(payload) {
+                newest_valid = Some(payload.clone());
+            }
+        })
+        .await?;
+        Ok((last.sequence, newest_valid))
+    }
+
+    /// Calls `each(seq, payload)` for every message on `subject` below stream seq `end`, in order, where the
+    /// message at `end` is known to be on `subject`: reading until it comes back proves none before it was
+    /// missed (an ordered consumer, served by the stream's leader). Bounded by [`SUBJECT_READ`].
+    async fn read_subject_before(
+        &self,
+        subject: &str,
+        end: u64,
+        mut each: impl FnMut(u64, &Bytes),
+    ) -> Result<(), StreamError> {
         let failed = |e: &dyn std::fmt::Display| {
-            StreamError::Read(format!("cannot read {subject} from the JetStream stream {:?}: {e}", self.name))
+            StreamError::Read(format!(
+                "cannot read {subject} from the JetStream stream {:?}: {e}",
+                self.name
+            ))
         };
         let consumer = self
             .stream
             .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: subject.clone(),
+                filter_subject: subject.to_string(),
                 ..Default::default()
             })
             .await
             .map_err(|e| failed(&e))?;
         let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
-        let mut newest_valid = None;
-        while let Some(message) = messages.next().await {
-            let message = message.map_err(|e| failed(&e))?;
-            let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
-            if at >= last.sequence {
-                return Ok((last.sequence, newest_valid));
+        let read = async {
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| failed(&e))?;
+                let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
+                if at >= end {
+                    return Ok(());
+                }
+                each(at, &message.payload);
             }
-            if valid(&message.payload) {
-                newest_valid = Some(message.payload.clone());
-            }
-        }
-        Err(failed(&"the consumer ended"))
+            Err(failed(&"the consumer ended"))
+        };
+        tokio::time::timeout(SUBJECT_READ, read).await.map_err(|_| {
+            failed(&format!("seq {end} did not come back within {SUBJECT_READ:?}"))
+        })?
     }
 
     /// Removes the messages of record `name` below stream seq `seq` (the replaced ones).
@@ -573,40 +598,16 @@ impl MutationStream {
         let hello = self
             .publish_record(MEMBER, encode_member(None, (replica, nonce)))
             .await?;
-        let failed = |e: &dyn std::fmt::Display| {
-            StreamError::Read(format!(
-                "cannot read the membership ({subject}) of the JetStream stream {:?}: {e}",
-                self.name
-            ))
-        };
-        let consumer = self
-            .stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: subject.clone(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| failed(&e))?;
-        let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
         let mut members = Membership::default();
-        let read = async {
-            while let Some(message) = messages.next().await {
-                let message = message.map_err(|e| failed(&e))?;
-                let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
-                if at >= hello {
-                    return Ok(members);
-                }
-                match parse_member(&message.payload) {
-                    Ok(Some(record)) if at <= seq => drop(members.apply(at, &record)),
-                    Ok(_) => {}
-                    Err(why) => tracing::error!(seq = at, %subject, %why, "a membership record is junk; passed over"),
-                }
+        self.read_subject_before(&subject, hello, |at, payload| match parse_member(payload) {
+            Ok(Some(record)) if at <= seq => drop(members.apply(at, &record)),
+            Ok(_) => {}
+            Err(why) => {
+                tracing::error!(seq = at, %subject, %why, "a membership record is junk; passed over")
             }
-            Err(failed(&"the consumer ended"))
-        };
-        tokio::time::timeout(MEMBERSHIP_READ, read)
-            .await
-            .map_err(|_| failed(&format!("its hello at seq {hello} did not come back within {MEMBERSHIP_READ:?}")))?
+        })
+        .await?;
+        Ok(members)
     }
 
     /// The core-NATS subject replicas report their applied seqs on: outside the stream (reports are
