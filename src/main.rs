@@ -11,11 +11,11 @@ use clap::{Args, Parser, Subcommand};
 use existence_gate::cli;
 use existence_gate::core::clock::SystemClock;
 use existence_gate::core::config::{parse_duration, GateConfig};
+use existence_gate::replication::replica::ReplicaOptions;
+use existence_gate::replication::stream::StreamOptions;
 use existence_gate::server::{
     self, DurabilityOptions, ReplicationOptions, ServeOptions, TlsOptions,
 };
-use existence_gate::replication::replica::ReplicaOptions;
-use existence_gate::replication::stream::StreamOptions;
 use existence_gate::storage::SyncMode;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::EnvFilter;
@@ -233,7 +233,9 @@ struct ReplicationArgs {
 
 /// A clock drift in parts per million, from `1%` or `100ppm`.
 fn parse_drift(text: &str) -> Result<u64, String> {
-    let bad = || format!("{text:?} is not a clock drift: write it as a percentage (1%) or in ppm (100ppm)");
+    let bad = || {
+        format!("{text:?} is not a clock drift: write it as a percentage (1%) or in ppm (100ppm)")
+    };
     let ppm = if let Some(percent) = text.strip_suffix('%') {
         let percent: f64 = percent.trim().parse().map_err(|_| bad())?;
         (percent * 10_000.0).round()
@@ -243,7 +245,9 @@ fn parse_drift(text: &str) -> Result<u64, String> {
         return Err(bad());
     };
     if !(0.0..=100_000.0).contains(&ppm) {
-        return Err(format!("{text:?} is out of range: a clock drift is 0 to 10%"));
+        return Err(format!(
+            "{text:?} is out of range: a clock drift is 0 to 10%"
+        ));
     }
     Ok(ppm as u64)
 }
@@ -539,7 +543,9 @@ mod tests {
         assert_eq!(parse_drift("0.5%"), Ok(5_000));
         assert_eq!(parse_drift("100ppm"), Ok(100));
         assert_eq!(parse_drift("0%"), Ok(0));
-        assert!(parse_drift("1").unwrap_err().contains("percentage (1%) or in ppm"));
+        assert!(parse_drift("1")
+            .unwrap_err()
+            .contains("percentage (1%) or in ppm"));
         assert!(parse_drift("11%").unwrap_err().contains("out of range"));
         assert!(parse_drift("-1%").is_err());
     }

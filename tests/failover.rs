@@ -150,8 +150,10 @@ impl Checker {
                 self.lookups += 1;
                 self.warming += usize::from(basis == Basis::Warming);
                 if answer == Answer::Absent {
-                    self.violations
-                        .push(format!("{} answered ABSENT for acknowledged {key} (observed seq {observed})", reader.id));
+                    self.violations.push(format!(
+                        "{} answered ABSENT for acknowledged {key} (observed seq {observed})",
+                        reader.id
+                    ));
                 }
             }
         }
@@ -162,7 +164,11 @@ impl Checker {
         let mut done = 0;
         let give_up = std::time::Instant::now() + PATIENCE * 2;
         while done < acks {
-            assert!(std::time::Instant::now() < give_up, "{done} of {acks} Adds acknowledged through {}", writer.id);
+            assert!(
+                std::time::Instant::now() < give_up,
+                "{done} of {acks} Adds acknowledged through {}",
+                writer.id
+            );
             done += usize::from(self.add_and_check(writer, readers).await);
         }
     }
@@ -203,7 +209,11 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
     let leader = cluster.stream_leader("existence", 0).await;
     let mut replicas = Vec::new();
     for server in 0..3 {
-        let mut launch = Launch::new(&cluster.client_url(server), &config, &format!("on-n{server}"));
+        let mut launch = Launch::new(
+            &cluster.client_url(server),
+            &config,
+            &format!("on-n{server}"),
+        );
         launch.args = vec!["--nats-replicas".to_string(), "3".to_string()];
         replicas.push(launch.start().await);
     }
@@ -211,7 +221,13 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         replica.serving().await;
     }
     let all: Vec<&Replica> = replicas.iter().collect();
-    let mut checker = Checker { acked: Vec::new(), violations: Vec::new(), next: 0, lookups: 0, warming: 0 };
+    let mut checker = Checker {
+        acked: Vec::new(),
+        violations: Vec::new(),
+        next: 0,
+        lookups: 0,
+        warming: 0,
+    };
 
     // 1: the stream leader isolated, with its replica.
     let writer = &replicas[(leader + 1) % 3];
@@ -238,7 +254,11 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
 
     // 3: latency between the writer's and the reader's servers, the reader paused past 2 x its lease.
     cluster.route(x, y, Mode::Delay(Duration::from_millis(60)));
-    let others: Vec<&Replica> = all.iter().copied().filter(|r| r.id != replicas[y].id).collect();
+    let others: Vec<&Replica> = all
+        .iter()
+        .copied()
+        .filter(|r| r.id != replicas[y].id)
+        .collect();
     for _ in 0..8 {
         replicas[y].signal("STOP");
         let before = checker.acked.len();

@@ -52,7 +52,15 @@ const RULES: &[Rule] = &[
         layer: "storage",
         forbidden_modules: &["replication", "service", "server", "cli", "feed"],
         allowed: &[],
-        forbidden_crates: &["tonic", "prost", "hyper", "axum", "h2", "tower", "async_nats"],
+        forbidden_crates: &[
+            "tonic",
+            "prost",
+            "hyper",
+            "axum",
+            "h2",
+            "tower",
+            "async_nats",
+        ],
         forbidden_more: &[],
     },
     Rule {

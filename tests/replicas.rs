@@ -867,10 +867,14 @@ async fn a_second_process_with_a_replica_id_displaces_the_first_without_a_false_
     let twin = launch.start().await;
     twin.serving().await;
     let twin_addr = twin.grpc_addr.to_string();
-    let why = wait_until(PATIENCE, "the displaced process to name the other", async || {
-        let (code, text) = b.readiness().await;
-        (code == 503 && text.contains(&twin_addr)).then_some(text)
-    })
+    let why = wait_until(
+        PATIENCE,
+        "the displaced process to name the other",
+        async || {
+            let (code, text) = b.readiness().await;
+            (code == 503 && text.contains(&twin_addr)).then_some(text)
+        },
+    )
     .await;
     assert!(why.contains("another process joined as replica"), "{why}");
     for round in 0..100 {
@@ -879,12 +883,24 @@ async fn a_second_process_with_a_replica_id_displaces_the_first_without_a_false_
         add(a, "users", &[&key]).await;
         b.signal("CONT");
         let (answer, basis, _) = b.lookup("users", key.as_bytes()).await;
-        assert_ne!(answer, Answer::Absent, "{key} on the displaced process ({basis:?})");
+        assert_ne!(
+            answer,
+            Answer::Absent,
+            "{key} on the displaced process ({basis:?})"
+        );
         let (answer, _, _) = twin.lookup("users", key.as_bytes()).await;
-        assert_eq!(answer, Answer::MayExist, "{key} on the process that took the id");
+        assert_eq!(
+            answer,
+            Answer::MayExist,
+            "{key} on the process that took the id"
+        );
     }
     let (answer, basis, _) = b.lookup("users", b"never-added").await;
-    assert_eq!((answer, basis), (Answer::MayExist, Basis::Warming), "displaced: no ABSENT at all");
+    assert_eq!(
+        (answer, basis),
+        (Answer::MayExist, Basis::Warming),
+        "displaced: no ABSENT at all"
+    );
     assert_answers_absent(&twin).await;
 }
 
@@ -899,7 +915,8 @@ async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
     };
     let (a, b) = (&replicas[0], &replicas[1]);
     add(a, "users", &["before-the-junk"]).await;
-    let jetstream = async_nats::jetstream::new(async_nats::connect(nats.url.as_str()).await.unwrap());
+    let jetstream =
+        async_nats::jetstream::new(async_nats::connect(nats.url.as_str()).await.unwrap());
     let mut junk = Vec::new();
     for subject in ["existence.users", "existence.$member", "existence.orders"] {
         let ack = jetstream
@@ -913,7 +930,11 @@ async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
     let seq = add(b, "users", &["after-the-junk"]).await;
     for replica in &replicas {
         wait_until(PATIENCE, "the junk to be counted", async || {
-            (replica.metric("existence_replica_skipped_messages_total").await == 3.0).then_some(())
+            (replica
+                .metric("existence_replica_skipped_messages_total")
+                .await
+                == 3.0)
+                .then_some(())
         })
         .await;
         let (answer, _, observed) = replica.leased_lookup("users", b"after-the-junk").await;
@@ -927,7 +948,11 @@ async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
     let stream = jetstream.get_stream("existence").await.unwrap();
     assert!(stream.delete_message(junk[0]).await.unwrap());
     // Junk on the records a starting replica reads: its hash seed, a sizing, the shared snapshots' index.
-    for subject in ["existence.$identity", "existence.$sizing.users", "existence.$snapshots"] {
+    for subject in [
+        "existence.$identity",
+        "existence.$sizing.users",
+        "existence.$snapshots",
+    ] {
         jetstream
             .publish(subject, bytes::Bytes::from_static(&[0xA5; 32]))
             .await
@@ -935,14 +960,19 @@ async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
             .await
             .unwrap();
     }
-    let mut launch = Launch::new(&nats.url, &dir.path().join("config.toml"), "after-the-deletion");
+    let mut launch = Launch::new(
+        &nats.url,
+        &dir.path().join("config.toml"),
+        "after-the-deletion",
+    );
     launch.data_dir = dir.path().join("data-after-the-deletion");
     let late = launch.start().await;
     late.serving().await;
     let (answer, _, _) = late.leased_lookup("users", b"after-the-junk").await;
     assert_eq!(answer, Answer::MayExist);
     assert_eq!(
-        late.metric("existence_replica_skipped_messages_total").await,
+        late.metric("existence_replica_skipped_messages_total")
+            .await,
         3.0,
         "two junk messages and the gap of the deleted one"
     );
@@ -965,7 +995,12 @@ async fn a_dead_member_is_removed_by_an_operator_and_a_stopped_one_leaves() {
         reply.replicas.into_iter().map(|m| m.id).collect::<Vec<_>>()
     };
     let listed = wait_until(PATIENCE, "every replica to have joined", async || {
-        let reply = a.admin().list_replicas(ListReplicasRequest {}).await.unwrap().into_inner();
+        let reply = a
+            .admin()
+            .list_replicas(ListReplicasRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         (reply.replicas.len() == 3).then_some(members(reply))
     })
     .await;
@@ -979,24 +1014,41 @@ async fn a_dead_member_is_removed_by_an_operator_and_a_stopped_one_leaves() {
     );
     let unknown = b
         .admin()
-        .remove_replica(RemoveReplicaRequest { id: "no-such-replica".into() })
+        .remove_replica(RemoveReplicaRequest {
+            id: "no-such-replica".into(),
+        })
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
-    assert!(unknown.message().contains("r0, r1, r2"), "{}", unknown.message());
+    assert!(
+        unknown.message().contains("r0, r1, r2"),
+        "{}",
+        unknown.message()
+    );
     b.admin()
-        .remove_replica(RemoveReplicaRequest { id: dead_id.clone() })
+        .remove_replica(RemoveReplicaRequest {
+            id: dead_id.clone(),
+        })
         .await
         .unwrap();
-    wait_until(PATIENCE, "an Add acknowledged without the fallback again", async || {
-        let before = a.metric("existence_replica_acked_by_lease_total").await;
-        add(a, "users", &["after-the-removal"]).await;
-        (a.metric("existence_replica_acked_by_lease_total").await == before).then_some(())
-    })
+    wait_until(
+        PATIENCE,
+        "an Add acknowledged without the fallback again",
+        async || {
+            let before = a.metric("existence_replica_acked_by_lease_total").await;
+            add(a, "users", &["after-the-removal"]).await;
+            (a.metric("existence_replica_acked_by_lease_total").await == before).then_some(())
+        },
+    )
     .await;
     b.signal("TERM");
     wait_until(PATIENCE, "the stopped replica to leave", async || {
-        let reply = a.admin().list_replicas(ListReplicasRequest {}).await.unwrap().into_inner();
+        let reply = a
+            .admin()
+            .list_replicas(ListReplicasRequest {})
+            .await
+            .unwrap()
+            .into_inner();
         (members(reply) == ["r0"]).then_some(())
     })
     .await;

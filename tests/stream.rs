@@ -17,7 +17,9 @@ use existence_gate::core::gate::Gate;
 use existence_gate::core::hashing::KeyHasher;
 use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::tombstones::AbsenceKind;
-use existence_gate::replication::stream::{AppliedReport, MutationStream, StreamError, StreamOptions};
+use existence_gate::replication::stream::{
+    AppliedReport, MutationStream, StreamError, StreamOptions,
+};
 use futures_util::StreamExt;
 
 fn add(namespace: &str, key: &str) -> Mutation {
@@ -253,7 +255,10 @@ async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
         nonce,
         seq,
     };
-    assert_eq!(heard, [report("replica-a", 1, 9), report("replica-b", 2, 7)]);
+    assert_eq!(
+        heard,
+        [report("replica-a", 1, 9), report("replica-b", 2, 7)]
+    );
     assert_eq!(
         a.last_seq().await.unwrap(),
         1,

@@ -413,11 +413,18 @@ impl Launch {
             .args(["--replica-id", id, "--config"])
             .arg(&self.config)
             .env("RUST_LOG", "info");
-        if let Some(interval) = self.snapshot_interval {
-            command
-                .arg("--data-dir")
-                .arg(dir.join(format!("data-{id}")))
-                .args(["--snapshot-interval", interval]);
+        match self.snapshot_interval {
+            Some(interval) => {
+                command
+                    .arg("--data-dir")
+                    .arg(dir.join(format!("data-{id}")))
+                    .args(["--snapshot-interval", interval]);
+            }
+            // Without one, every replica would take the default ./existence-data, and all but the first be
+            // refused its lock.
+            None => {
+                command.arg("--in-memory");
+            }
         }
         command
     }

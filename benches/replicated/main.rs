@@ -370,7 +370,13 @@ impl Bench {
     /// `Add`s through all three replicas of each deployment, in alternating stretches: `calls` of `batch`
     /// keys each, `per_replica` in flight on each replica, keys from `base`.
     async fn writes(&self, report: &mut Report, workload: WriteWorkload) {
-        let WriteWorkload { label, base, batch, per_replica, calls } = workload;
+        let WriteWorkload {
+            label,
+            base,
+            batch,
+            per_replica,
+            calls,
+        } = workload;
         let mut sides = Vec::new();
         for deployment in [&self.r1, &self.r3] {
             let replicas = &deployment.replicas;
@@ -398,13 +404,12 @@ impl Bench {
             }
         }
         for (before, side) in sides {
-            let (deployment, in_flight) = (side.deployment, side.clients.len());
+            let deployment = side.deployment;
             let after = WriteMetrics::read(deployment).await;
             let (sample, replicas_cpu, rates, tally) = side.result();
             report.writes.push(Writes {
                 workload: label,
                 stream: deployment.name,
-                in_flight,
                 sample,
                 rates,
                 replicas_cpu,

@@ -16,7 +16,6 @@ pub struct Writes {
     /// What was written: keys per call and calls in flight.
     pub workload: &'static str,
     pub stream: &'static str,
-    pub in_flight: usize,
     /// Latencies sorted; server CPU is the whole deployment's.
     pub sample: Sample,
     /// Calls per second of each stretch.

@@ -95,7 +95,10 @@ mod tests {
     #[test]
     fn a_lease_holds_until_its_end_and_can_be_revoked() {
         let lease = ReadLease::new();
-        assert!(!lease.holds_at(0) && !lease.ever_held(), "a new lease is not held");
+        assert!(
+            !lease.holds_at(0) && !lease.ever_held(),
+            "a new lease is not held"
+        );
         lease.set_until(100);
         assert!(lease.holds_at(99));
         assert!(!lease.holds_at(100));

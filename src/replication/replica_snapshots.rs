@@ -18,12 +18,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::storage::snapshot;
 use super::snapshot_store::SnapshotStore;
 use super::stream::MutationStream;
-use crate::storage::DataDir;
 use crate::core::gate::Gate;
 use crate::core::namespace::NamespaceImage;
+use crate::storage::snapshot;
+use crate::storage::DataDir;
 
 /// Snapshots kept in the bucket: the newest, and one before it for a replica still downloading that one
 /// while a newer one is shared.

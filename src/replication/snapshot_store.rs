@@ -160,8 +160,12 @@ pub async fn oldest_retained(stream: &MutationStream) -> Result<Option<u64>, Str
 fn valid_index(payload: &[u8]) -> bool {
     !payload.is_empty()
         && payload.len() % 8 == 0
-        && covered_seqs(payload).windows(2).all(|pair| pair[0] < pair[1])
-        && covered_seqs(payload).first().is_some_and(|first| *first > 0)
+        && covered_seqs(payload)
+            .windows(2)
+            .all(|pair| pair[0] < pair[1])
+        && covered_seqs(payload)
+            .first()
+            .is_some_and(|first| *first > 0)
 }
 
 /// The index record's seqs, oldest first.

@@ -53,9 +53,9 @@ use futures_util::{Stream, StreamExt};
 
 use super::protocol::{MemberRecord, Membership};
 use crate::core::filter::FilterSpec;
-use crate::storage::codec;
 use crate::core::hashing::KeyHasher;
 use crate::core::log::Mutation;
+use crate::storage::codec;
 
 /// How long a first connection may take before the replica gives up with an error (it does not wait
 /// forever for a NATS that may never come: the operator sees why it did not start).
@@ -403,14 +403,19 @@ impl MutationStream {
             }
             Err(failed(&"the consumer ended"))
         };
-        tokio::time::timeout(SUBJECT_READ, read).await.map_err(|_| {
-            failed(&format!("seq {end} did not come back within {SUBJECT_READ:?}"))
-        })?
+        tokio::time::timeout(SUBJECT_READ, read)
+            .await
+            .map_err(|_| {
+                failed(&format!(
+                    "seq {end} did not come back within {SUBJECT_READ:?}"
+                ))
+            })?
     }
 
     /// Removes the messages of record `name` below stream seq `seq` (the replaced ones).
     pub async fn purge_record_below(&self, name: &str, seq: u64) -> Result<u64, StreamError> {
-        self.purge_subject_below(&format!("{}.${name}", self.name), seq).await
+        self.purge_subject_below(&format!("{}.${name}", self.name), seq)
+            .await
     }
 
     /// Replaces record `name` with `payload` if the last message on its subject is still the one at stream seq
@@ -456,7 +461,11 @@ impl MutationStream {
     /// (an expected sequence lets only it store), the one that counts — anything published on the subject
     /// later is junk and changes nothing.
     async fn first_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
-        match self.stream.get_first_raw_message_by_subject(subject, 1).await {
+        match self
+            .stream
+            .get_first_raw_message_by_subject(subject, 1)
+            .await
+        {
             Ok(message) => Ok(Some(message)),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(StreamError::Read(format!(
@@ -620,7 +629,12 @@ impl MutationStream {
     /// the stream up to `seq`. Flushed before it returns (the client would otherwise hold it in its write
     /// buffer while idle): a report only helps if it leaves now. Not acknowledged: a report lost in a
     /// reconnect is followed by the next one.
-    pub async fn report_applied(&self, replica: &str, nonce: u64, seq: u64) -> Result<(), StreamError> {
+    pub async fn report_applied(
+        &self,
+        replica: &str,
+        nonce: u64,
+        seq: u64,
+    ) -> Result<(), StreamError> {
         let mut payload = REPORT_MAGIC.to_vec();
         payload.extend_from_slice(&seq.to_le_bytes());
         payload.extend_from_slice(&nonce.to_le_bytes());
@@ -707,13 +721,15 @@ impl MutationStream {
 
     /// Removes the lease barriers below `seq` (they carry no state; a retained snapshot is past them).
     pub async fn purge_barriers_below(&self, seq: u64) -> Result<u64, StreamError> {
-        self.purge_subject_below(&format!("{}.{BARRIER}", self.name), seq).await
+        self.purge_subject_below(&format!("{}.{BARRIER}", self.name), seq)
+            .await
     }
 
     /// Removes `namespace`'s mutations below `seq` from the stream (a retained snapshot covers them). The
     /// stream's own records (identity, sizing, membership) stay.
     pub async fn purge_below(&self, namespace: &str, seq: u64) -> Result<u64, StreamError> {
-        self.purge_subject_below(&self.subject(namespace), seq).await
+        self.purge_subject_below(&self.subject(namespace), seq)
+            .await
     }
 
     async fn purge_subject_below(&self, subject: &str, seq: u64) -> Result<u64, StreamError> {
@@ -798,7 +814,10 @@ fn decode(
         )),
         Err(malformed) => Ok(passed_over(
             None,
-            Some(format!("subject {subject}: not a mutation: {}", malformed.0)),
+            Some(format!(
+                "subject {subject}: not a mutation: {}",
+                malformed.0
+            )),
         )),
     }
 }
@@ -809,7 +828,11 @@ fn parse_report(payload: &[u8]) -> Option<AppliedReport> {
     let seq = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
     let nonce = u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?);
     let replica = std::str::from_utf8(rest.get(16..)?).ok()?.to_string();
-    Some(AppliedReport { replica, nonce, seq })
+    Some(AppliedReport {
+        replica,
+        nonce,
+        seq,
+    })
 }
 
 /// Membership record kinds.
@@ -822,7 +845,9 @@ const HELLO: u8 = 4;
 /// Encodes a membership record (`None`: a hello from `id`, `nonce`).
 fn encode_member(record: Option<&MemberRecord>, hello: (&str, u64)) -> Vec<u8> {
     let (kind, id, nonce, origin) = match record {
-        Some(MemberRecord::Join { id, nonce, origin }) => (JOIN, id.as_str(), *nonce, origin.as_str()),
+        Some(MemberRecord::Join { id, nonce, origin }) => {
+            (JOIN, id.as_str(), *nonce, origin.as_str())
+        }
         Some(MemberRecord::Leave { id, nonce }) => (LEAVE, id.as_str(), *nonce, ""),
         Some(MemberRecord::Remove { id }) => (REMOVE, id.as_str(), 0, ""),
         None => (HELLO, hello.0, hello.1, ""),
@@ -839,15 +864,32 @@ fn encode_member(record: Option<&MemberRecord>, hello: (&str, u64)) -> Vec<u8> {
 
 /// A membership record (`Ok(None)`: a hello), or why the payload is not one.
 fn parse_member(payload: &[u8]) -> Result<Option<MemberRecord>, String> {
-    let malformed = || format!("a membership record of {} bytes that does not parse", payload.len());
-    let rest = payload.strip_prefix(MEMBER_MAGIC.as_slice()).ok_or_else(malformed)?;
+    let malformed = || {
+        format!(
+            "a membership record of {} bytes that does not parse",
+            payload.len()
+        )
+    };
+    let rest = payload
+        .strip_prefix(MEMBER_MAGIC.as_slice())
+        .ok_or_else(malformed)?;
     let (&kind, rest) = rest.split_first().ok_or_else(malformed)?;
-    let nonce = u64::from_le_bytes(rest.get(..8).ok_or_else(malformed)?.try_into().map_err(|_| malformed())?);
+    let nonce = u64::from_le_bytes(
+        rest.get(..8)
+            .ok_or_else(malformed)?
+            .try_into()
+            .map_err(|_| malformed())?,
+    );
     let id_len = usize::from(u16::from_le_bytes(
-        rest.get(8..10).ok_or_else(malformed)?.try_into().map_err(|_| malformed())?,
+        rest.get(8..10)
+            .ok_or_else(malformed)?
+            .try_into()
+            .map_err(|_| malformed())?,
     ));
     let id = rest.get(10..10 + id_len).ok_or_else(malformed)?;
-    let id = std::str::from_utf8(id).map_err(|_| malformed())?.to_string();
+    let id = std::str::from_utf8(id)
+        .map_err(|_| malformed())?
+        .to_string();
     let origin = String::from_utf8_lossy(&rest[10 + id_len..]).into_owned();
     match kind {
         JOIN => Ok(Some(MemberRecord::Join { id, nonce, origin })),

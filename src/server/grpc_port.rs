@@ -12,13 +12,13 @@ use super::{ServeOptions, ServerError};
 use crate::core::gate::Gate;
 use crate::proto::admin_server::AdminServer;
 use crate::proto::existence_gate_server::ExistenceGateServer;
+use crate::replication::replica::Replica;
 use crate::service::access::{Access, GrpcResponse, InFlightLimitLayer};
 use crate::service::admin::AdminService;
 use crate::service::auth::Authorizer;
 use crate::service::grpc::GateService;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::listener::{Incoming, Plaintext};
-use crate::replication::replica::Replica;
 
 /// The gRPC serving task; it ends when shutdown is triggered and in-flight calls finished.
 pub(super) type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;

@@ -9,12 +9,12 @@ use super::background::Background;
 use super::ServerError;
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
-use crate::service::lifecycle::Lifecycle;
-use crate::service::shutdown::Shutdown;
 use crate::replication::replica::{Replica, ReplicaOptions};
 use crate::replication::replica_snapshots::{ReplicaSnapshots, Sharing};
 use crate::replication::snapshot_store::SnapshotStore;
 use crate::replication::stream::{MutationStream, StreamError, StreamOptions};
+use crate::service::lifecycle::Lifecycle;
+use crate::service::shutdown::Shutdown;
 
 /// How a replica reaches the stream and takes part.
 #[derive(Debug, Clone)]

@@ -10,12 +10,12 @@ use crate::core::gate::{Gate, GateError};
 use crate::core::namespace::{Rebuilt, WriteError};
 use crate::proto;
 use crate::proto::admin_server::Admin;
+use crate::replication::replica::Replica;
+use crate::replication::replicated_rebuild::ReplicatedRebuild;
 use crate::service::access::{self, Access};
 use crate::service::auth::{Role, Scope};
 use crate::service::grpc::{self, status};
 use crate::service::lifecycle::{Lifecycle, NotDurable};
-use crate::replication::replica::Replica;
-use crate::replication::replicated_rebuild::ReplicatedRebuild;
 use crate::storage::Persistence;
 
 /// The `Admin` service.
@@ -239,7 +239,11 @@ impl Admin for AdminService {
             let ids: Vec<&str> = members.iter().map(|m| m.id.as_str()).collect();
             return Err(Status::not_found(format!(
                 "replica {id:?} is not a member (members: {})",
-                if ids.is_empty() { "none".to_string() } else { ids.join(", ") }
+                if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                }
             )));
         }
         let seq = replica.remove_member(id).await.map_err(status)?;

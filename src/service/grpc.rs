@@ -16,10 +16,10 @@ use crate::core::namespace::{self, AbsenceReport};
 use crate::core::tombstones::AbsenceKind;
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
+use crate::replication::replica::Replica;
 use crate::service::access::Access;
 use crate::service::auth::{Role, Scope};
 use crate::service::metrics::{Rpc, RpcMetrics};
-use crate::replication::replica::Replica;
 
 /// The `ExistenceGate` service.
 #[derive(Debug, Clone)]

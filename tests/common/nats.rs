@@ -149,8 +149,18 @@ impl ProxiedCluster {
                 .map(|j| routes[&(i, j)].url())
                 .collect()
         };
-        let cluster = Cluster::start_with(client_ports, route_ports, dialed, &["--no_advertise", "--cluster_advertise", "127.0.0.1:1"]).await?;
-        Some(Self { cluster, routes, clients })
+        let cluster = Cluster::start_with(
+            client_ports,
+            route_ports,
+            dialed,
+            &["--no_advertise", "--cluster_advertise", "127.0.0.1:1"],
+        )
+        .await?;
+        Some(Self {
+            cluster,
+            routes,
+            clients,
+        })
     }
 
     /// The `--nats` URL of server `i`, through its client proxy.
@@ -171,12 +181,17 @@ impl ProxiedCluster {
 
     /// Sets every route of server `i`: `Silent` cuts it off from the other two.
     pub fn isolate(&self, i: usize, mode: Mode) {
-        (0..3).filter(|j| *j != i).for_each(|j| self.route(i, j, mode));
+        (0..3)
+            .filter(|j| *j != i)
+            .for_each(|j| self.route(i, j, mode));
     }
 
     /// Every route and client link passes again.
     pub fn heal(&self) {
-        self.routes.values().chain(&self.clients).for_each(|p| p.set(Mode::Pass));
+        self.routes
+            .values()
+            .chain(&self.clients)
+            .for_each(|p| p.set(Mode::Pass));
     }
 
     /// The index of the server leading stream `stream`'s Raft group, asked through server `via`.
@@ -184,7 +199,10 @@ impl ProxiedCluster {
         let url = self.cluster.client_urls[via].clone();
         wait_until(PATIENCE, "the stream to have a leader", async || {
             let client = async_nats::connect(url.as_str()).await.ok()?;
-            let mut stream = async_nats::jetstream::new(client).get_stream(stream).await.ok()?;
+            let mut stream = async_nats::jetstream::new(client)
+                .get_stream(stream)
+                .await
+                .ok()?;
             let info = stream.info().await.ok()?;
             let leader = info.cluster.as_ref()?.leader.clone()?;
             leader.strip_prefix('n')?.parse().ok()
@@ -194,7 +212,9 @@ impl ProxiedCluster {
 
     /// A JetStream context on server `i`, directly (not through its proxy).
     pub async fn jetstream(&self, i: usize) -> async_nats::jetstream::Context {
-        let client = async_nats::connect(self.cluster.client_urls[i].as_str()).await.unwrap();
+        let client = async_nats::connect(self.cluster.client_urls[i].as_str())
+            .await
+            .unwrap();
         async_nats::jetstream::new(client)
     }
 }

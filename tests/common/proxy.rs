@@ -35,7 +35,9 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy in front of `upstream`, passing bytes.
     pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(watch::Sender::new(Mode::Pass));
         let accept = tokio::spawn(accept(listener, upstream, Arc::clone(&mode)));
@@ -62,11 +64,15 @@ impl Drop for Proxy {
 
 async fn accept(listener: TcpListener, upstream: SocketAddr, mode: Arc<watch::Sender<Mode>>) {
     loop {
-        let Ok((client, _)) = listener.accept().await else { return };
+        let Ok((client, _)) = listener.accept().await else {
+            return;
+        };
         if *mode.borrow() == Mode::Cut {
             continue;
         }
-        let Ok(server) = TcpStream::connect(upstream).await else { continue };
+        let Ok(server) = TcpStream::connect(upstream).await else {
+            continue;
+        };
         let _ = client.set_nodelay(true);
         let _ = server.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
@@ -104,7 +110,10 @@ async fn pump(
     let mut write_mode = mode;
     let writer = async move {
         while let Some((arrived, chunk)) = held.recv().await {
-            let released = write_mode.wait_for(|m| *m != Mode::Silent).await.map(|m| *m);
+            let released = write_mode
+                .wait_for(|m| *m != Mode::Silent)
+                .await
+                .map(|m| *m);
             match released {
                 Ok(Mode::Cut) | Err(_) => return,
                 Ok(Mode::Delay(delay)) => tokio::time::sleep_until(arrived + delay).await,

@@ -94,10 +94,9 @@ impl Membership {
                 };
                 match self.members.get(id) {
                     Some(current) if current.nonce == *nonce => None,
-                    _ => self
-                        .members
-                        .insert(id.clone(), joining)
-                        .map(|displaced| departure(id, displaced, seq, Cause::Displaced(origin.clone()))),
+                    _ => self.members.insert(id.clone(), joining).map(|displaced| {
+                        departure(id, displaced, seq, Cause::Displaced(origin.clone()))
+                    }),
                 }
             }
             MemberRecord::Leave { id, nonce } => {
@@ -156,18 +155,40 @@ mod tests {
     fn joins_leaves_removals_and_twins_change_membership_as_recorded() {
         let mut members = Membership::default();
         assert_eq!(members.apply(2, &join("a", 1)), None);
-        assert_eq!(members.apply(3, &join("a", 1)), None, "a join read again changes nothing");
+        assert_eq!(
+            members.apply(3, &join("a", 1)),
+            None,
+            "a join read again changes nothing"
+        );
         assert_eq!(members.get("a").map(|m| m.joined), Some(2));
-        let twin = members.apply(4, &join("a", 7)).expect("the first incarnation is displaced");
-        assert_eq!((twin.nonce, twin.cause), (1, Cause::Displaced("host-7".into())));
-        let stale_leave = MemberRecord::Leave { id: "a".into(), nonce: 1 };
-        assert_eq!(members.apply(5, &stale_leave), None, "an earlier incarnation's leave ends nothing");
+        let twin = members
+            .apply(4, &join("a", 7))
+            .expect("the first incarnation is displaced");
+        assert_eq!(
+            (twin.nonce, twin.cause),
+            (1, Cause::Displaced("host-7".into()))
+        );
+        let stale_leave = MemberRecord::Leave {
+            id: "a".into(),
+            nonce: 1,
+        };
+        assert_eq!(
+            members.apply(5, &stale_leave),
+            None,
+            "an earlier incarnation's leave ends nothing"
+        );
         assert!(members.holds("a", 7));
-        let leave = MemberRecord::Leave { id: "a".into(), nonce: 7 };
+        let leave = MemberRecord::Leave {
+            id: "a".into(),
+            nonce: 7,
+        };
         assert_eq!(members.apply(6, &leave).map(|d| d.cause), Some(Cause::Left));
         assert_eq!(members.apply(7, &join("b", 2)), None);
         let removed = members.apply(8, &MemberRecord::Remove { id: "b".into() });
-        assert_eq!(removed.map(|d| (d.joined, d.cause)), Some((7, Cause::Removed)));
+        assert_eq!(
+            removed.map(|d| (d.joined, d.cause)),
+            Some((7, Cause::Removed))
+        );
         assert_eq!(members.iter().count(), 0);
     }
 }

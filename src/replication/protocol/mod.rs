@@ -276,7 +276,8 @@ impl Protocol {
         if self.reports.len() > UNKNOWN_REPORTERS {
             let (members, graces) = (&self.members, &self.graces);
             self.reports.retain(|nonce, _| {
-                members.iter().any(|(_, m)| m.nonce == *nonce) || graces.iter().any(|g| g.nonce == *nonce)
+                members.iter().any(|(_, m)| m.nonce == *nonce)
+                    || graces.iter().any(|g| g.nonce == *nonce)
             });
         }
     }
@@ -421,15 +422,27 @@ mod tests {
         r.apply(3, None, 12 * MS);
         r.settle(12 * MS);
         assert!(r.should_join());
-        assert!(!r.may_answer_absent(13 * MS), "no lease before its own join is applied");
+        assert!(
+            !r.may_answer_absent(13 * MS),
+            "no lease before its own join is applied"
+        );
         r.apply(4, Some(&join("r", 1)), 14 * MS);
         r.barrier_acked(15 * MS, 5, 16 * MS);
         r.apply(5, None, 17 * MS);
         r.settle(17 * MS);
         assert!(r.may_answer_absent(114 * MS) && !r.may_answer_absent(115 * MS));
         r.apply(6, Some(&join("r", 9)), 20 * MS);
-        assert!(!r.may_answer_absent(21 * MS), "a twin's join ends the lease at once");
-        assert!(matches!(r.standing(), Standing::Departed { cause: Cause::Displaced(_), .. }));
+        assert!(
+            !r.may_answer_absent(21 * MS),
+            "a twin's join ends the lease at once"
+        );
+        assert!(matches!(
+            r.standing(),
+            Standing::Departed {
+                cause: Cause::Displaced(_),
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -452,7 +465,11 @@ mod tests {
         );
         assert_eq!(w.ack(6, 11 * MS, 112 * MS), Ack::Early);
         w.heard(2, 6);
-        assert_eq!(w.ack(6, 11 * MS, 12 * MS), Ack::Early, "or until it reports");
+        assert_eq!(
+            w.ack(6, 11 * MS, 12 * MS),
+            Ack::Early,
+            "or until it reports"
+        );
         assert_eq!(w.ack(6, 11 * MS, 113 * MS), Ack::ByFallback);
     }
 }

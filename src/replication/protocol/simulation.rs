@@ -40,15 +40,33 @@ enum Event {
     /// The lease keeper's tick.
     Tick(usize),
     /// A publish reaches the servers.
-    Store { r: usize, epoch: u64, entry: Entry, sent_at: Nanos },
+    Store {
+        r: usize,
+        epoch: u64,
+        entry: Entry,
+        sent_at: Nanos,
+    },
     /// A publish acknowledgement reaches the replica.
-    Acked { r: usize, epoch: u64, entry: Entry, seq: u64, sent_at: Nanos },
+    Acked {
+        r: usize,
+        epoch: u64,
+        entry: Entry,
+        seq: u64,
+        sent_at: Nanos,
+    },
     /// A report reaches replica `to`.
-    Report { to: usize, nonce: u64, applied: u64 },
+    Report {
+        to: usize,
+        nonce: u64,
+        applied: u64,
+    },
     /// A writer looks at its waiting writes again.
     WriteCheck(usize),
     /// A lookup of the key added at `seq`.
-    Lookup { r: usize, seq: u64 },
+    Lookup {
+        r: usize,
+        seq: u64,
+    },
     /// A client asks replica `r` to add a key.
     NewAdd(usize),
     Fault,
@@ -130,14 +148,24 @@ impl Sim {
         let timing = Timing {
             lease: 10 * MS,
             // 1% as by default, or 10%: a wider window in which a lease that the drift outlasts would show.
-            drift_ppm: if rng.random_bool(0.5) { 10_000 } else { 100_000 },
+            drift_ppm: if rng.random_bool(0.5) {
+                10_000
+            } else {
+                100_000
+            },
             margin: US,
         };
         let procs = (0..replicas)
             .map(|i| {
                 let id = format!("r{i}");
                 Process {
-                    proto: Protocol::new(Incarnation { id: id.clone(), nonce: (i as u64) << 32 }, timing),
+                    proto: Protocol::new(
+                        Incarnation {
+                            id: id.clone(),
+                            nonce: (i as u64) << 32,
+                        },
+                        timing,
+                    ),
                     id,
                     epoch: 0,
                     alive: true,
@@ -196,12 +224,17 @@ impl Sim {
     fn at(&mut self, when: u64, event: Event) {
         let index = self.events.len();
         self.events.push(Some(event));
-        self.queue.push(Reverse((when.max(self.now), index as u64, index)));
+        self.queue
+            .push(Reverse((when.max(self.now), index as u64, index)));
     }
 
     fn note(&mut self, what: impl FnOnce() -> String) {
         if let Some(trace) = &mut self.trace {
-            trace.push(format!("{:>9.3} ms  {}", self.now as f64 / MS as f64, what()));
+            trace.push(format!(
+                "{:>9.3} ms  {}",
+                self.now as f64 / MS as f64,
+                what()
+            ));
         }
     }
 
@@ -236,7 +269,10 @@ impl Sim {
     /// Without faults every `Add` is acknowledged early, and every replica keeps its lease.
     fn check_liveness(&self) -> Result<(), String> {
         if self.by_fallback > 0 {
-            return Err(format!("{} Adds waited for the fallback in a run without faults", self.by_fallback));
+            return Err(format!(
+                "{} Adds waited for the fallback in a run without faults",
+                self.by_fallback
+            ));
         }
         if self.leased_lookups < self.lookups {
             return Err(format!(
@@ -270,13 +306,23 @@ impl Sim {
                 self.isolated = None;
                 self.silent.clear();
                 let replicas: Vec<usize> = (0..self.procs.len()).collect();
-                replicas.into_iter().for_each(|r| self.at(self.now, Event::Deliver(r)));
+                replicas
+                    .into_iter()
+                    .for_each(|r| self.at(self.now, Event::Deliver(r)));
             }
             Event::Restart(r) => self.restart(r),
-            Event::Store { r, epoch, entry, sent_at } => self.store(r, epoch, entry, sent_at),
+            Event::Store {
+                r,
+                epoch,
+                entry,
+                sent_at,
+            } => self.store(r, epoch, entry, sent_at),
             event => {
                 let r = match &event {
-                    Event::Deliver(r) | Event::Tick(r) | Event::WriteCheck(r) | Event::NewAdd(r) => *r,
+                    Event::Deliver(r)
+                    | Event::Tick(r)
+                    | Event::WriteCheck(r)
+                    | Event::NewAdd(r) => *r,
                     Event::Acked { r, .. } | Event::Lookup { r, .. } => *r,
                     Event::Report { to, .. } => *to,
                     _ => unreachable!("handled above"),
@@ -299,21 +345,28 @@ impl Sim {
                 let next = self.procs[r].real(local + self.timing.lease / 4);
                 self.at(next, Event::Tick(r));
             }
-            Event::Acked { epoch, entry, seq, sent_at, .. } if epoch == self.procs[r].epoch => {
-                match entry {
-                    Entry::Barrier => {
-                        self.procs[r].barrier_sent = None;
-                        self.procs[r].proto.barrier_acked(sent_at, seq, local);
-                        self.note(|| format!("r{r} barrier acked at seq {seq}"));
-                    }
-                    Entry::Add => {
-                        self.procs[r].writes.push(Write { seq, published_at: local });
-                        self.note(|| format!("r{r} add published at seq {seq}"));
-                        self.check_writes(r, local);
-                    }
-                    Entry::Record(_) => {}
+            Event::Acked {
+                epoch,
+                entry,
+                seq,
+                sent_at,
+                ..
+            } if epoch == self.procs[r].epoch => match entry {
+                Entry::Barrier => {
+                    self.procs[r].barrier_sent = None;
+                    self.procs[r].proto.barrier_acked(sent_at, seq, local);
+                    self.note(|| format!("r{r} barrier acked at seq {seq}"));
                 }
-            }
+                Entry::Add => {
+                    self.procs[r].writes.push(Write {
+                        seq,
+                        published_at: local,
+                    });
+                    self.note(|| format!("r{r} add published at seq {seq}"));
+                    self.check_writes(r, local);
+                }
+                Entry::Record(_) => {}
+            },
             Event::Acked { .. } => {}
             Event::Report { nonce, applied, .. } => {
                 self.procs[r].proto.heard(nonce, applied);
@@ -329,7 +382,8 @@ impl Sim {
 
     fn tick(&mut self, r: usize, local: Nanos) {
         let p = &self.procs[r];
-        let (nonce, applied, barrier_sent) = (p.proto.me().nonce, p.proto.applied(), p.barrier_sent);
+        let (nonce, applied, barrier_sent) =
+            (p.proto.me().nonce, p.proto.applied(), p.barrier_sent);
         self.report(r, nonce, applied);
         let stuck = barrier_sent.is_some_and(|at| local > at + PUBLISH_TIMEOUT);
         if barrier_sent.is_none() || stuck {
@@ -341,7 +395,15 @@ impl Sim {
     fn publish(&mut self, r: usize, entry: Entry, sent_at: Nanos) {
         let epoch = self.procs[r].epoch;
         let when = self.now + self.delay();
-        self.at(when, Event::Store { r, epoch, entry, sent_at });
+        self.at(
+            when,
+            Event::Store {
+                r,
+                epoch,
+                entry,
+                sent_at,
+            },
+        );
     }
 
     /// A publish reaches the replica's server: stored only if that server is with the quorum.
@@ -358,7 +420,16 @@ impl Sim {
         let lost = self.faults && self.rng.random_bool(0.02);
         if !lost {
             let when = self.now + self.delay();
-            self.at(when, Event::Acked { r, epoch, entry, seq, sent_at });
+            self.at(
+                when,
+                Event::Acked {
+                    r,
+                    epoch,
+                    entry,
+                    seq,
+                    sent_at,
+                },
+            );
         }
         for reader in 0..self.procs.len() {
             let when = self.now + self.delay();
@@ -376,7 +447,9 @@ impl Sim {
         let held = self.log.len();
         self.note(|| format!("server {server} is cut off right after a barrier, holding {held}"));
         self.isolated = Some((server, held));
-        let writers: Vec<usize> = (0..self.procs.len()).filter(|w| self.procs[*w].server != server).collect();
+        let writers: Vec<usize> = (0..self.procs.len())
+            .filter(|w| self.procs[*w].server != server)
+            .collect();
         if !writers.is_empty() {
             let w = writers[self.rng.random_range(0..writers.len())];
             self.at(self.now, Event::NewAdd(w));
@@ -404,14 +477,20 @@ impl Sim {
                 Entry::Record(record) => Some(record.clone()),
                 _ => None,
             };
-            self.procs[r].proto.apply(index as u64 + 1, record.as_ref(), local);
+            self.procs[r]
+                .proto
+                .apply(index as u64 + 1, record.as_ref(), local);
         }
         self.procs[r].proto.settle(local);
         self.note(|| format!("r{r} applied through {to}"));
         let p = &self.procs[r];
         let (nonce, applied) = (p.proto.me().nonce, p.proto.applied());
         self.report(r, nonce, applied);
-        if self.procs[r].proto.should_join() && self.procs[r].join_sent.is_none_or(|at| local > at + PUBLISH_TIMEOUT) {
+        if self.procs[r].proto.should_join()
+            && self.procs[r]
+                .join_sent
+                .is_none_or(|at| local > at + PUBLISH_TIMEOUT)
+        {
             self.procs[r].join_sent = Some(local);
             let p = &self.procs[r];
             let join = MemberRecord::Join {
@@ -432,7 +511,11 @@ impl Sim {
             if self.faults && self.rng.random_bool(0.05) {
                 continue;
             }
-            let copies = if self.faults && self.rng.random_bool(0.02) { 2 } else { 1 };
+            let copies = if self.faults && self.rng.random_bool(0.02) {
+                2
+            } else {
+                1
+            };
             for _ in 0..copies {
                 let when = self.now + self.delay();
                 self.at(when, Event::Report { to, nonce, applied });
@@ -459,7 +542,11 @@ impl Sim {
                         self.by_fallback += 1;
                     }
                     if let Some(trace) = &mut self.trace {
-                        trace.push(format!("{:>9.3} ms  r{r} acknowledges seq {} ({ack:?})", self.now as f64 / MS as f64, write.seq));
+                        trace.push(format!(
+                            "{:>9.3} ms  r{r} acknowledges seq {} ({ack:?})",
+                            self.now as f64 / MS as f64,
+                            write.seq
+                        ));
                     }
                     false
                 }
@@ -475,7 +562,12 @@ impl Sim {
 
     /// Every acknowledgement is followed at once by lookups of its key on every replica.
     fn schedule_lookups(&mut self) {
-        let fresh: Vec<u64> = self.acked.iter().filter(|(_, at)| **at == self.now).map(|(seq, _)| *seq).collect();
+        let fresh: Vec<u64> = self
+            .acked
+            .iter()
+            .filter(|(_, at)| **at == self.now)
+            .map(|(seq, _)| *seq)
+            .collect();
         for seq in fresh {
             for r in 0..self.procs.len() {
                 // Right after the acknowledgement, where a lease outliving the writer's wait would show,
@@ -555,7 +647,10 @@ impl Sim {
             _ => {
                 self.note(|| format!("r{r} stops gracefully"));
                 let p = &self.procs[r];
-                let leave = MemberRecord::Leave { id: p.id.clone(), nonce: p.proto.me().nonce };
+                let leave = MemberRecord::Leave {
+                    id: p.id.clone(),
+                    nonce: p.proto.me().nonce,
+                };
                 let local = p.local(self.now);
                 // It stops answering first (its process ends), then its leave is published.
                 self.publish(r, Entry::Record(leave), local);
@@ -581,7 +676,11 @@ impl Sim {
     fn restart(&mut self, r: usize) {
         let wiped = self.rng.random_bool(0.3);
         let p = &self.procs[r];
-        let covered = if wiped { 0 } else { self.rng.random_range(0..=p.proto.applied()) };
+        let covered = if wiped {
+            0
+        } else {
+            self.rng.random_range(0..=p.proto.applied())
+        };
         let mut members = Membership::default();
         for (index, entry) in self.log.iter().enumerate().take(covered as usize) {
             if let Entry::Record(record) = entry {
@@ -591,7 +690,13 @@ impl Sim {
         let p = &mut self.procs[r];
         p.nonces += 1;
         let nonce = ((r as u64) << 32) | p.nonces;
-        p.proto = Protocol::new(Incarnation { id: p.id.clone(), nonce }, self.timing);
+        p.proto = Protocol::new(
+            Incarnation {
+                id: p.id.clone(),
+                nonce,
+            },
+            self.timing,
+        );
         p.proto.start_after(covered, members);
         p.alive = true;
         p.paused_until = 0;
@@ -642,16 +747,21 @@ fn run_seeds(first: u64, seeds: u64) -> Result<Outcome, String> {
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().expect("a simulation thread")).collect()
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a simulation thread"))
+            .collect()
     });
-    outcomes.into_iter().try_fold(Outcome::default(), |mut total, outcome| {
-        let outcome = outcome?;
-        total.acked += outcome.acked;
-        total.by_fallback += outcome.by_fallback;
-        total.lookups += outcome.lookups;
-        total.leased += outcome.leased;
-        Ok(total)
-    })
+    outcomes
+        .into_iter()
+        .try_fold(Outcome::default(), |mut total, outcome| {
+            let outcome = outcome?;
+            total.acked += outcome.acked;
+            total.by_fallback += outcome.by_fallback;
+            total.lookups += outcome.lookups;
+            total.leased += outcome.leased;
+            Ok(total)
+        })
 }
 
 #[test]
@@ -670,8 +780,14 @@ fn no_seed_breaks_the_safety_rule_and_runs_without_faults_stay_fast() {
         "{seeds} seeds: {} Adds acknowledged ({} by the fallback), {} lookups ({} under a lease)",
         total.acked, total.by_fallback, total.lookups, total.leased
     );
-    assert!(total.acked > seeds * 10, "the runs acknowledge Adds: {total:?}");
-    assert!(total.leased > total.lookups / 2, "the runs answer under leases: {total:?}");
+    assert!(
+        total.acked > seeds * 10,
+        "the runs acknowledge Adds: {total:?}"
+    );
+    assert!(
+        total.leased > total.lookups / 2,
+        "the runs answer under leases: {total:?}"
+    );
 }
 
 #[test]
