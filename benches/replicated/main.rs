@@ -63,7 +63,7 @@ const WRITE_ROUNDS: u64 = 4;
 /// Adds before the measurement (connections warm, the stream's files and the filters' pages touched).
 const WARM_UP_BATCHES: u64 = 50;
 /// Catch-up: single-key Adds, then 1,000-key Adds, written while one replica is stopped.
-const CATCH_UP_SINGLE: u64 = 20_000;
+const CATCH_UP_SINGLE: u64 = 4_000;
 const CATCH_UP_BATCHES: u64 = 1_000;
 /// Lookups in flight, spread evenly over the replicas read (12 divides by 1, 2 and 3).
 const READ_IN_FLIGHT: usize = 12;

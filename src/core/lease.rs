@@ -11,12 +11,12 @@
 //! may step, and the safety argument needs only that clocks on different machines run at the same *rate*.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// Until when this replica may answer `ABSENT`: the end the replication protocol last granted, read by every
 /// lookup (one atomic load), and whether lookups have asked since the replica last looked, so it renews the
 /// lease only while it is used.
-#[derive(Debug)]
 pub struct ReadLease {
     /// What `until` counts from.
     origin: Instant,
@@ -26,6 +26,18 @@ pub struct ReadLease {
     ever: AtomicBool,
     /// Set by lookups, taken by the replica's lease keeper.
     asked: AtomicBool,
+    /// Called when a lookup finds the lease not held and it was not already asked for: wakes the keeper, so
+    /// a replica idle long enough to have stopped renewing renews at once, not at its next tick.
+    wake: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for ReadLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadLease")
+            .field("until_ns", &self.until_ns)
+            .field("asked", &self.asked)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ReadLease {
@@ -42,7 +54,13 @@ impl ReadLease {
             until_ns: AtomicU64::new(0),
             ever: AtomicBool::new(false),
             asked: AtomicBool::new(false),
+            wake: OnceLock::new(),
         }
+    }
+
+    /// Sets what a lookup calls when it finds the lease not held and not yet asked for (once).
+    pub fn on_wanted(&self, wake: impl Fn() + Send + Sync + 'static) {
+        let _ = self.wake.set(Box::new(wake));
     }
 
     /// Now, in nanoseconds since this lease's origin: the clock the replication protocol runs on.
@@ -57,11 +75,15 @@ impl ReadLease {
     /// Whether the lease holds now; a lookup asking marks the lease as wanted.
     #[inline]
     pub fn holds(&self) -> bool {
+        let held = self.holds_at(self.now());
         if !self.asked.load(Ordering::Relaxed) {
             // Written only when not yet set: lookups on every core read the flag without contending for it.
             self.asked.store(true, Ordering::Relaxed);
+            if let (false, Some(wake)) = (held, self.wake.get()) {
+                wake();
+            }
         }
-        self.holds_at(self.now())
+        held
     }
 
     /// Whether the lease holds at `at` (nanoseconds since the origin).
@@ -109,9 +131,25 @@ mod tests {
     #[test]
     fn lookups_mark_the_lease_wanted_until_the_keeper_takes_it() {
         let lease = ReadLease::new();
+        let woken = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&woken);
+        lease.on_wanted(move || drop(counter.fetch_add(1, Ordering::Relaxed)));
         assert!(!lease.take_asked());
         lease.holds();
+        lease.holds();
+        assert_eq!(
+            woken.load(Ordering::Relaxed),
+            1,
+            "woken once until the keeper takes the ask"
+        );
         assert!(lease.take_asked());
         assert!(!lease.take_asked());
+        lease.set_until(u64::MAX);
+        lease.holds();
+        assert_eq!(
+            woken.load(Ordering::Relaxed),
+            1,
+            "a lease that holds wakes nobody"
+        );
     }
 }

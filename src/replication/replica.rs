@@ -244,6 +244,8 @@ pub struct Replica {
     protocol: Mutex<Protocol>,
     /// Woken when a report arrives or a batch is applied: writers waiting to acknowledge look again.
     progress: Notify,
+    /// Woken by a lookup that found no lease: the keeper renews at once.
+    wanted: Arc<Notify>,
     /// When the last barrier was acknowledged, and its seq: health's proof of freshness while no lookup
     /// asks for the lease.
     last_barrier: Mutex<Option<(Instant, u64)>>,
@@ -296,9 +298,13 @@ impl Replica {
             drift_ppm: options.max_clock_drift_ppm,
             margin: MARGIN.as_nanos() as u64,
         };
+        let wanted = Arc::new(Notify::new());
+        let wake = Arc::clone(&wanted);
+        lease.on_wanted(move || wake.notify_one());
         Arc::new(Self {
             protocol: Mutex::new(Protocol::new(me, timing)),
             progress: Notify::new(),
+            wanted,
             last_barrier: Mutex::new(None),
             last_asked: Mutex::new(None),
             fresh_at: Mutex::new(None),
@@ -645,6 +651,7 @@ impl Replica {
             tokio::select! {
                 () = &mut stop => return self.leave().await,
                 _ = ticks.tick() => {}
+                () = self.wanted.notified() => {}
             }
             self.report().await;
             if self.wants_barrier() {
