@@ -162,6 +162,7 @@ async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
             namespace: "default".into(),
             keys: vec![],
             commit: false,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -186,6 +187,7 @@ async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
                 namespace: String::new(),
                 keys: chunk.to_vec(),
                 commit: false,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -220,6 +222,76 @@ async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
     );
 }
 
+/// A Rebuild that streamed no keys would swap in an empty filter, answering ABSENT for every key the
+/// namespace holds: the gate refuses it unless the request says it means it.
+#[tokio::test]
+async fn a_rebuild_with_no_keys_is_refused_unless_allowed() {
+    let server = start(CONFIG).await;
+    let live = keys("live", 0..1_000);
+    client(&server)
+        .await
+        .add(AddRequest {
+            namespace: String::new(),
+            keys: live.clone(),
+        })
+        .await
+        .unwrap();
+    let mut admin = AdminClient::new(channel(&server).await);
+    let only_commit = RebuildRequest {
+        namespace: "default".into(),
+        commit: true,
+        ..Default::default()
+    };
+    let empty_messages = vec![
+        RebuildRequest {
+            namespace: "default".into(),
+            ..Default::default()
+        },
+        RebuildRequest::default(),
+        RebuildRequest {
+            commit: true,
+            ..Default::default()
+        },
+    ];
+    for stream in [vec![only_commit.clone()], empty_messages] {
+        let refused = admin.rebuild(tokio_stream::iter(stream)).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        assert!(
+            refused.message().contains("streamed no keys")
+                && refused.message().contains("allow_empty"),
+            "{refused:?}"
+        );
+        assert!(
+            answers(&server, live.clone())
+                .await
+                .iter()
+                .all(|a| *a == Answer::MayExist),
+            "a refused empty rebuild changed the filter"
+        );
+    }
+
+    let allowed = RebuildRequest {
+        allow_empty: true,
+        ..only_commit
+    };
+    let rebuilt = admin
+        .rebuild(tokio_stream::iter([allowed]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rebuilt.keys, 0);
+    let after = answers(&server, live).await;
+    assert!(
+        after.iter().filter(|a| **a == Answer::MayExist).count() < 50,
+        "an allowed empty rebuild left the old filter"
+    );
+    server.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time() {
     let server = start(CONFIG).await;
@@ -241,6 +313,7 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
                 namespace: namespace.to_string(),
                 keys: keys("x", 0..10),
                 commit: false,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -273,6 +346,7 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
             namespace: String::new(),
             keys: vec![Bytes::new()],
             commit: false,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -311,6 +385,7 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
             namespace: String::new(),
             keys: keys("old", 0..100),
             commit: true,
+            ..Default::default()
         }]);
         match admin.rebuild(rebuild).await {
             Ok(reply) => Some(reply.into_inner()),

@@ -359,11 +359,23 @@ async fn rebuild_replaces_the_filter_with_the_input() {
             ),
         "{refused}"
     );
-    assert_loaded(&server, "users", new).await;
+    assert_loaded(&server, "users", new.clone()).await;
     let partial = answers(&server, "users", keys("partial", 1_000)).await;
     assert!(
         partial.iter().filter(|a| **a == Answer::MayExist).count() < 50,
         "keys of the abandoned rebuild were swapped in"
+    );
+
+    // A namespace that really holds no keys any more is emptied when the operator says so.
+    let emptied = run_with_stdin(&server, &["rebuild", "-n", "users", "--allow-empty"], b"")
+        .await
+        .ok();
+    assert!(emptied.stderr.contains("0 keys"), "{emptied:?}");
+    let now = answers(&server, "users", new).await;
+    assert!(
+        now.iter().filter(|a| **a == Answer::MayExist).count() < 50,
+        "the filter was not emptied: {} of 2,500 keys may exist",
+        now.iter().filter(|a| **a == Answer::MayExist).count()
     );
 }
 

@@ -791,20 +791,28 @@ async fn readiness_reports_writes_refused_and_a_full_disk_recovers() {
     .await;
     client.add(add("after")).await.unwrap();
 
-    // The data directory deleted under the server: the log refuses, readiness says why.
+    // The data directory deleted under the server: the very next write is refused, naming the file (not
+    // only after the once-a-second watch), and readiness says why.
     for entry in std::fs::read_dir(dir.path()).unwrap().flatten() {
         if entry.file_name().to_string_lossy().starts_with("wal-") {
             std::fs::remove_file(entry.path()).unwrap();
         }
     }
+    let refused = client.add(add("into the void")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("removed or replaced")
+            && refused
+                .message()
+                .contains(&dir.path().display().to_string()),
+        "{refused:?}"
+    );
     let body = common::wait_until(common::PATIENCE, "readiness to notice", async || {
         let (status, body) = common::http_get(&server, "/readyz").await;
         (status == 503).then_some(body)
     })
     .await;
     assert!(body.contains("removed or replaced"), "{body}");
-    let refused = client.add(add("into the void")).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     server.stop().await.unwrap();
 }
 

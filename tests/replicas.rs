@@ -281,6 +281,7 @@ async fn feed(sender: &tokio::sync::mpsc::Sender<RebuildRequest>, keys: &[String
             namespace: String::new(),
             keys: bytes(chunk),
             commit: false,
+            ..Default::default()
         };
         sender.send(message).await.unwrap();
     }
@@ -300,6 +301,7 @@ async fn begin_rebuild(
         namespace: "users".to_string(),
         keys: Vec::new(),
         commit: false,
+        ..Default::default()
     };
     sender.send(first).await.unwrap();
     let mut admin = replica.admin();
@@ -323,6 +325,7 @@ async fn rebuild_once_accepted(replica: &Replica, keys: &[String]) -> RebuildRes
             namespace: "users".to_string(),
             keys: bytes(keys),
             commit: true,
+            ..Default::default()
         };
         match replica.admin().rebuild(tokio_stream::iter([keys])).await {
             Ok(reply) => Some(reply.into_inner()),

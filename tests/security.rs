@@ -222,6 +222,7 @@ async fn the_admin_service_needs_the_admin_role() {
         namespace: "a".into(),
         keys: vec![Bytes::from_static(b"k")],
         commit: true,
+        ..Default::default()
     }]);
     assert_eq!(
         code(admin.rebuild(with_token(rebuild, Some("token-a"))).await),
@@ -329,6 +330,7 @@ async fn excess_calls_are_shed_at_once_and_subscribers_are_bounded() {
                 namespace: String::new(),
                 keys: vec![Bytes::from_static(b"k")],
                 commit: false,
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -50,6 +50,10 @@ pub struct LoadArgs {
 pub struct RebuildArgs {
     #[command(flatten)]
     pub bulk: BulkArgs,
+    /// Rebuild even from an input with no keys, emptying the namespace's filter (every key then answers
+    /// ABSENT until added again). Without it, an empty input is refused here and by the gate.
+    #[arg(long)]
+    pub allow_empty: bool,
 }
 
 /// What an `Add` task hands back: the keys and input bytes it covered, or the input's number of its first
@@ -134,19 +138,11 @@ fn refused_index(message: &str) -> Option<u64> {
     after.split_once(']')?.0.parse().ok()
 }
 
-/// What the request stream of a rebuild is told: keys to send, or that the source is exhausted.
+/// What the request stream of a rebuild is told: keys to send, or the last message (the source is
+/// exhausted).
 enum Feed {
     Keys(RebuildRequest),
-    End,
-}
-
-/// The last message of a rebuild: the gate swaps the new filter in only on a message with `commit` set.
-fn committing() -> RebuildRequest {
-    RebuildRequest {
-        namespace: String::new(),
-        keys: Vec::new(),
-        commit: true,
-    }
+    End(RebuildRequest),
 }
 
 /// Streams every key of the source through one `Admin.Rebuild`, then commits it. When the source fails or
@@ -159,13 +155,14 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
     let gate = Gate::connect(&bulk.connect).await?;
     let (mut source, total) = Source::open(&bulk.source).await?;
     let mut progress = Progress::start(total);
-    let Some(first) = source.next_batch(bulk.batch as usize).await? else {
+    let first = source.next_batch(bulk.batch as usize).await?;
+    if first.is_none() && !args.allow_empty {
         return Err(format!(
             "the input holds no keys: rebuilding namespace {:?} from it would empty its filter (every key \
-             would answer ABSENT); nothing was sent",
+             would answer ABSENT); nothing was sent (--allow-empty if the namespace really holds no keys)",
             bulk.namespace
         ));
-    };
+    }
     let mut interrupted =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
     let (feed, mut requests) = mpsc::channel::<Feed>(2);
@@ -173,8 +170,8 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
         loop {
             match requests.recv().await {
                 Some(Feed::Keys(request)) => yield request,
-                Some(Feed::End) => {
-                    yield committing();
+                Some(Feed::End(last)) => {
+                    yield last;
                     break;
                 }
                 // The sender is gone without saying End: the source failed or the command was interrupted,
@@ -189,14 +186,14 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
     let send = async {
         let feed = feed;
         let mut namespace = bulk.namespace.clone();
-        let mut next = Some(first);
+        let mut next = first;
         while let Some(batch) = next {
             let covered = (batch.keys.len() as u64, batch.input_bytes);
             let request = RebuildRequest {
                 // The first message names the namespace; later ones may leave it empty.
                 namespace: std::mem::take(&mut namespace),
                 keys: batch.keys,
-                commit: false,
+                ..Default::default()
             };
             if feed.send(Feed::Keys(request)).await.is_err() {
                 // The call ended early; its status says why.
@@ -205,8 +202,15 @@ pub async fn rebuild(args: RebuildArgs) -> Result<(), String> {
             progress.advance(covered.0, covered.1);
             next = source.next_batch(bulk.batch as usize).await?;
         }
-        // A closed channel here, too, means the call ended, and its status says why.
-        let _ = feed.send(Feed::End).await;
+        // The gate swaps the new filter in only on a message with `commit` set; it names the namespace
+        // if no keys went before. A closed channel here, too, means the call ended, and its status says why.
+        let last = RebuildRequest {
+            namespace,
+            commit: true,
+            allow_empty: args.allow_empty,
+            ..Default::default()
+        };
+        let _ = feed.send(Feed::End(last)).await;
         Ok::<(), String>(())
     };
     let sent = tokio::select! {

@@ -281,6 +281,11 @@ impl Gate {
         Ok((lookup, observed_seq))
     }
 
+    /// `namespace`'s latest applied seq: what a lookup now would report as its `observed_seq`.
+    pub fn current_seq(&self, namespace: &str) -> Result<u64, GateError> {
+        Ok(self.entry(namespace)?.namespace.latest_seq())
+    }
+
     /// Answers for `keys` in order into `answers`; returns the seq they reflect.
     pub fn batch_may_exist<K: AsRef<[u8]>>(
         &self,

@@ -11,8 +11,6 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 
-use super::changes::KeyChange;
-
 /// One call to the gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
@@ -29,6 +27,9 @@ pub enum Call {
         namespace: String,
         /// The key.
         key: Bytes,
+        /// A gate seq read before the delete committed: the gate refuses the tombstone if the key was
+        /// added after it.
+        observed_seq: u64,
     },
 }
 
@@ -53,42 +54,45 @@ impl Batch {
         }
     }
 
-    /// Appends a key that exists or was deleted (other changes are not calls).
-    pub fn push(&mut self, change: KeyChange) {
-        match change {
-            KeyChange::Exists { namespace, key } => {
-                let again = (namespace, key);
-                if self.deleted.remove(&again) {
-                    self.calls.retain(|call| {
-                        !matches!(call, Call::Deleted { namespace, key } if *namespace == again.0 && *key == again.1)
-                    });
-                    self.keys -= 1;
-                }
-                let (namespace, key) = again;
-                let joins = matches!(
-                    self.calls.last(),
-                    Some(Call::Add { namespace: last, keys }) if *last == namespace && keys.len() < self.max_add_keys
-                );
-                if joins {
-                    let Some(Call::Add { keys, .. }) = self.calls.last_mut() else {
-                        unreachable!("checked above")
-                    };
-                    keys.push(key);
-                } else {
-                    self.calls.push(Call::Add {
-                        namespace,
-                        keys: vec![key],
-                    });
-                }
-            }
-            KeyChange::Deleted { namespace, key } => {
-                if !self.deleted.insert((namespace.clone(), key.clone())) {
-                    return; // deleted twice in a row: once says it
-                }
-                self.calls.push(Call::Deleted { namespace, key });
-            }
-            KeyChange::Truncated { .. } | KeyChange::NoKey { .. } => return,
+    /// Appends a key that exists.
+    pub fn exists(&mut self, namespace: String, key: Bytes) {
+        let again = (namespace, key);
+        if self.deleted.remove(&again) {
+            self.calls.retain(|call| {
+                !matches!(call, Call::Deleted { namespace, key, .. } if *namespace == again.0 && *key == again.1)
+            });
+            self.keys -= 1;
         }
+        let (namespace, key) = again;
+        let joins = matches!(
+            self.calls.last(),
+            Some(Call::Add { namespace: last, keys }) if *last == namespace && keys.len() < self.max_add_keys
+        );
+        if joins {
+            let Some(Call::Add { keys, .. }) = self.calls.last_mut() else {
+                unreachable!("checked above")
+            };
+            keys.push(key);
+        } else {
+            self.calls.push(Call::Add {
+                namespace,
+                keys: vec![key],
+            });
+        }
+        self.keys += 1;
+    }
+
+    /// Appends a key that was deleted, with the gate seq of the fence before its delete (see
+    /// [`fence`](super::fence)).
+    pub fn deleted(&mut self, namespace: String, key: Bytes, observed_seq: u64) {
+        if !self.deleted.insert((namespace.clone(), key.clone())) {
+            return; // deleted twice in a row: once says it (with the older, safer fence)
+        }
+        self.calls.push(Call::Deleted {
+            namespace,
+            key,
+            observed_seq,
+        });
         self.keys += 1;
     }
 
@@ -109,17 +113,18 @@ impl Batch {
 mod tests {
     use super::*;
 
-    fn exists(namespace: &str, key: &str) -> KeyChange {
-        KeyChange::Exists {
-            namespace: namespace.into(),
-            key: Bytes::copy_from_slice(key.as_bytes()),
-        }
+    /// A change the follower hands the batch.
+    enum Change {
+        Exists(&'static str, &'static str),
+        Deleted(&'static str),
     }
 
-    fn deleted(key: &str) -> KeyChange {
-        KeyChange::Deleted {
-            namespace: "users".into(),
-            key: Bytes::copy_from_slice(key.as_bytes()),
+    fn push(batch: &mut Batch, changes: impl IntoIterator<Item = Change>) {
+        for change in changes {
+            match change {
+                Change::Exists(namespace, key) => batch.exists(namespace.into(), Bytes::from(key)),
+                Change::Deleted(key) => batch.deleted("users".into(), Bytes::from(key), 3),
+            }
         }
     }
 
@@ -137,23 +142,25 @@ mod tests {
         Call::Deleted {
             namespace: "users".into(),
             key: Bytes::copy_from_slice(key.as_bytes()),
+            observed_seq: 3,
         }
     }
 
     #[test]
     fn inserts_share_adds_up_to_the_limit_and_deletes_keep_their_place() {
         let mut batch = Batch::new(2);
-        for change in [
-            exists("users", "1"),
-            exists("users", "2"),
-            exists("users", "3"),
-            exists("orders", "9"),
-            deleted("3"),
-            deleted("3"),
-            exists("users", "4"),
-        ] {
-            batch.push(change);
-        }
+        push(
+            &mut batch,
+            [
+                Change::Exists("users", "1"),
+                Change::Exists("users", "2"),
+                Change::Exists("users", "3"),
+                Change::Exists("orders", "9"),
+                Change::Deleted("3"),
+                Change::Deleted("3"),
+                Change::Exists("users", "4"),
+            ],
+        );
         assert_eq!(batch.keys(), 6);
         let calls = batch.take();
         assert_eq!(
@@ -174,15 +181,16 @@ mod tests {
     #[test]
     fn a_key_deleted_and_inserted_again_in_one_batch_loses_its_delete() {
         let mut batch = Batch::new(100);
-        for change in [
-            deleted("5"),
-            exists("users", "6"),
-            exists("users", "5"),
-            exists("users", "7"),
-            deleted("7"),
-        ] {
-            batch.push(change);
-        }
+        push(
+            &mut batch,
+            [
+                Change::Deleted("5"),
+                Change::Exists("users", "6"),
+                Change::Exists("users", "5"),
+                Change::Exists("users", "7"),
+                Change::Deleted("7"),
+            ],
+        );
         assert_eq!(batch.keys(), 4);
         assert_eq!(batch.take(), [add("users", &["6", "5", "7"]), delete("7")]);
     }

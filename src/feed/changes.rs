@@ -22,6 +22,10 @@ pub struct FollowedTable {
     pub column: String,
     /// The gate namespace they go to.
     pub namespace: String,
+    /// Whether only its inserts and new keys are sent, never its deletes: set at start for a column no
+    /// unique index covers alone (`--non-unique-adds-only`), where a deleted row's key may still be held by
+    /// another row and a tombstone would hide it.
+    pub adds_only: bool,
 }
 
 impl FollowedTable {
@@ -64,6 +68,7 @@ impl FromStr for FollowedTable {
             table: table.to_string(),
             column: column.to_string(),
             namespace: namespace.to_string(),
+            adds_only: false,
         })
     }
 }
@@ -106,6 +111,7 @@ struct Known {
     column: usize,
     column_in_identity: bool,
     namespace: String,
+    adds_only: bool,
 }
 
 /// The followed tables, and what the session told of them so far.
@@ -143,8 +149,8 @@ impl Tables {
                 None => Vec::new(),
             },
             Message::Delete { relation, old } => match self.row(relation, "delete")? {
-                Some(known) => vec![known.deleted(&old)],
-                None => Vec::new(),
+                Some(known) if !known.adds_only => vec![known.deleted(&old)],
+                _ => Vec::new(),
             },
             Message::Truncate { relations } => relations
                 .into_iter()
@@ -188,6 +194,7 @@ impl Tables {
             column,
             column_in_identity: relation.columns[column].in_identity,
             namespace: followed.namespace.clone(),
+            adds_only: followed.adds_only,
         }))
     }
 
@@ -254,6 +261,7 @@ impl Known {
         }
         match old.and_then(|old| self.key(old)) {
             Some(old_key) if Some(old_key) == self.key(new) => Vec::new(),
+            Some(_) if self.adds_only => vec![self.exists(new, "update")],
             Some(old_key) => vec![
                 KeyChange::Deleted {
                     namespace: self.namespace.clone(),
@@ -406,6 +414,32 @@ mod tests {
                 operation: "delete"
             }]
         );
+    }
+
+    /// A column several rows may share: a deleted row's key may still be held by another, so no delete
+    /// becomes a tombstone, and a key change only adds the new key.
+    #[test]
+    fn an_adds_only_table_sends_no_tombstone() {
+        let mut followed: FollowedTable = "public.users:id=users".parse().unwrap();
+        followed.adds_only = true;
+        let mut tables = Tables::new(vec![followed]);
+        tables.changes(relation(1, "users", true)).unwrap();
+        let delete = Message::Delete {
+            relation: 1,
+            old: row(Some("42")),
+        };
+        assert!(tables.changes(delete).unwrap().is_empty());
+        let moved = Message::Update {
+            relation: 1,
+            old: Some(row(Some("42"))),
+            new: row(Some("43")),
+        };
+        assert_eq!(tables.changes(moved).unwrap(), [exists("43")]);
+        let insert = Message::Insert {
+            relation: 1,
+            new: row(Some("44")),
+        };
+        assert_eq!(tables.changes(insert).unwrap(), [exists("44")]);
     }
 
     #[test]

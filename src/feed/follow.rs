@@ -24,10 +24,12 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use tokio::sync::Notify;
 use tonic::Code;
 
 use super::batch::{Batch, Call};
-use super::changes::Tables;
+use super::changes::{KeyChange, Tables};
+use super::fence::Fences;
 use super::metrics::FeedMetrics;
 use super::pgoutput;
 use crate::cli::connection::GateClient;
@@ -59,6 +61,10 @@ pub struct Follower<'a> {
     pub batch_keys: usize,
     /// How long committed changes may wait for more before they are sent.
     pub linger: Duration,
+    /// The slot, whose fences this feed's deletes carry.
+    pub slot: &'a str,
+    /// Asks the fencer for a fence now.
+    pub fence_wanted: &'a Notify,
 }
 
 /// Sends calls to the gate, retrying while it is unavailable.
@@ -82,6 +88,9 @@ impl Follower<'_> {
     /// Follows `session` until it fails or ends.
     pub async fn follow(&mut self, session: &mut ReplicationClient) -> Stop {
         let mut batch = Batch::new(self.batch_keys);
+        // Only this session's fences: one seen before a reconnect may lie after changes it replays.
+        let mut fences = Fences::new(self.slot);
+        self.fence_wanted.notify_one();
         let mut covered = Covered::default();
         let mut in_transaction = false;
         let mut flush_at: Option<tokio::time::Instant> = None;
@@ -117,7 +126,7 @@ impl Follower<'_> {
                     };
                     for change in changes {
                         self.writer.metrics.note(&change);
-                        batch.push(change);
+                        self.take(change, &mut batch, &fences);
                     }
                     if batch.keys() >= self.batch_keys {
                         if let Err(stop) = self.flush(&mut batch, &mut covered, session).await {
@@ -140,8 +149,32 @@ impl Follower<'_> {
                         self.confirm(session, wal_end);
                     }
                 }
-                ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
+                ReplicationEvent::Message {
+                    prefix, content, ..
+                } => {
+                    if let Err(reason) = fences.observe(&prefix, &content) {
+                        return Stop::Fatal(reason);
+                    }
+                }
+                ReplicationEvent::StoppedAt { .. } => {}
             }
+        }
+    }
+
+    /// Puts one change into the batch: a delete with the seq of the newest fence before it, or, with none
+    /// yet in this session, not at all (counted; a fence is asked for) — a tombstone that cannot be fenced
+    /// could hide a key added again after the delete.
+    fn take(&self, change: KeyChange, batch: &mut Batch, fences: &Fences) {
+        match change {
+            KeyChange::Exists { namespace, key } => batch.exists(namespace, key),
+            KeyChange::Deleted { namespace, key } => match fences.seq(&namespace) {
+                Some(observed_seq) => batch.deleted(namespace, key, observed_seq),
+                None => {
+                    self.writer.metrics.unfenced_delete();
+                    self.fence_wanted.notify_one();
+                }
+            },
+            KeyChange::Truncated { .. } | KeyChange::NoKey { .. } => {}
         }
     }
 
@@ -152,8 +185,14 @@ impl Follower<'_> {
         covered: &mut Covered,
         session: &ReplicationClient,
     ) -> Result<(), Stop> {
+        let mut added = false;
         for call in batch.take() {
+            added |= matches!(call, Call::Add { .. });
             self.writer.send(call).await?;
+        }
+        if added {
+            // A fresh fence soon, so a key deleted right after this insert keeps its tombstone.
+            self.fence_wanted.notify_one();
         }
         let acknowledged = SystemTime::now();
         for micros in covered.commit_times.drain(..) {
@@ -255,12 +294,16 @@ impl GateWriter {
                 };
                 gate.add(request).await?;
             }
-            Call::Deleted { namespace, key } => {
+            Call::Deleted {
+                namespace,
+                key,
+                observed_seq,
+            } => {
                 let request = RecordAbsentRequest {
                     namespace: namespace.clone(),
                     key: key.clone(),
                     kind: AbsenceKind::Deleted as i32,
-                    observed_seq: 0,
+                    observed_seq: *observed_seq,
                     ttl_seconds: 0,
                 };
                 gate.record_absent(request).await?;

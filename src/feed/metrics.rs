@@ -65,6 +65,11 @@ impl FeedMetrics {
         counter!("existence_feed_gate_retries_total").increment(1);
     }
 
+    /// A delete not sent: no fence came before it in its session (see `fence`).
+    pub fn unfenced_delete(&self) {
+        counter!("existence_feed_unfenced_deletes_total").increment(1);
+    }
+
     /// A key the gate refused as invalid (skipped).
     pub fn refused_key(&self) {
         counter!("existence_feed_refused_keys_total").increment(1);

@@ -6,6 +6,7 @@
 //! - [`pgoutput`]: decoding of the replication messages.
 //! - [`changes`]: what a table's changes mean for the gate (keys that exist, keys deleted).
 //! - [`batch`]: those changes as few gate calls as their order allows.
+//! - [`fence`]: the gate seq each delete carries, written into the WAL, so a stale delete is refused.
 //! - [`follow`]: the loop — events in, calls out, the slot confirmed only after the gate acknowledged.
 //! - [`setup`]: the checks and the publication and slot it creates, each refusal naming what to fix.
 //! - [`initial_load`]: `--initial-load`, the tables read within the new slot's snapshot.
@@ -16,6 +17,7 @@
 
 pub mod batch;
 pub mod changes;
+pub mod fence;
 pub mod follow;
 pub mod health;
 pub mod initial_load;
@@ -34,6 +36,7 @@ use tokio_postgres::config::{Host, SslMode};
 use crate::cli::connection::{ConnectArgs, Gate};
 use crate::core::config::parse_duration;
 use changes::{FollowedTable, Tables};
+use fence::Fencer;
 use follow::{Follower, GateWriter, Stop};
 use health::Health;
 
@@ -52,7 +55,8 @@ pub struct FeedArgs {
     #[arg(long, env = "EXISTENCE_GATE_POSTGRES", hide_env_values = true)]
     pub postgres: String,
     /// A table to follow, SCHEMA.TABLE:COLUMN=NAMESPACE: COLUMN's values (as text) are keys of NAMESPACE.
-    /// Repeat for several tables. COLUMN must be in the table's primary key or replica identity.
+    /// Repeat for several tables. COLUMN must be unique (a primary key or unique index on it alone) and in
+    /// the table's replica identity.
     #[arg(long = "table", required = true)]
     pub tables: Vec<FollowedTable>,
     /// The logical replication slot (created if missing). It keeps WAL until the feed confirms it: drop an
@@ -66,6 +70,11 @@ pub struct FeedArgs {
     /// gate misses no committed key. Ignored when the slot exists (it was loaded when it was created).
     #[arg(long)]
     pub initial_load: bool,
+    /// Follow a column no unique index covers alone (several rows may hold one key) by sending its inserts
+    /// and new keys only: its deletes are not sent, since the key may live on in another row, so such keys
+    /// answer MAY_EXIST until their window expires or a rebuild. Without it such a column is refused.
+    #[arg(long)]
+    pub non_unique_adds_only: bool,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, default_value = "127.0.0.1:9465")]
     pub http_listen: SocketAddr,
@@ -79,7 +88,7 @@ pub struct FeedArgs {
 
 /// Runs the feed until `stop` resolves (Ctrl-C, SIGTERM) or something only the operator can fix happens.
 pub async fn run(
-    args: FeedArgs,
+    mut args: FeedArgs,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     let prometheus = crate::service::metrics::install_recorder();
@@ -94,8 +103,8 @@ pub async fn run(
     let replication = replication_config(&config, &args)?;
     let (mut client, server) = crate::cli::postgres::connect(&config).await?;
     setup::check_wal_level(&client).await?;
-    for table in &args.tables {
-        setup::check_table(&client, table).await?;
+    for table in &mut args.tables {
+        setup::check_table(&client, table, args.non_unique_adds_only).await?;
     }
     setup::ensure_publication(&client, &args.publication, &args.tables).await?;
     let writer = GateWriter {
@@ -124,6 +133,19 @@ pub async fn run(
             setup::create_slot(&client, &args.slot).await?;
         }
     }
+    // The first fence at start, so a user who may not write one is told in one line; then every
+    // `FENCE_EVERY` while the gate's seqs move, and when a session asks.
+    let client = Arc::new(client);
+    let fence_wanted = Arc::new(tokio::sync::Notify::new());
+    let fencer = Fencer::new(
+        writer.gate.clone(),
+        Arc::clone(&client),
+        &args.slot,
+        args.tables.iter().map(|t| t.namespace.clone()),
+        Arc::clone(&fence_wanted),
+    );
+    let fenced = fencer.fence().await?;
+    let fencing = tokio::spawn(fencer.run(fenced));
     let retained = tokio::spawn(watch_retained(client, args.slot.clone(), writer.metrics));
     let mut tables = Tables::new(args.tables.clone());
     let follow = async {
@@ -135,8 +157,15 @@ pub async fn run(
             };
             let stopped = match session {
                 Ok(mut session) => {
-                    let stopped =
-                        follow_session(&mut session, &writer, &mut tables, &args, &health).await;
+                    let follower = Follower {
+                        writer: &writer,
+                        tables: &mut tables,
+                        batch_keys: args.batch,
+                        linger: args.linger,
+                        slot: &args.slot,
+                        fence_wanted: &fence_wanted,
+                    };
+                    let stopped = follow_session(&mut session, follower, &health).await;
                     pause = Duration::from_millis(100);
                     stopped
                 }
@@ -161,6 +190,7 @@ pub async fn run(
         () = stop => Ok(()),
     };
     retained.abort();
+    fencing.abort();
     http.abort();
     result
 }
@@ -168,9 +198,7 @@ pub async fn run(
 /// Starts streaming on `session` and follows it until it stops.
 async fn follow_session(
     session: &mut ReplicationClient,
-    writer: &GateWriter,
-    tables: &mut Tables,
-    args: &FeedArgs,
+    mut follower: Follower<'_>,
     health: &Health,
 ) -> Stop {
     if let Err(error) = session.start().await {
@@ -180,14 +208,8 @@ async fn follow_session(
         return Stop::Session(error.to_string());
     }
     health.ready();
-    writer.metrics.connected(true);
-    tracing::info!(slot = %args.slot, "following the replication slot");
-    let mut follower = Follower {
-        writer,
-        tables,
-        batch_keys: args.batch,
-        linger: args.linger,
-    };
+    follower.writer.metrics.connected(true);
+    tracing::info!(slot = %follower.slot, "following the replication slot");
     follower.follow(session).await
 }
 
@@ -251,7 +273,7 @@ fn replication_config(
 
 /// Measures the WAL the slot holds back, every [`RETAINED_EVERY`].
 async fn watch_retained(
-    client: tokio_postgres::Client,
+    client: Arc<tokio_postgres::Client>,
     slot: String,
     metrics: metrics::FeedMetrics,
 ) {

@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 use super::changes::{quote, FollowedTable};
 
 /// What PostgreSQL said, as a line.
-fn said(error: &tokio_postgres::Error) -> String {
+pub(super) fn said(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => crate::cli::failure::chain(error),
@@ -34,10 +34,20 @@ pub async fn check_wal_level(client: &Client) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks that `table` exists, has its key column, and that the column is part of its replica identity
-/// (its primary key, the `REPLICA IDENTITY USING INDEX` index, or `REPLICA IDENTITY FULL`): otherwise a
-/// delete would not carry the key, and the gate could not be told.
-pub async fn check_table(client: &Client, table: &FollowedTable) -> Result<(), String> {
+/// Checks that `table` exists and has its key column, that the column identifies one row (a primary key or
+/// unique index on it alone), and that it is part of its replica identity (its primary key, the `REPLICA
+/// IDENTITY USING INDEX` index, or `REPLICA IDENTITY FULL`): otherwise a delete would not carry the key, and
+/// the gate could not be told.
+///
+/// Uniqueness matters because a delete becomes a tombstone: if two rows hold one key (a non-unique column,
+/// or one column of a composite key), deleting one would make the gate answer `ABSENT` while the other
+/// row still holds it. With `adds_only_if_not_unique` such a column is followed anyway, its deletes not
+/// sent (`table.adds_only` is set), and then needs no replica identity.
+pub async fn check_table(
+    client: &Client,
+    table: &mut FollowedTable,
+    adds_only_if_not_unique: bool,
+) -> Result<(), String> {
     let row = client
         .query_opt(
             "SELECT c.relreplident::text, a.attnum, \
@@ -46,7 +56,10 @@ pub async fn check_table(client: &Client, table: &FollowedTable) -> Result<(), S
                     EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid \
                             AND ((c.relreplident = 'd' AND i.indisprimary) \
                                  OR (c.relreplident = 'i' AND i.indisreplident)) \
-                            AND a.attnum = ANY (i.indkey::int2[])) AS in_identity \
+                            AND a.attnum = ANY (i.indkey::int2[])) AS in_identity, \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique \
+                            AND i.indisvalid AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum \
+                            AND i.indpred IS NULL AND i.indexprs IS NULL) AS unique_alone \
              FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
              LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $3 AND NOT a.attisdropped \
@@ -61,14 +74,33 @@ pub async fn check_table(client: &Client, table: &FollowedTable) -> Result<(), S
             table.name()
         ));
     };
-    let (identity, column, keyed, in_identity): (String, Option<i16>, bool, bool) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let (identity, column, keyed, in_identity, unique): (String, Option<i16>, bool, bool, bool) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
     if column.is_none() {
         return Err(format!(
             "table {} has no column {:?}; fix --table",
             table.name(),
             table.column
         ));
+    }
+    if !unique {
+        if !adds_only_if_not_unique {
+            return Err(format!(
+                "column {column:?} of table {name} is not unique (no primary key or unique index covers it \
+                 alone), so deleting one row would answer ABSENT for a key another row still holds: \
+                 CREATE UNIQUE INDEX ON {quoted} ({quoted_column}) if its values are unique, or follow it \
+                 with --non-unique-adds-only (its deletes are then not sent; keys expire with their \
+                 windows or a rebuild)",
+                column = table.column,
+                name = table.name(),
+                quoted = table.quoted(),
+                quoted_column = super::changes::quote(&table.column),
+            ));
+        }
+        tracing::warn!(table = %table.name(), column = %table.column,
+            "the column is not unique: following its inserts and new keys only, never its deletes");
+        table.adds_only = true;
+        return Ok(());
     }
     if identity == "f" || in_identity {
         return Ok(());

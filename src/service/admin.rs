@@ -51,21 +51,21 @@ impl AdminService {
     /// added through the gate).
     async fn rebuild_here(
         &self,
-        first: proto::RebuildRequest,
+        mut first: proto::RebuildRequest,
         mut stream: Streaming<proto::RebuildRequest>,
     ) -> Result<Rebuilt, Status> {
+        let mut next = Streamed::first(&mut first)?;
         let mut rebuild = self.gate.begin_rebuild(&first.namespace).map_err(status)?;
         // An error, or a stream that ends without its commit, drops `rebuild`: abandoned, the live filter
         // untouched.
-        let (mut keys, mut commit) = (first.keys, first.commit);
         loop {
             self.gate
-                .feed_rebuild(&mut rebuild, &keys)
+                .feed_rebuild(&mut rebuild, &next.keys)
                 .map_err(status)?;
-            if commit {
+            if next.commit {
                 break;
             }
-            (keys, commit) = next_keys(&mut stream, &first.namespace).await?;
+            next = next_keys(&mut stream, &first.namespace, next).await?;
         }
         let rebuilt = rebuild
             .finish()
@@ -266,19 +266,59 @@ impl AdminService {
 /// the rebuild, which publishes its abort.
 async fn rebuild_replicated(
     replica: Arc<Replica>,
-    first: proto::RebuildRequest,
+    mut first: proto::RebuildRequest,
     mut stream: Streaming<proto::RebuildRequest>,
 ) -> Result<Rebuilt, Status> {
+    let mut next = Streamed::first(&mut first)?;
     let mut rebuild = ReplicatedRebuild::begin(replica, &first.namespace)
         .await
         .map_err(status)?;
-    let (mut keys, mut commit) = (first.keys, first.commit);
     loop {
-        rebuild.feed(keys).await.map_err(status)?;
-        if commit {
+        rebuild
+            .feed(std::mem::take(&mut next.keys))
+            .await
+            .map_err(status)?;
+        if next.commit {
             return rebuild.commit().await.map_err(status);
         }
-        (keys, commit) = next_keys(&mut stream, &first.namespace).await?;
+        next = next_keys(&mut stream, &first.namespace, next).await?;
+    }
+}
+
+/// A Rebuild stream read so far: the keys of its latest message and whether that one commits, with the
+/// count of keys streamed through it and whether any message allowed an empty rebuild.
+struct Streamed {
+    keys: Vec<bytes::Bytes>,
+    commit: bool,
+    keys_streamed: u64,
+    allow_empty: bool,
+}
+
+impl Streamed {
+    /// The first message (its keys taken), refused if it commits no keys without `allow_empty`.
+    fn first(message: &mut proto::RebuildRequest) -> Result<Self, Status> {
+        let keys = std::mem::take(&mut message.keys);
+        Self {
+            keys_streamed: keys.len() as u64,
+            keys,
+            commit: message.commit,
+            allow_empty: message.allow_empty,
+        }
+        .refuse_empty_commit(&message.namespace)
+    }
+
+    /// `FAILED_PRECONDITION` for a commit after no keys at all without `allow_empty`: the rebuilt filter
+    /// would answer ABSENT for every key the namespace holds (see `RebuildRequest.allow_empty`).
+    fn refuse_empty_commit(self, namespace: &str) -> Result<Self, Status> {
+        if self.commit && !self.allow_empty && self.keys_streamed == 0 {
+            return Err(Status::failed_precondition(format!(
+                "the Rebuild of namespace {namespace:?} streamed no keys: swapping in an empty filter would \
+                 answer ABSENT for every key it holds, so the rebuild was abandoned and the live filter is \
+                 unchanged (set allow_empty, or `existence-gate rebuild --allow-empty`, if the namespace \
+                 really holds no keys)"
+            )));
+        }
+        Ok(self)
     }
 }
 
@@ -287,7 +327,8 @@ async fn rebuild_replicated(
 async fn next_keys(
     stream: &mut Streaming<proto::RebuildRequest>,
     namespace: &str,
-) -> Result<(Vec<bytes::Bytes>, bool), Status> {
+    previous: Streamed,
+) -> Result<Streamed, Status> {
     let Some(message) = stream.next().await.transpose()? else {
         return Err(Status::invalid_argument(format!(
             "the Rebuild stream of namespace {namespace:?} ended without a message with commit = true: the \
@@ -300,5 +341,11 @@ async fn next_keys(
             message.namespace
         )));
     }
-    Ok((message.keys, message.commit))
+    Streamed {
+        keys_streamed: previous.keys_streamed + message.keys.len() as u64,
+        allow_empty: previous.allow_empty || message.allow_empty,
+        keys: message.keys,
+        commit: message.commit,
+    }
+    .refuse_empty_commit(namespace)
 }

@@ -417,6 +417,30 @@ impl ExistenceGate for GateService {
         .await
     }
 
+    async fn current_seq(
+        &self,
+        request: Request<proto::CurrentSeqRequest>,
+    ) -> Result<Response<proto::CurrentSeqResponse>, Status> {
+        let started = Instant::now();
+        let request = resolved(request, |r| &mut r.namespace);
+        let namespace = &request.get_ref().namespace;
+        let scope = || Scope::Namespace(namespace);
+        // A feed's token may hold the write role only: either role may read a seq.
+        let result = self
+            .access
+            .admit(&request, Role::Write, scope())
+            .or_else(|refused| {
+                self.access
+                    .admit(&request, Role::Read, scope())
+                    .map_err(|_| refused)
+            })
+            .and_then(|()| {
+                let seq = self.gate.current_seq(namespace).map_err(status)?;
+                Ok(proto::CurrentSeqResponse { seq })
+            });
+        self.finish(Rpc::CurrentSeq, started, result)
+    }
+
     type SubscribeInvalidationsStream = InvalidationStream;
 
     async fn subscribe_invalidations(

@@ -145,6 +145,7 @@ pub enum Rpc {
     Add,
     RecordAbsent,
     SubscribeInvalidations,
+    CurrentSeq,
 }
 
 impl Rpc {
@@ -155,6 +156,7 @@ impl Rpc {
             Rpc::Add => "Add",
             Rpc::RecordAbsent => "RecordAbsent",
             Rpc::SubscribeInvalidations => "SubscribeInvalidations",
+            Rpc::CurrentSeq => "CurrentSeq",
         }
     }
 }
@@ -199,7 +201,7 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 /// Request counters and latency histograms per RPC and status, resolved on first use.
 #[derive(Debug, Default)]
 pub struct RpcMetrics {
-    series: [[OnceLock<(Counter, Histogram)>; 17]; 5],
+    series: [[OnceLock<(Counter, Histogram)>; 17]; 6],
 }
 
 impl RpcMetrics {

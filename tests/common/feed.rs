@@ -93,6 +93,11 @@ impl Feed {
         self.child.id().expect("running")
     }
 
+    /// Sends `signal` (e.g. "STOP", "CONT") to the process.
+    pub fn signal(&self, signal: &str) {
+        super::send_signal(self.pid(), signal);
+    }
+
     /// SIGKILL.
     pub async fn kill(mut self) {
         self.child.kill().await.expect("kill the feed");

@@ -51,6 +51,15 @@ pub async fn wait_until<T>(
     }
 }
 
+/// Sends `signal` (e.g. "STOP", "CONT", "KILL") to process `pid`, as an operator's `kill` would.
+pub fn send_signal(pid: u32, signal: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{signal} {pid}");
+}
+
 /// A free loopback port (free when asked; the server that needs it binds it right after).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -241,11 +241,7 @@ impl Replica {
 
     /// Sends `signal` (e.g. "STOP", "CONT", "KILL") to the process.
     pub fn signal(&self, signal: &str) {
-        let sent = std::process::Command::new("kill")
-            .args([format!("-{signal}"), self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success(), "kill -{signal} {}", self.pid());
+        super::send_signal(self.pid(), signal);
     }
 
     /// Kills it with SIGKILL and waits for it to die.

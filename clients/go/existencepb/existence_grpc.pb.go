@@ -288,7 +288,8 @@ type AdminClient interface {
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (*SnapshotResponse, error)
 	// Streams every key that exists in one namespace; a fresh filter is built beside the live one and swapped
 	// in atomically when the stream ends. Adds that arrive meanwhile go to both and are not lost. Tombstones
-	// are kept. A stream that fails or is cancelled leaves the live filter untouched.
+	// are kept. A stream that fails or is cancelled leaves the live filter untouched, and so does one that
+	// streamed no keys unless it sets allow_empty.
 	Rebuild(ctx context.Context, opts ...grpc.CallOption) (Admin_RebuildClient, error)
 	// The replicas' membership as this replica has applied it (replicated mode; FAILED_PRECONDITION on a gate
 	// that is not a replica). Writers wait for every member's report before acknowledging an Add early.
@@ -388,7 +389,8 @@ type AdminServer interface {
 	Snapshot(context.Context, *SnapshotRequest) (*SnapshotResponse, error)
 	// Streams every key that exists in one namespace; a fresh filter is built beside the live one and swapped
 	// in atomically when the stream ends. Adds that arrive meanwhile go to both and are not lost. Tombstones
-	// are kept. A stream that fails or is cancelled leaves the live filter untouched.
+	// are kept. A stream that fails or is cancelled leaves the live filter untouched, and so does one that
+	// streamed no keys unless it sets allow_empty.
 	Rebuild(Admin_RebuildServer) error
 	// The replicas' membership as this replica has applied it (replicated mode; FAILED_PRECONDITION on a gate
 	// that is not a replica). Writers wait for every member's report before acknowledging an Add early.
