@@ -140,6 +140,34 @@ fn lines(keys: &[Bytes]) -> Vec<u8> {
 const CONFIG: &str =
     "[namespaces.default]\nexpected_keys = 100000\n[namespaces.users]\nexpected_keys = 100000";
 
+/// Started without its input (standard input closed, or /dev/null), `load`, `rebuild` and `check` say so
+/// and fail, instead of reporting 0 keys as a success.
+#[tokio::test]
+async fn a_command_started_without_its_input_says_so() {
+    let server = start(CONFIG).await;
+    for args in [
+        &["load", "-n", "users"][..],
+        &["rebuild", "-n", "users", "-"],
+        &["check"],
+    ] {
+        let output = command(&addr(&server), args)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("the binary runs");
+        let run = Run {
+            status: output.status,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        };
+        let line = run.failure();
+        assert!(
+            line.contains("standard input is closed"),
+            "{args:?}: {line}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn load_reads_a_file_and_standard_input_and_prints_one_summary_line() {
     let server = start(CONFIG).await;

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::pin::Pin;
 
 use existence_gate::proto::existence_gate_server::{ExistenceGate, ExistenceGateServer};
-use existence_gate::proto::{AddRequest, AddResponse};
+use existence_gate::proto::{AddRequest, AddResponse, CurrentSeqRequest, CurrentSeqResponse};
 use existence_gate::proto::{
     Answer, Basis, BatchMayExistRequest, BatchMayExistResponse, Invalidation, MayExistRequest,
     MayExistResponse, RecordAbsentRequest, RecordAbsentResponse, RecordOutcome,
@@ -96,6 +96,13 @@ impl ExistenceGate for Trivial {
             seq: 1,
             expires_in_ms: 60_000,
         }))
+    }
+
+    async fn current_seq(
+        &self,
+        _request: Request<CurrentSeqRequest>,
+    ) -> Result<Response<CurrentSeqResponse>, Status> {
+        Ok(Response::new(CurrentSeqResponse { seq: 1 }))
     }
 
     type SubscribeInvalidationsStream = InvalidationStream;

@@ -90,7 +90,7 @@ pub async fn check(args: CheckArgs) -> Result<(), String> {
     if !args.keys.is_empty() {
         return check_batch(&client, &args, argument_keys(&args.keys)).await;
     }
-    let mut input = source::stdin(args.format);
+    let mut input = source::stdin(args.format)?;
     while let Some(batch) = input.next_batch(CHECK_BATCH).await? {
         check_batch(&client, &args, batch.keys).await?;
     }

@@ -8,6 +8,8 @@ use crate::core::config::MAX_KEY_BYTES_LIMIT;
 
 /// How much is read at a time: large enough that a read costs little per key.
 const CHUNK: usize = 1 << 20;
+/// Bytes a line may hold besides its key: the line end, and spaces around a hexadecimal key.
+const LINE_SLACK: usize = 64;
 
 /// How keys are written in the input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -98,8 +100,14 @@ impl KeyReader {
                 let end = match memchr::memchr(b'\n', &self.buf) {
                     Some(newline) => newline + 1,
                     None if self.eof && !self.buf.is_empty() => self.buf.len(),
-                    None => return Ok(None),
+                    None => {
+                        // Refused here, not after reading the line whole (a file without newlines may
+                        // be gigabytes).
+                        self.check_line_length(self.buf.len())?;
+                        return Ok(None);
+                    }
                 };
+                self.check_line_length(end)?;
                 let line = self.buf.split_to(end).freeze();
                 self.records += 1;
                 let text = line.slice(..trim_line_end(&line));
@@ -155,6 +163,25 @@ impl KeyReader {
         }
     }
 
+    /// Refuses a line of (at least) `length` bytes that no gate would take as a key: longer than
+    /// `MAX_KEY_BYTES_LIMIT` (twice that in hex), line end and spaces around hex allowed for.
+    fn check_line_length(&self, length: usize) -> Result<(), String> {
+        let (longest, what) = match self.format {
+            Format::Hex => (2 * MAX_KEY_BYTES_LIMIT + LINE_SLACK, "hexadecimal digits"),
+            _ => (MAX_KEY_BYTES_LIMIT + LINE_SLACK, "bytes"),
+        };
+        if length <= longest {
+            return Ok(());
+        }
+        Err(format!(
+            "line {} of {} is longer than {longest} {what} and no gate takes a key that long (at most \
+             {MAX_KEY_BYTES_LIMIT} bytes, or the gate's max_key_bytes); nothing after it was read (is it the \
+             right file and --format?)",
+            self.records + 1,
+            self.name
+        ))
+    }
+
     fn decode_hex(&self, text: &[u8]) -> Result<Bytes, String> {
         let trimmed = text.trim_ascii();
         hex::decode(trimmed).map(Bytes::from).map_err(|e| {
@@ -182,6 +209,8 @@ fn trim_line_end(line: &[u8]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// Every batch of `input` read as `format` in batches of `size`, as strings.
@@ -216,6 +245,29 @@ mod tests {
             error.starts_with("line 2 of the input is not hexadecimal"),
             "{error}"
         );
+    }
+
+    /// An endless line (a binary file, a file without newlines) is refused once it is longer than any key,
+    /// not read whole: this input never ends.
+    #[tokio::test]
+    async fn a_line_longer_than_any_key_is_refused_without_reading_it_whole() {
+        for format in [Format::Lines, Format::Hex] {
+            let endless = tokio::io::AsyncReadExt::chain(&b"6869\n"[..], tokio::io::repeat(b'a'));
+            let mut reader = KeyReader::new(Box::new(endless), "the input".into(), format);
+            let read = tokio::time::timeout(Duration::from_secs(60), reader.next_batch(10)).await;
+            let error = read
+                .expect("refused without reading the line whole")
+                .unwrap_err();
+            assert!(
+                error.starts_with("line 2 of the input is longer than")
+                    && error.contains("no gate takes a key that long"),
+                "{format:?}: {error}"
+            );
+            assert!(
+                reader.buf.len() <= 2 * CHUNK + 2 * MAX_KEY_BYTES_LIMIT,
+                "{format:?}: read on"
+            );
+        }
     }
 
     #[tokio::test]

@@ -48,8 +48,8 @@ impl Source {
             return Ok((Source::Query(keys), estimate.map(Total::EstimatedKeys)));
         }
         match args.input.as_deref() {
-            None => Ok((Source::Reader(stdin(args.format)), None)),
-            Some(path) if path == Path::new("-") => Ok((Source::Reader(stdin(args.format)), None)),
+            None => Ok((Source::Reader(stdin(args.format)?), None)),
+            Some(path) if path == Path::new("-") => Ok((Source::Reader(stdin(args.format)?), None)),
             Some(path) => {
                 let file = tokio::fs::File::open(path)
                     .await
@@ -84,11 +84,29 @@ impl Source {
     }
 }
 
-/// Standard input as keys in `format`.
-pub fn stdin(format: Format) -> KeyReader {
-    KeyReader::new(
+/// Standard input as keys in `format`; an error if it is `/dev/null`, which is also what a closed standard
+/// input reads from (the runtime reopens it there), so a command started without its input says so
+/// instead of reporting "0 keys" as a success.
+pub fn stdin(format: Format) -> Result<KeyReader, String> {
+    if is_dev_null(Path::new("/dev/stdin")) {
+        return Err(
+            "standard input is closed (or /dev/null): give a FILE, or pipe the keys in \
+             (e.g. `psql -Atc 'SELECT id FROM users' | existence-gate load -n users`)"
+                .to_string(),
+        );
+    }
+    Ok(KeyReader::new(
         Box::new(tokio::io::stdin()),
         "standard input".into(),
         format,
-    )
+    ))
+}
+
+/// Whether `path` leads to `/dev/null`.
+fn is_dev_null(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), std::fs::metadata("/dev/null")) {
+        (Ok(file), Ok(null)) => (file.dev(), file.ino()) == (null.dev(), null.ino()),
+        _ => false,
+    }
 }

@@ -96,7 +96,12 @@ impl AdminService {
         tokio::task::spawn_blocking(move || snapshots.take(&gate))
             .await
             .map_err(|e| Status::internal(format!("snapshot task failed: {e}")))?
-            .map_err(|e| Status::internal(format!("snapshot failed: {e}")))
+            .map_err(|e| match e {
+                crate::storage::PersistenceError::NoRoom { .. } => {
+                    Status::resource_exhausted(e.to_string())
+                }
+                e => Status::internal(format!("snapshot failed: {e}")),
+            })
     }
 }
 

@@ -92,9 +92,11 @@ impl std::fmt::Display for PersistenceError {
             Self::NoRoom { dir, snapshot, free } => write!(
                 f,
                 "no snapshot taken: {} has {free} bytes free, and a snapshot needs about {snapshot} plus \
-                 the {LOG_RESERVE_BYTES} bytes kept for the log. Nothing was written and the log keeps \
-                 everything; free some space (or give the data directory a larger volume)",
-                dir.display()
+                 {} bytes kept for the log (a quarter of it, at least 16 MiB, at most 128 MiB). Nothing \
+                 was written and the log keeps everything; free some space (or give the data directory a \
+                 larger volume)",
+                dir.display(),
+                log_reserve(*snapshot)
             ),
             Self::Locked(path) => write!(
                 f,
@@ -244,14 +246,23 @@ fn remove_temporary_files(dir: &Path) -> Result<(), PersistenceError> {
     Ok(())
 }
 
-/// Free space a snapshot must leave for the log: two full segments, so that writes go on while the
-/// snapshot is written and until its covered segments are removed.
-pub const LOG_RESERVE_BYTES: u64 = 2 * wal::SEGMENT_BYTES;
+/// The least free space a snapshot leaves the log, and the most it asks for: see [`log_reserve`].
+const MIN_LOG_RESERVE_BYTES: u64 = 16 << 20;
+const MAX_LOG_RESERVE_BYTES: u64 = 2 * wal::SEGMENT_BYTES;
+
+/// Free space a snapshot of `snapshot` bytes leaves for the log, so that writes go on while it is written
+/// and until its covered segments are removed: a quarter of its size (the log writes while the snapshot
+/// is written, both at disk speed), at least 16 MiB, at most two segments (128 MiB). It scales, so a small
+/// volume still snapshots a small state. Should the log outgrow it anyway, a full disk only holds writes
+/// back (`UNAVAILABLE`) until the snapshot removes the segments it covers; nothing is lost.
+fn log_reserve(snapshot: u64) -> u64 {
+    (snapshot / 4).clamp(MIN_LOG_RESERVE_BYTES, MAX_LOG_RESERVE_BYTES)
+}
 
 /// Refuses a snapshot of about `snapshot` bytes when only `free` bytes are free: written anyway, it could
 /// take the space the log needs for the next `Add`.
 fn check_room(dir: &Path, snapshot: u64, free: u64) -> Result<(), PersistenceError> {
-    if free >= snapshot.saturating_add(LOG_RESERVE_BYTES) {
+    if free >= snapshot.saturating_add(log_reserve(snapshot)) {
         return Ok(());
     }
     Err(PersistenceError::NoRoom {
@@ -450,14 +461,26 @@ mod tests {
     #[test]
     fn a_snapshot_must_leave_the_log_its_reserve() {
         let dir = Path::new("/data");
-        check_room(dir, 1_000, 1_000 + LOG_RESERVE_BYTES).unwrap();
-        let refused = check_room(dir, 1_000, 999 + LOG_RESERVE_BYTES)
+        let small = 1_000;
+        check_room(dir, small, small + MIN_LOG_RESERVE_BYTES).unwrap();
+        let refused = check_room(dir, small, small - 1 + MIN_LOG_RESERVE_BYTES)
             .unwrap_err()
             .to_string();
         assert!(
-            refused.contains("no snapshot taken") && refused.contains("log keeps everything"),
+            refused.contains("no snapshot taken")
+                && refused.contains(&format!(
+                    "plus {MIN_LOG_RESERVE_BYTES} bytes kept for the log"
+                ))
+                && refused.contains("log keeps everything"),
             "{refused}"
         );
+        // The reserve scales with the snapshot, up to two segments.
+        let medium = 200 << 20;
+        check_room(dir, medium, medium + medium / 4).unwrap();
+        assert!(check_room(dir, medium, medium + medium / 4 - 1).is_err());
+        let huge = 10 << 30;
+        check_room(dir, huge, huge + 2 * wal::SEGMENT_BYTES).unwrap();
+        assert!(check_room(dir, huge, huge + 2 * wal::SEGMENT_BYTES - 1).is_err());
         assert!(free_bytes(&std::env::temp_dir()).unwrap() > 0);
     }
 

@@ -154,9 +154,11 @@ def main():
     service = DescriptorPool(database).FindServiceByName("existence.v1.ExistenceGate")
     methods = {m.name: m for m in service.methods}
     check(
-        "reflection describes the five RPCs",
+        "reflection describes the six RPCs",
         sorted(methods)
-        == sorted(["MayExist", "BatchMayExist", "Add", "RecordAbsent", "SubscribeInvalidations"]),
+        == sorted(
+            ["MayExist", "BatchMayExist", "Add", "RecordAbsent", "SubscribeInvalidations", "CurrentSeq"]
+        ),
         str(sorted(methods)),
     )
     check(
