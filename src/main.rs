@@ -406,7 +406,7 @@ fn log_settings(options: &ServeOptions) {
             expected_keys = ns.expected_keys,
             false_positive_rate = ns.false_positive_rate,
             retention = ?ns.retention,
-            windows = ns.windows,
+            max_windows = ns.windows,
             filter_bytes = spec.initial_bytes(),
             max_filter_bytes = spec.max_bytes,
             missing_ttl = ?ns.missing_ttl,

@@ -59,7 +59,7 @@ pub async fn stats(args: StatsArgs) -> Result<(), String> {
         "FILL",
         "EST. FP RATE",
         "TOMBSTONES",
-        "TOMBSTONE BYTES",
+        "TOMBSTONE MEMORY",
         "SEQ",
         "LAST SNAPSHOT",
         "DIGEST@SEQ",

@@ -27,6 +27,10 @@ type ExistenceGateClient interface {
 	RecordAbsent(ctx context.Context, in *RecordAbsentRequest, opts ...grpc.CallOption) (*RecordAbsentResponse, error)
 	// Tells clients that cache absences locally when a cached absence became wrong.
 	SubscribeInvalidations(ctx context.Context, in *SubscribeInvalidationsRequest, opts ...grpc.CallOption) (ExistenceGate_SubscribeInvalidationsClient, error)
+	// The namespace's latest applied seq, for a writer that fences its own absences (the change feed): every
+	// Add applied after this call returns has a higher seq, so a RecordAbsent carrying it as observed_seq is
+	// SUPERSEDED by any Add made after the call. Allowed with the read or the write role.
+	CurrentSeq(ctx context.Context, in *CurrentSeqRequest, opts ...grpc.CallOption) (*CurrentSeqResponse, error)
 }
 
 type existenceGateClient struct {
@@ -105,6 +109,15 @@ func (x *existenceGateSubscribeInvalidationsClient) Recv() (*Invalidation, error
 	return m, nil
 }
 
+func (c *existenceGateClient) CurrentSeq(ctx context.Context, in *CurrentSeqRequest, opts ...grpc.CallOption) (*CurrentSeqResponse, error) {
+	out := new(CurrentSeqResponse)
+	err := c.cc.Invoke(ctx, "/existence.v1.ExistenceGate/CurrentSeq", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExistenceGateServer is the server API for ExistenceGate service.
 // All implementations must embed UnimplementedExistenceGateServer
 // for forward compatibility
@@ -119,6 +132,10 @@ type ExistenceGateServer interface {
 	RecordAbsent(context.Context, *RecordAbsentRequest) (*RecordAbsentResponse, error)
 	// Tells clients that cache absences locally when a cached absence became wrong.
 	SubscribeInvalidations(*SubscribeInvalidationsRequest, ExistenceGate_SubscribeInvalidationsServer) error
+	// The namespace's latest applied seq, for a writer that fences its own absences (the change feed): every
+	// Add applied after this call returns has a higher seq, so a RecordAbsent carrying it as observed_seq is
+	// SUPERSEDED by any Add made after the call. Allowed with the read or the write role.
+	CurrentSeq(context.Context, *CurrentSeqRequest) (*CurrentSeqResponse, error)
 	mustEmbedUnimplementedExistenceGateServer()
 }
 
@@ -140,6 +157,9 @@ func (UnimplementedExistenceGateServer) RecordAbsent(context.Context, *RecordAbs
 }
 func (UnimplementedExistenceGateServer) SubscribeInvalidations(*SubscribeInvalidationsRequest, ExistenceGate_SubscribeInvalidationsServer) error {
 	return status.Errorf(codes.Unimplemented, "method SubscribeInvalidations not implemented")
+}
+func (UnimplementedExistenceGateServer) CurrentSeq(context.Context, *CurrentSeqRequest) (*CurrentSeqResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CurrentSeq not implemented")
 }
 func (UnimplementedExistenceGateServer) mustEmbedUnimplementedExistenceGateServer() {}
 
@@ -247,6 +267,24 @@ func (x *existenceGateSubscribeInvalidationsServer) Send(m *Invalidation) error 
 	return x.ServerStream.SendMsg(m)
 }
 
+func _ExistenceGate_CurrentSeq_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CurrentSeqRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExistenceGateServer).CurrentSeq(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/existence.v1.ExistenceGate/CurrentSeq",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExistenceGateServer).CurrentSeq(ctx, req.(*CurrentSeqRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 var _ExistenceGate_serviceDesc = grpc.ServiceDesc{
 	ServiceName: "existence.v1.ExistenceGate",
 	HandlerType: (*ExistenceGateServer)(nil),
@@ -266,6 +304,10 @@ var _ExistenceGate_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RecordAbsent",
 			Handler:    _ExistenceGate_RecordAbsent_Handler,
+		},
+		{
+			MethodName: "CurrentSeq",
+			Handler:    _ExistenceGate_CurrentSeq_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
