@@ -15,7 +15,8 @@
 # Environment: EXISTENCE_GATE_BIN (default target/release/existence-gate), PG_BIN (default
 # /usr/lib/postgresql/15/bin), ROWS (default 10000000), RUNS (default 3), BATCH (default 1000, load's
 # default), IN_FLIGHT (default 4, load's default), PORT_BASE (default 15432: PostgreSQL on it, the gate on
-# +1 and +2). Everything lives in a temporary directory removed at exit.
+# +1 and +2, the feed's HTTP port on +3). Each run also times the change feed's `--initial-load` of the same
+# table into a fresh gate. Everything lives in a temporary directory removed at exit.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,8 +53,10 @@ if [ "$(id -u)" = 0 ]; then
     as_postgres=(runuser -u postgres --)
 fi
 gate_pid=
+feed_pid=
 
 stop() {
+    if [ -n "$feed_pid" ]; then kill -TERM "$feed_pid" 2>/dev/null || true; wait "$feed_pid" 2>/dev/null || true; fi
     if [ -n "$gate_pid" ]; then kill -TERM "$gate_pid" 2>/dev/null || true; wait "$gate_pid" 2>/dev/null || true; fi
     "${as_postgres[@]}" "$pg_bin/pg_ctl" -D "$dir/pg" stop -m immediate >/dev/null 2>&1 || true
     rm -rf "$dir"
@@ -120,8 +123,33 @@ load() {
     echo "$seconds $rate $wall $cpu"
 }
 
+# Runs the change feed's --initial-load of the same table on a new slot, from its start to its log line
+# "initial load done"; prints "seconds keys_per_second".
+feed_initial_load() {
+    local started finished
+    started=$(date +%s.%N)
+    "$gate" feed --addr "http://127.0.0.1:$grpc_port" --postgres "$dsn" --table public.users:id=users \
+        --slot bench_slot --publication bench_publication --initial-load --batch "$batch" \
+        --http-listen "127.0.0.1:$((base + 3))" > "$dir/feed.log" 2>&1 &
+    feed_pid=$!
+    until grep -q "initial load done" "$dir/feed.log"; do
+        if ! kill -0 "$feed_pid" 2>/dev/null; then
+            echo "the feed stopped: $(cat "$dir/feed.log")" >&2
+            exit 1
+        fi
+        sleep 0.02
+    done
+    finished=$(date +%s.%N)
+    kill -TERM "$feed_pid"
+    wait "$feed_pid" || true
+    feed_pid=
+    psql -c "SELECT pg_drop_replication_slot('bench_slot')" -c "DROP PUBLICATION bench_publication" >/dev/null
+    awk -v a="$started" -v b="$finished" -v rows="$rows" 'BEGIN {printf "%.2f %d\n", b - a, rows / (b - a)}'
+}
+
 pg_lines=()
 file_lines=()
+feed_lines=()
 for run in $(seq 1 "$runs"); do
     start_gate
     read -r seconds rate wall cpu < <(load --postgres "$dsn" --query "SELECT id::text FROM users")
@@ -132,6 +160,11 @@ for run in $(seq 1 "$runs"); do
     read -r seconds rate wall cpu < <(load "$dir/ids.txt")
     echo "run $run, file: $rows keys in $seconds s ($rate keys/s), command $wall s, loader CPU $cpu s"
     file_lines+=("| $run | file ($file_bytes bytes) | $(printf %.2f "$seconds") | $rate | $wall | $cpu |")
+    stop_gate
+    start_gate
+    read -r seconds rate < <(feed_initial_load)
+    echo "run $run, feed --initial-load: $rows keys in $seconds s ($rate keys/s)"
+    feed_lines+=("| $run | \`feed --initial-load\` | $seconds | $rate | – | – |")
     stop_gate
 done
 
@@ -144,6 +177,8 @@ done
     echo
     echo "| run | source | seconds | keys/s | command (s) | loader CPU (s) |"
     echo "|---:|---|---:|---:|---:|---:|"
-    for line in "${pg_lines[@]}" "${file_lines[@]}"; do echo "$line"; done
+    for line in "${pg_lines[@]}" "${file_lines[@]}" "${feed_lines[@]}"; do echo "$line"; done
+    echo
+    echo "\`feed --initial-load\` rows: the change feed started on a new slot (\`--table public.users:id=users --initial-load --batch $batch\`, its Adds 4 in flight), timed from its start to its log line \"initial load done\" (the slot created with an exported snapshot, the table read with COPY within it, every Add acknowledged); then stopped, and its slot and publication dropped."
 } > "$results"
 echo "written to $results"

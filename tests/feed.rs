@@ -574,6 +574,75 @@ async fn a_non_unique_column_followed_adds_only_is_never_tombstoned() {
     feed.kill().await;
 }
 
+/// Loses the feed's slot under it, as an operator's mistake or `max_slot_wal_keep_size` would: the feed
+/// paused, its walsender ended, the slot dropped, then `rows` inserted while no slot records them.
+async fn lose_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::Range<i64>) {
+    feed.signal("STOP");
+    db.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'feed_slot'",
+        &[],
+    )
+    .await
+    .unwrap();
+    wait_until(PATIENCE, "the slot to be released", async || {
+        let row = db
+            .query_one(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = 'feed_slot'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (!row.get::<_, bool>(0)).then_some(())
+    })
+    .await;
+    db.execute("SELECT pg_drop_replication_slot('feed_slot')", &[])
+        .await
+        .unwrap();
+    insert(db, rows.start, rows.end).await;
+    feed.signal("CONT");
+}
+
+/// A slot dropped under the feed: without `--recreate-slot` it says so on `/readyz` (what happened, what
+/// to do) and in a gauge, and keeps retrying; with it, the slot is created again and the rows inserted
+/// while it was gone are loaded.
+#[tokio::test]
+async fn a_lost_slot_is_said_and_recreated_on_request() {
+    let Some(postgres) = database().await else {
+        return;
+    };
+    let gate = start(CONFIG).await;
+    let db = postgres.client().await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
+    feed.ready().await;
+    lose_slot(&db, &feed, 0..100).await;
+    let body = wait_until(PATIENCE, "/readyz to say the slot is gone", async || {
+        let (status, body) = common::try_http_get(feed.http, "/readyz").await.ok()?;
+        (status == 503 && body.contains("is gone")).then_some(body)
+    })
+    .await;
+    assert!(
+        body.contains("replication slot feed_slot is gone") && body.contains("--recreate-slot"),
+        "{body}"
+    );
+    assert_eq!(feed.metric("existence_feed_slot_lost").await, 1.0);
+    assert_eq!(
+        present(&gate, ids(0..100)).await,
+        0,
+        "nothing follows a lost slot"
+    );
+    feed.kill().await;
+
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &["--recreate-slot"]).await;
+    feed.ready().await;
+    lose_slot(&db, &feed, 100..200).await;
+    all_present(&gate, ids(0..200)).await;
+    feed.ready().await;
+    insert(&db, 200, 300).await;
+    all_present(&gate, ids(200..300)).await;
+    assert_eq!(feed.metric("existence_feed_slot_lost").await, 0.0);
+    feed.kill().await;
+}
+
 fn lsn(text: &str) -> u64 {
     let (high, low) = text.split_once('/').expect("an LSN");
     (u64::from_str_radix(high, 16).unwrap() << 32) | u64::from_str_radix(low, 16).unwrap()

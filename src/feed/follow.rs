@@ -47,6 +47,9 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 pub enum Stop {
     /// The replication session failed or ended: connect again (nothing unconfirmed was lost).
     Session(String),
+    /// The slot is gone (dropped or invalidated): what it held is lost, and only `--recreate-slot` or the
+    /// operator can make the gate complete again.
+    SlotLost(String),
     /// Something only the operator can fix (a table without its column, a token the gate refuses).
     Fatal(String),
 }
@@ -67,7 +70,8 @@ pub struct Follower<'a> {
     pub fence_wanted: &'a Notify,
 }
 
-/// Sends calls to the gate, retrying while it is unavailable.
+/// Sends calls to the gate, retrying while it is unavailable (cheap to clone: one connection shared).
+#[derive(Clone)]
 pub struct GateWriter {
     /// The gate.
     pub gate: GateClient,

@@ -10,6 +10,7 @@
 use bytes::Bytes;
 use futures_util::StreamExt;
 use pgwire_replication::ReplicationClient;
+use tokio::task::JoinSet;
 use tokio_postgres::{Client, IsolationLevel};
 
 use super::batch::Call;
@@ -79,7 +80,12 @@ pub async fn load(
     Ok(loaded)
 }
 
-/// Sends the keys of a `COPY` as `Add`s of `batch` keys; returns how many.
+/// `Add`s of one table's keys in flight at once during the initial load: as `load` does (its default), so
+/// that the load is not one round trip per batch; their order does not matter, every change is an `Add`.
+const LOAD_IN_FLIGHT: usize = 4;
+
+/// Sends the keys of a `COPY` as `Add`s of `batch` keys, [`LOAD_IN_FLIGHT`] at a time (tasks of their own,
+/// so they progress while rows are read); returns how many.
 async fn send_rows(
     mut rows: std::pin::Pin<Box<tokio_postgres::CopyOutStream>>,
     table: &FollowedTable,
@@ -88,6 +94,7 @@ async fn send_rows(
 ) -> Result<u64, String> {
     let mut keys: Vec<Bytes> = Vec::with_capacity(batch);
     let mut sent = 0;
+    let mut in_flight = JoinSet::new();
     loop {
         let row = rows.next().await;
         let done = row.is_none();
@@ -101,12 +108,28 @@ async fn send_rows(
                 namespace: table.namespace.clone(),
                 keys: std::mem::replace(&mut keys, Vec::with_capacity(batch)),
             };
-            writer.send(call).await.map_err(|stop| match stop {
-                Stop::Fatal(reason) | Stop::Session(reason) => reason,
-            })?;
+            let writer = writer.clone();
+            in_flight.spawn(async move { writer.send(call).await });
+            while in_flight.len() >= LOAD_IN_FLIGHT {
+                settled(in_flight.join_next().await)?;
+            }
         }
         if done {
+            while !in_flight.is_empty() {
+                settled(in_flight.join_next().await)?;
+            }
             return Ok(sent);
         }
+    }
+}
+
+/// The outcome of one `Add` of the load, as the load's error.
+fn settled(sent: Option<Result<Result<(), Stop>, tokio::task::JoinError>>) -> Result<(), String> {
+    match sent {
+        None | Some(Ok(Ok(()))) => Ok(()),
+        Some(Ok(Err(Stop::Fatal(reason) | Stop::Session(reason) | Stop::SlotLost(reason)))) => {
+            Err(reason)
+        }
+        Some(Err(error)) => Err(format!("an Add of the initial load failed: {error}")),
     }
 }

@@ -65,6 +65,11 @@ impl FeedMetrics {
         counter!("existence_feed_gate_retries_total").increment(1);
     }
 
+    /// Whether the replication slot is gone (1 until a session follows it again).
+    pub fn slot_lost(&self, lost: bool) {
+        gauge!("existence_feed_slot_lost").set(if lost { 1.0 } else { 0.0 });
+    }
+
     /// A delete not sent: no fence came before it in its session (see `fence`).
     pub fn unfenced_delete(&self) {
         counter!("existence_feed_unfenced_deletes_total").increment(1);

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use pgwire_replication::{ReplicationClient, ReplicationConfig, TlsConfig};
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, TlsConfig};
 use tokio_postgres::config::{Host, SslMode};
 
 use crate::cli::connection::{ConnectArgs, Gate};
@@ -42,7 +42,9 @@ use health::Health;
 
 /// How often the WAL the slot holds back is measured.
 const RETAINED_EVERY: Duration = Duration::from_secs(5);
-/// The longest pause between two attempts to reconnect to PostgreSQL.
+/// The pause before reconnecting to PostgreSQL after a session that had started; doubled after each
+/// attempt that did not get as far, up to `MAX_RECONNECT_PAUSE`.
+const FIRST_RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 
 /// The `feed` subcommand's flags.
@@ -75,6 +77,11 @@ pub struct FeedArgs {
     /// answer MAY_EXIST until their window expires or a rebuild. Without it such a column is refused.
     #[arg(long)]
     pub non_unique_adds_only: bool,
+    /// When the slot is gone (dropped, or invalidated by max_slot_wal_keep_size): create it again and load
+    /// every key of the tables within its snapshot, as --initial-load does, then follow it. Without it the
+    /// feed says what happened on /readyz and in its log, and retries until the slot is back.
+    #[arg(long)]
+    pub recreate_slot: bool,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, default_value = "127.0.0.1:9465")]
     pub http_listen: SocketAddr,
@@ -106,7 +113,7 @@ pub async fn run(
     for table in &mut args.tables {
         setup::check_table(&client, table, args.non_unique_adds_only).await?;
     }
-    setup::ensure_publication(&client, &args.publication, &args.tables).await?;
+    // The gate is checked before anything is created in PostgreSQL: a refused start leaves nothing behind.
     let writer = GateWriter {
         gate: Gate::connect(&args.connect).await?.gate(),
         metrics: metrics::FeedMetrics,
@@ -114,6 +121,7 @@ pub async fn run(
     for namespace in args.tables.iter().map(|t| &t.namespace) {
         writer.check_writable(namespace).await?;
     }
+    setup::ensure_publication(&client, &args.publication, &args.tables).await?;
     let mut first = None;
     if !setup::slot_exists(&client, &args.slot).await? {
         if args.initial_load {
@@ -149,7 +157,8 @@ pub async fn run(
     let retained = tokio::spawn(watch_retained(client, args.slot.clone(), writer.metrics));
     let mut tables = Tables::new(args.tables.clone());
     let follow = async {
-        let mut pause = Duration::from_millis(100);
+        let mut pause = FIRST_RECONNECT_PAUSE;
+        let mut told_slot_lost = false;
         loop {
             let session = match first.take() {
                 Some(session) => Ok(session),
@@ -165,24 +174,47 @@ pub async fn run(
                         slot: &args.slot,
                         fence_wanted: &fence_wanted,
                     };
-                    let stopped = follow_session(&mut session, follower, &health).await;
-                    pause = Duration::from_millis(100);
+                    let (started, stopped) = follow_session(&mut session, follower, &health).await;
+                    if started {
+                        (pause, told_slot_lost) = (FIRST_RECONNECT_PAUSE, false);
+                        writer.metrics.slot_lost(false);
+                    }
                     stopped
                 }
                 Err(reason) => Stop::Session(reason),
             };
-            match stopped {
+            let reason = match stopped {
                 Stop::Fatal(reason) => return reason,
-                Stop::Session(reason) => {
-                    health.not_ready(format!(
-                        "disconnected from PostgreSQL at {server}: {reason}"
-                    ));
-                    writer.metrics.connected(false);
-                    tracing::warn!(%reason, ?pause, "replication session ended; reconnecting");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+                Stop::SlotLost(reason) if args.recreate_slot => {
+                    tracing::warn!(%reason, slot = %args.slot, "the replication slot is gone: creating it again and loading every key of the tables (--recreate-slot)");
+                    match recreate_slot(&config, &replication, &server, &args, &writer).await {
+                        Ok(session) => {
+                            first = Some(session);
+                            continue;
+                        }
+                        Err(reason) => {
+                            format!("recreating replication slot {}: {reason}", args.slot)
+                        }
+                    }
                 }
-            }
+                Stop::SlotLost(reason) => {
+                    writer.metrics.slot_lost(true);
+                    let lost = slot_lost(&args.slot, &reason);
+                    if !told_slot_lost {
+                        tracing::error!("{lost}");
+                        told_slot_lost = true;
+                    }
+                    lost
+                }
+                Stop::Session(reason) => {
+                    tracing::warn!(%reason, ?pause, "replication session ended; reconnecting");
+                    format!("disconnected from PostgreSQL at {server}: {reason}")
+                }
+            };
+            health.not_ready(reason);
+            writer.metrics.connected(false);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
         }
     };
     let result = tokio::select! {
@@ -195,22 +227,79 @@ pub async fn run(
     result
 }
 
-/// Starts streaming on `session` and follows it until it stops.
+/// Starts streaming on `session` and follows it until it stops; whether it started.
 async fn follow_session(
     session: &mut ReplicationClient,
     mut follower: Follower<'_>,
     health: &Health,
-) -> Stop {
-    if let Err(error) = session.start().await {
-        return Stop::Session(error.to_string());
-    }
-    if let Err(error) = session.wait_started().await {
-        return Stop::Session(error.to_string());
+) -> (bool, Stop) {
+    let started = match session.start().await {
+        Ok(()) => session.wait_started().await,
+        Err(error) => Err(error),
+    };
+    if let Err(error) = started {
+        return (false, start_refused(error));
     }
     health.ready();
     follower.writer.metrics.connected(true);
     tracing::info!(slot = %follower.slot, "following the replication slot");
-    follower.follow(session).await
+    (true, follower.follow(session).await)
+}
+
+/// Why `START_REPLICATION` failed: the slot gone (dropped: SQLSTATE 42704; invalidated by
+/// `max_slot_wal_keep_size`: 55000, "can no longer get changes from replication slot"), or a session
+/// error to retry.
+fn start_refused(error: PgWireError) -> Stop {
+    match &error {
+        PgWireError::Server(message)
+            if message.contains("(SQLSTATE 42704)")
+                || (message.contains("(SQLSTATE 55000)")
+                    && message.contains("replication slot")) =>
+        {
+            Stop::SlotLost(message.clone())
+        }
+        _ => Stop::Session(error.to_string()),
+    }
+}
+
+/// What a lost slot means and what to do, as one line for the log and `/readyz`.
+fn slot_lost(slot: &str, reason: &str) -> String {
+    format!(
+        "replication slot {slot} is gone ({reason}): it was dropped, or PostgreSQL invalidated it \
+         (max_slot_wal_keep_size), and changes made since are not followed, so keys inserted meanwhile are \
+         missing from the gate. Restart the feed with --recreate-slot to create it again and load every key \
+         of the tables, or create it (--initial-load) and rebuild the namespaces; retrying meanwhile"
+    )
+}
+
+/// Drops what is left of `args.slot` (an invalidated slot still exists) and creates it again with an
+/// initial load, on a new session that then follows it.
+async fn recreate_slot(
+    config: &tokio_postgres::Config,
+    replication: &ReplicationConfig,
+    server: &str,
+    args: &FeedArgs,
+    writer: &GateWriter,
+) -> Result<ReplicationClient, String> {
+    let (mut client, _) = crate::cli::postgres::connect(config).await?;
+    if setup::slot_exists(&client, &args.slot).await? {
+        setup::drop_slot(&client, &args.slot).await?;
+    }
+    let mut session = connect_gated(replication, server).await?;
+    let loaded = initial_load::load(
+        &mut session,
+        &mut client,
+        &args.slot,
+        &args.tables,
+        writer,
+        args.batch,
+    )
+    .await?;
+    tracing::info!(
+        ?loaded,
+        "replication slot created again and the tables loaded; following it"
+    );
+    Ok(session)
 }
 
 /// A replication session, authenticated and waiting for `START_REPLICATION`.
@@ -224,11 +313,15 @@ async fn connect_gated(
             format!("cannot open a replication session with PostgreSQL at {server}: {e}")
         })?;
     // The first command shows whether connecting and authenticating worked.
-    session.identify_system().await.map_err(|e| {
-        format!(
+    session.identify_system().await.map_err(|e| match e {
+        PgWireError::Io(_) | PgWireError::Task(_) => format!(
+            "cannot reach PostgreSQL at {server} for a replication session: {e}; is it running, and is \
+             --postgres right?"
+        ),
+        _ => format!(
             "PostgreSQL at {server} refused the replication session: {e}; the user needs the REPLICATION \
              attribute and a `replication` line in pg_hba.conf"
-        )
+        ),
     })?;
     Ok(session)
 }

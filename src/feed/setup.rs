@@ -216,6 +216,16 @@ pub async fn create_slot(client: &Client, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Drops the slot `name` (one PostgreSQL invalidated, before it is created again).
+pub async fn drop_slot(client: &Client, name: &str) -> Result<(), String> {
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&name])
+        .await
+        .map_err(|e| format!("cannot drop replication slot {name}: {}", said(&e)))?;
+    tracing::info!(slot = name, "replication slot dropped");
+    Ok(())
+}
+
 /// How much WAL the slot holds back, in bytes (what an abandoned slot would keep growing).
 pub async fn retained_wal(client: &Client, name: &str) -> Result<u64, String> {
     let row = client
