@@ -552,6 +552,33 @@ async fn check_add_and_absent_print_answers_and_outcomes() {
     assert_eq!(answers[1]["observed_seq"], 3);
     assert_eq!(answers[2]["answer"], "ABSENT");
 
+    // Many keys, in batches of 7 several in flight: one line per key, in input order.
+    let input: Vec<String> = (0..100)
+        .map(|i| match i % 3 {
+            0 => "user-1".to_string(),
+            1 => "user-2".to_string(),
+            _ => format!("nobody-{i}"),
+        })
+        .collect();
+    let checked = run_with_stdin(&server, &["check", "--batch", "7"], input.join("\n").as_bytes())
+        .await
+        .ok();
+    let lines: Vec<&str> = checked.stdout.lines().collect();
+    assert_eq!(lines.len(), 100, "{checked:?}");
+    let mut absent = 0;
+    for (key, line) in input.iter().zip(lines) {
+        match key.as_str() {
+            "user-1" => assert_eq!(line, "user-1 MAY_EXIST FILTER"),
+            "user-2" => assert_eq!(line, "user-2 ABSENT TOMBSTONE"),
+            // Never added: ABSENT, but for the filter's false positives (1%).
+            _ => {
+                assert!(line.starts_with(&format!("{key} ")) && line.ends_with(" FILTER"), "{line}");
+                absent += usize::from(line.contains("ABSENT"));
+            }
+        }
+    }
+    assert!(absent >= 30, "{absent} of 33 never-added keys ABSENT");
+
     let bad_ttl = run(&server, &["absent", "x", "--ttl", "1500ms"])
         .await
         .failure();

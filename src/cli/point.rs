@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Args;
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
@@ -16,12 +17,13 @@ use crate::cli::output::{self, insert_key, key_text, short_name};
 use crate::cli::reader::Format;
 use crate::cli::source;
 use crate::core::config::parse_duration;
-use crate::proto::{AbsenceKind, AddRequest, MayExistRequest, RecordAbsentRequest, RecordOutcome};
+use crate::proto::{
+    AbsenceKind, AddRequest, Answer, Basis, BatchMayExistRequest, BatchMayExistResponse,
+    RecordAbsentRequest, RecordOutcome,
+};
 
-/// Keys read from standard input per round of lookups.
-const CHECK_BATCH: usize = 1_000;
-/// `MayExist` calls in flight at once while checking many keys: enough to hide the round trips.
-const CHECK_IN_FLIGHT: usize = 32;
+/// `BatchMayExist` calls in flight at once while checking many keys: enough to hide the round trips.
+const CHECK_IN_FLIGHT: usize = 4;
 
 /// `check`.
 #[derive(Debug, Args)]
@@ -39,6 +41,9 @@ pub struct CheckArgs {
     /// One JSON object per key (key, answer, basis, observed_seq) instead of `KEY ANSWER BASIS`.
     #[arg(long)]
     pub json: bool,
+    /// Keys per BatchMayExist (at most the gate's max_batch_keys).
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
 }
 
 /// `add`.
@@ -83,56 +88,90 @@ pub struct AbsentArgs {
     pub json: bool,
 }
 
-/// Asks `MayExist` for each key, in order, and prints one line per key.
+/// Looks the keys up in batches (`BatchMayExist` with their bases, `CHECK_IN_FLIGHT` at a time, answers
+/// kept in order) and prints one line per key.
 pub async fn check(args: CheckArgs) -> Result<(), String> {
     let gate = Gate::connect(&args.connect).await?;
     let client = gate.gate();
-    if !args.keys.is_empty() {
-        return check_batch(&client, &args, argument_keys(&args.keys)).await;
-    }
-    let mut input = source::stdin(args.format)?;
-    while let Some(batch) = input.next_batch(CHECK_BATCH).await? {
-        check_batch(&client, &args, batch.keys).await?;
-    }
-    Ok(())
-}
-
-/// Looks `keys` up (`CHECK_IN_FLIGHT` at a time, answers kept in order) and prints their lines.
-async fn check_batch(
-    client: &GateClient,
-    args: &CheckArgs,
-    keys: Vec<Bytes>,
-) -> Result<(), String> {
-    let mut answers = futures_util::stream::iter(keys)
-        .map(|key| {
-            let mut client = client.clone();
-            let request = MayExistRequest {
-                namespace: args.namespace.clone(),
-                key: key.clone(),
-            };
-            async move { (key, client.may_exist(request).await) }
+    let batches: BoxStream<'static, Result<Vec<Bytes>, String>> = if args.keys.is_empty() {
+        let mut input = source::stdin(args.format)?;
+        let size = args.batch as usize;
+        Box::pin(async_stream::stream! {
+            loop {
+                match input.next_batch(size).await {
+                    Ok(Some(batch)) => yield Ok(batch.keys),
+                    Ok(None) => break,
+                    Err(error) => {
+                        yield Err(error);
+                        break;
+                    }
+                }
+            }
         })
+    } else {
+        let keys = argument_keys(&args.keys);
+        let batches: Vec<_> = keys.chunks(args.batch as usize).map(|c| Ok(c.to_vec())).collect();
+        Box::pin(futures_util::stream::iter(batches))
+    };
+    let mut answered = batches
+        .map(|keys| lookup(client.clone(), args.namespace.clone(), keys))
         .buffered(CHECK_IN_FLIGHT);
     let mut stdout = std::io::BufWriter::new(std::io::stdout().lock());
-    while let Some((key, reply)) = answers.next().await {
-        let reply = reply
-            .map_err(|status| failure::refused("MayExist", &status))?
-            .into_inner();
-        let answer = short_name(reply.answer().as_str_name(), "ANSWER_");
-        let basis = short_name(reply.basis().as_str_name(), "BASIS_");
-        let text = if args.json {
+    while let Some(answered) = answered.next().await {
+        let (keys, reply) = answered?;
+        print_answers(&mut stdout, &args, &keys, &reply)?;
+    }
+    stdout.flush().map_err(output::stdout_failed)
+}
+
+/// One `BatchMayExist` of `keys` (an error from the input passes through).
+async fn lookup(
+    mut client: GateClient,
+    namespace: String,
+    keys: Result<Vec<Bytes>, String>,
+) -> Result<(Vec<Bytes>, BatchMayExistResponse), String> {
+    let keys = keys?;
+    let request = BatchMayExistRequest {
+        namespace,
+        keys: keys.clone(),
+        with_bases: true,
+        ..Default::default()
+    };
+    let reply = client
+        .batch_may_exist(request)
+        .await
+        .map_err(|status| failure::refused("BatchMayExist", &status))?
+        .into_inner();
+    Ok((keys, reply))
+}
+
+/// A line per key of `reply`: `KEY ANSWER BASIS`, or a JSON object.
+fn print_answers(
+    out: &mut impl Write,
+    args: &CheckArgs,
+    keys: &[Bytes],
+    reply: &BatchMayExistResponse,
+) -> Result<(), String> {
+    for (i, key) in keys.iter().enumerate() {
+        let answer = Answer::try_from(reply.answers.get(i).copied().unwrap_or_default())
+            .unwrap_or_default();
+        let basis = Basis::try_from(reply.bases.get(i).copied().unwrap_or_default())
+            .unwrap_or_default();
+        let answer = short_name(answer.as_str_name(), "ANSWER_");
+        let basis = short_name(basis.as_str_name(), "BASIS_");
+        if args.json {
             let mut object = Map::new();
-            insert_key(&mut object, &key);
+            insert_key(&mut object, key);
             object.insert("answer".into(), answer.into());
             object.insert("basis".into(), basis.into());
             object.insert("observed_seq".into(), reply.observed_seq.into());
-            Value::Object(object).to_string()
+            writeln!(out, "{}", Value::Object(object))
         } else {
-            format!("{} {answer} {basis}", key_text(&key))
-        };
-        writeln!(stdout, "{text}").map_err(output::stdout_failed)?;
+            writeln!(out, "{} {answer} {basis}", key_text(key))
+        }
+        .map_err(output::stdout_failed)?;
     }
-    stdout.flush().map_err(output::stdout_failed)
+    Ok(())
 }
 
 /// Adds the keys in one call and prints its seq.

@@ -144,7 +144,7 @@ fn answer_batch(
     gate: &Gate,
     request: &proto::BatchMayExistRequest,
 ) -> Result<proto::BatchMayExistResponse, Status> {
-    if request.packed_keys.is_empty() {
+    let (mut response, lookups) = if request.packed_keys.is_empty() {
         batch_answers(gate, &request.namespace, &request.keys)
     } else if request.keys.is_empty() {
         let keys = unpack_keys(&request.packed_keys, gate.limits().max_batch_keys)?;
@@ -153,7 +153,11 @@ fn answer_batch(
         Err(Status::invalid_argument(
             "send keys or packed_keys, not both",
         ))
+    }?;
+    if request.with_bases {
+        response.bases = lookups.iter().map(|l| basis(l.basis) as i32).collect();
     }
+    Ok(response)
 }
 
 /// The bytes of a batch's keys: the measure of its work.
@@ -166,17 +170,18 @@ fn batch_answers(
     gate: &Gate,
     namespace: &str,
     keys: &[bytes::Bytes],
-) -> Result<proto::BatchMayExistResponse, Status> {
+) -> Result<(proto::BatchMayExistResponse, Vec<Lookup>), Status> {
     let mut lookups = Vec::with_capacity(keys.len());
     let observed_seq = gate
         .batch_may_exist(namespace, keys, &mut lookups)
         .map_err(status)?;
-    Ok(proto::BatchMayExistResponse {
+    let response = proto::BatchMayExistResponse {
         answers: lookups.iter().map(|l| answer(l.answer) as i32).collect(),
         observed_seq,
-        may_exist_bitmap: bytes::Bytes::new(),
         warming: warming(&lookups),
-    })
+        ..Default::default()
+    };
+    Ok((response, lookups))
 }
 
 /// Answers unpacked `keys` as a bitmap, one bit per key.
@@ -184,7 +189,7 @@ fn batch_bitmap(
     gate: &Gate,
     namespace: &str,
     keys: &[&[u8]],
-) -> Result<proto::BatchMayExistResponse, Status> {
+) -> Result<(proto::BatchMayExistResponse, Vec<Lookup>), Status> {
     let mut lookups = Vec::with_capacity(keys.len());
     let observed_seq = gate
         .batch_may_exist(namespace, keys, &mut lookups)
@@ -195,12 +200,13 @@ fn batch_bitmap(
             bitmap[i / 8] |= 1 << (i % 8);
         }
     }
-    Ok(proto::BatchMayExistResponse {
-        answers: Vec::new(),
+    let response = proto::BatchMayExistResponse {
         observed_seq,
         may_exist_bitmap: bitmap.into(),
         warming: warming(&lookups),
-    })
+        ..Default::default()
+    };
+    Ok((response, lookups))
 }
 
 /// Whether a batch was answered from a namespace still loading its state (every lookup then rests on
