@@ -246,6 +246,7 @@ async fn queued_reads_beyond_the_limit_are_shed_and_health_is_exempt() {
         namespace: String::new(),
         keys: Vec::new(),
         packed_keys: pack(&keys),
+        ..Default::default()
     };
     let (ok, shed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let deadline = Instant::now() + Duration::from_millis(1_500);

@@ -560,9 +560,13 @@ async fn check_add_and_absent_print_answers_and_outcomes() {
             _ => format!("nobody-{i}"),
         })
         .collect();
-    let checked = run_with_stdin(&server, &["check", "--batch", "7"], input.join("\n").as_bytes())
-        .await
-        .ok();
+    let checked = run_with_stdin(
+        &server,
+        &["check", "--batch", "7"],
+        input.join("\n").as_bytes(),
+    )
+    .await
+    .ok();
     let lines: Vec<&str> = checked.stdout.lines().collect();
     assert_eq!(lines.len(), 100, "{checked:?}");
     let mut absent = 0;
@@ -572,7 +576,10 @@ async fn check_add_and_absent_print_answers_and_outcomes() {
             "user-2" => assert_eq!(line, "user-2 ABSENT TOMBSTONE"),
             // Never added: ABSENT, but for the filter's false positives (1%).
             _ => {
-                assert!(line.starts_with(&format!("{key} ")) && line.ends_with(" FILTER"), "{line}");
+                assert!(
+                    line.starts_with(&format!("{key} ")) && line.ends_with(" FILTER"),
+                    "{line}"
+                );
                 absent += usize::from(line.contains("ABSENT"));
             }
         }
@@ -799,6 +806,71 @@ async fn tls_flags_reach_a_gate_that_requires_client_certificates() {
 
 /// The bootstrap from PostgreSQL: a table's ids streamed into `load` and `rebuild`, keys with COPY's escapes
 /// and NULLs, and the errors an operator meets first (a missing table, a refused token).
+/// Each PostgreSQL type's value becomes the key an application passes to `MayExist`: its text form as psql
+/// prints it (a uuid in lowercase whatever was inserted, a numeric with its scale), and a bytea's bytes
+/// themselves or in hex with `--key-format raw|hex`; a format for bytea refuses other types, naming the row.
+#[tokio::test]
+async fn each_column_type_gives_the_key_an_application_passes() {
+    let Some(postgres) = Postgres::start().await else {
+        return;
+    };
+    let db = postgres.client().await;
+    db.batch_execute(
+        "CREATE TABLE kinds (i bigint, t text, u uuid, b bytea, n numeric);
+         INSERT INTO kinds VALUES
+             (42, 'Café', 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', '\\x00ff10', 1.50);",
+    )
+    .await
+    .unwrap();
+    let server = start(CONFIG).await;
+    let dsn = postgres.dsn();
+    let cases: [(&str, &str, &[u8]); 7] = [
+        ("i", "text", b"42"),
+        ("t", "text", "Café".as_bytes()),
+        ("u", "text", b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+        ("n", "text", b"1.50"),
+        ("b", "text", b"\\x00ff10"),
+        ("b", "hex", b"00ff10"),
+        ("b", "raw", &[0x00, 0xff, 0x10]),
+    ];
+    for (i, (column, format, key)) in cases.into_iter().enumerate() {
+        let namespace = ["users", "default"][i % 2];
+        let query = format!("SELECT {column} FROM kinds");
+        let args = [
+            "load",
+            "-n",
+            namespace,
+            "--postgres",
+            &dsn,
+            "--query",
+            &query,
+            "--key-format",
+            format,
+        ];
+        run(&server, &args).await.ok();
+        let answers = answers(&server, namespace, vec![Bytes::copy_from_slice(key)]).await;
+        assert_eq!(answers, [Answer::MayExist], "{column} as {format}: {key:?}");
+    }
+    let refused = run(
+        &server,
+        &[
+            "load",
+            "--postgres",
+            &dsn,
+            "--query",
+            "SELECT i FROM kinds",
+            "--key-format",
+            "raw",
+        ],
+    )
+    .await
+    .failure();
+    assert!(
+        refused.contains("row 1 of the query: \"42\" is not a bytea value"),
+        "{refused}"
+    );
+}
+
 #[tokio::test]
 async fn load_and_rebuild_stream_a_postgres_query_into_the_gate() {
     let Some(postgres) = Postgres::start().await else {

@@ -362,6 +362,13 @@ async fn a_feed_that_cannot_work_says_why_in_one_line() {
         "{line}"
     );
 
+    let mut raw_bigint = feed_command(&postgres.dsn(), &addr(&gate), &["--key-format", "raw"]);
+    let line = failure(&mut raw_bigint).await;
+    assert!(
+        line.contains("column \"id\" of table public.users is bigint, and --key-format raw takes bytea columns only"),
+        "{line}"
+    );
+
     let mut no_column = feed_command(
         &postgres.dsn(),
         &addr(&gate),
@@ -571,6 +578,35 @@ async fn a_non_unique_column_followed_adds_only_is_never_tombstoned() {
     assert_eq!(lookup(&gate, "renamed-to").await.0, Answer::MayExist);
     let deletes = "existence_feed_rows_total{table=\"public.tags\",operation=\"delete\"}";
     assert_eq!(feed.metric(deletes).await, 2.0, "the feed saw both deletes");
+    feed.kill().await;
+}
+
+/// A bytea key column followed with `--key-format raw`: the gate gets the bytes an application holds.
+#[tokio::test]
+async fn a_bytea_key_column_is_followed_as_its_bytes() {
+    let Some(postgres) = Postgres::start().await else {
+        return;
+    };
+    postgres
+        .client()
+        .await
+        .batch_execute("CREATE TABLE users (id bytea PRIMARY KEY)")
+        .await
+        .unwrap();
+    let gate = start(CONFIG).await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &["--key-format", "raw"]).await;
+    feed.ready().await;
+    postgres
+        .client()
+        .await
+        .batch_execute("INSERT INTO users VALUES ('\\x00ff10'), ('\\x6869')")
+        .await
+        .unwrap();
+    all_present(
+        &gate,
+        vec![Bytes::from_static(&[0x00, 0xff, 0x10]), Bytes::from("hi")],
+    )
+    .await;
     feed.kill().await;
 }
 

@@ -67,6 +67,7 @@ impl ExistenceGate for Trivial {
                 observed_seq: 1,
                 may_exist_bitmap: bytes::Bytes::new(),
                 warming: false,
+                bases: Vec::new(),
             }
         } else {
             let keys = count_packed(&request.packed_keys)?;
@@ -75,6 +76,7 @@ impl ExistenceGate for Trivial {
                 observed_seq: 1,
                 may_exist_bitmap: vec![0u8; keys.div_ceil(8)].into(),
                 warming: false,
+                bases: Vec::new(),
             }
         };
         Ok(Response::new(response))

@@ -302,6 +302,7 @@ fn lookup_requests(namespace: &str, batch: usize, packed: bool) -> Arc<Vec<Batch
                     } else {
                         Bytes::new()
                     },
+                    ..Default::default()
                 }
             })
             .collect(),
@@ -320,6 +321,7 @@ fn absent_requests(namespace: &str, batch: usize) -> Arc<Vec<BatchMayExistReques
                 packed_keys: pack(&keys(
                     (0..batch as u64).map(|i| ABSENT + b * batch as u64 + i),
                 )),
+                ..Default::default()
             })
             .collect(),
     )

@@ -123,6 +123,7 @@ fn short_key_requests() -> Arc<Vec<BatchMayExistRequest>> {
                     namespace: "default".to_string(),
                     keys: Vec::new(),
                     packed_keys: crate::keys::pack(&keys),
+                    ..Default::default()
                 }
             })
             .collect(),

@@ -175,6 +175,7 @@ fn batch_lookups(clients: &Clients, written: u64, tally: &Arc<Tally>) -> Op {
                 packed_keys: pack(&keys(
                     (0..BATCH).map(|i| lookup_index(b * BATCH + i, written)),
                 )),
+                ..Default::default()
             })
             .collect(),
     );

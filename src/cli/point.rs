@@ -110,7 +110,10 @@ pub async fn check(args: CheckArgs) -> Result<(), String> {
         })
     } else {
         let keys = argument_keys(&args.keys);
-        let batches: Vec<_> = keys.chunks(args.batch as usize).map(|c| Ok(c.to_vec())).collect();
+        let batches: Vec<_> = keys
+            .chunks(args.batch as usize)
+            .map(|c| Ok(c.to_vec()))
+            .collect();
         Box::pin(futures_util::stream::iter(batches))
     };
     let mut answered = batches
@@ -153,10 +156,10 @@ fn print_answers(
     reply: &BatchMayExistResponse,
 ) -> Result<(), String> {
     for (i, key) in keys.iter().enumerate() {
-        let answer = Answer::try_from(reply.answers.get(i).copied().unwrap_or_default())
-            .unwrap_or_default();
-        let basis = Basis::try_from(reply.bases.get(i).copied().unwrap_or_default())
-            .unwrap_or_default();
+        let answer =
+            Answer::try_from(reply.answers.get(i).copied().unwrap_or_default()).unwrap_or_default();
+        let basis =
+            Basis::try_from(reply.bases.get(i).copied().unwrap_or_default()).unwrap_or_default();
         let answer = short_name(answer.as_str_name(), "ANSWER_");
         let basis = short_name(basis.as_str_name(), "BASIS_");
         if args.json {

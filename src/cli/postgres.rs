@@ -12,9 +12,57 @@ use tokio_postgres::{Client, CopyOutStream, NoTls};
 
 use crate::cli::reader::Batch;
 
+/// How a PostgreSQL value becomes a key (`--key-format`): the key an application passes to `MayExist` must
+/// be these bytes exactly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyFormat {
+    /// The value's text form, as psql prints it (`42`, a uuid in lowercase, a bytea as `\x0a1b`).
+    #[default]
+    Text,
+    /// A bytea's bytes as lowercase hexadecimal, without the `\x` (`0a1b`).
+    Hex,
+    /// A bytea's bytes themselves.
+    Raw,
+}
+
+impl KeyFormat {
+    /// The key of a value given in its text form; `hex` and `raw` take a bytea's (`\x` and hex digits).
+    pub fn key(self, text: Bytes) -> Result<Bytes, String> {
+        if self == KeyFormat::Text {
+            return Ok(text);
+        }
+        let digits = text.strip_prefix(b"\\x").ok_or_else(|| {
+            format!(
+                "{:?} is not a bytea value: --key-format {} takes bytea columns only",
+                String::from_utf8_lossy(&text[..text.len().min(64)]),
+                self.name()
+            )
+        })?;
+        match self {
+            KeyFormat::Hex => Ok(text.slice(2..)),
+            _ => hex::decode(digits)
+                .map(Bytes::from)
+                .map_err(|e| format!("a bytea value that is not hexadecimal after \\x: {e}")),
+        }
+    }
+
+    /// Its name, as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyFormat::Text => "text",
+            KeyFormat::Hex => "hex",
+            KeyFormat::Raw => "raw",
+        }
+    }
+}
+
 /// The rows of a query, as keys.
 pub struct QueryKeys {
     rows: std::pin::Pin<Box<CopyOutStream>>,
+    /// How each value becomes a key.
+    format: KeyFormat,
+    /// Rows read so far, to name one in errors.
+    rows_read: u64,
     /// Where PostgreSQL is, for errors (never the password).
     server: String,
     /// Rows whose first column was NULL or empty: no key.
@@ -26,7 +74,11 @@ pub struct QueryKeys {
 impl QueryKeys {
     /// Connects with `dsn` and starts streaming `query`; also returns the planner's estimate of its rows
     /// (from `EXPLAIN`, which costs a plan and no execution) for the progress bar.
-    pub async fn open(dsn: &str, query: &str) -> Result<(Self, Option<u64>), String> {
+    pub async fn open(
+        dsn: &str,
+        query: &str,
+        format: KeyFormat,
+    ) -> Result<(Self, Option<u64>), String> {
         let config: tokio_postgres::Config = dsn.parse().map_err(|e: tokio_postgres::Error| {
             format!(
                 "invalid --postgres {}: {}; write it as postgres://USER:PASSWORD@HOST:PORT/DATABASE or \
@@ -54,6 +106,8 @@ impl QueryKeys {
         Ok((
             Self {
                 rows: Box::pin(rows),
+                format,
+                rows_read: 0,
                 server,
                 skipped: 0,
                 done: false,
@@ -72,8 +126,15 @@ impl QueryKeys {
                 break;
             };
             let row = row.map_err(|e| query_refused(&self.server, e))?;
+            self.rows_read += 1;
             match first_field(&row) {
-                Some(key) if !key.is_empty() => keys.push(key),
+                Some(value) if !value.is_empty() => {
+                    let key = self
+                        .format
+                        .key(value)
+                        .map_err(|e| format!("row {} of the query: {e}", self.rows_read))?;
+                    keys.push(key);
+                }
                 _ => self.skipped += 1,
             }
         }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::cli::postgres::QueryKeys;
+use crate::cli::postgres::{KeyFormat, QueryKeys};
 use crate::cli::progress::Total;
 use crate::cli::reader::{Batch, Format, KeyReader};
 
@@ -32,6 +32,11 @@ pub struct SourceArgs {
     /// "SELECT id::text FROM users". Rows are streamed (COPY), never held in memory; NULLs are skipped.
     #[arg(long, requires = "postgres")]
     pub query: Option<String>,
+    /// With --postgres: how a value becomes a key. text: its text form, as psql prints it; hex: a bytea's
+    /// bytes as lowercase hexadecimal; raw: a bytea's bytes themselves (what an application holding the
+    /// bytes passes to MayExist).
+    #[arg(long, value_enum, default_value_t = KeyFormat::Text, requires = "postgres")]
+    pub key_format: KeyFormat,
 }
 
 /// An open key source.
@@ -44,7 +49,7 @@ impl Source {
     /// Opens the source `args` names, with what the progress bar can measure against.
     pub async fn open(args: &SourceArgs) -> Result<(Self, Option<Total>), String> {
         if let (Some(dsn), Some(query)) = (&args.postgres, &args.query) {
-            let (keys, estimate) = QueryKeys::open(dsn, query).await?;
+            let (keys, estimate) = QueryKeys::open(dsn, query, args.key_format).await?;
             return Ok((Source::Query(keys), estimate.map(Total::EstimatedKeys)));
         }
         match args.input.as_deref() {

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use bytes::Bytes;
 
 use super::pgoutput::{Message, Relation, Tuple, Value};
+use crate::cli::postgres::KeyFormat;
 
 /// A table the feed follows: `SCHEMA.TABLE:COLUMN=NAMESPACE` (`--table public.users:id=users`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,21 +113,25 @@ struct Known {
     column_in_identity: bool,
     namespace: String,
     adds_only: bool,
+    format: KeyFormat,
 }
 
 /// The followed tables, and what the session told of them so far.
 #[derive(Debug)]
 pub struct Tables {
     followed: Vec<FollowedTable>,
+    /// How a key column's value becomes a key.
+    format: KeyFormat,
     /// Relation id → the followed table it is, or `None` for one the feed does not follow.
     known: HashMap<u32, Option<Known>>,
 }
 
 impl Tables {
-    /// Follows `followed`.
-    pub fn new(followed: Vec<FollowedTable>) -> Self {
+    /// Follows `followed`, their keys in `format`.
+    pub fn new(followed: Vec<FollowedTable>, format: KeyFormat) -> Self {
         Self {
             followed,
+            format,
             known: HashMap::new(),
         }
     }
@@ -195,6 +200,7 @@ impl Tables {
             column_in_identity: relation.columns[column].in_identity,
             namespace: followed.namespace.clone(),
             adds_only: followed.adds_only,
+            format: self.format,
         }))
     }
 
@@ -217,9 +223,11 @@ fn rows_seen(table: &str, operation: &'static str) {
 }
 
 impl Known {
-    fn key<'t>(&self, tuple: &'t Tuple) -> Option<&'t Bytes> {
+    /// The row's key in the feed's key format; `None` without one (NULL, not sent, or — the column being
+    /// checked at start — never: a value the format cannot take).
+    fn key(&self, tuple: &Tuple) -> Option<Bytes> {
         match tuple.0.get(self.column) {
-            Some(Value::Text(key) | Value::Binary(key)) => Some(key),
+            Some(Value::Text(value) | Value::Binary(value)) => self.format.key(value.clone()).ok(),
             _ => None,
         }
     }
@@ -235,7 +243,7 @@ impl Known {
         match self.key(new) {
             Some(key) => KeyChange::Exists {
                 namespace: self.namespace.clone(),
-                key: key.clone(),
+                key,
             },
             None => self.no_key(operation),
         }
@@ -245,7 +253,7 @@ impl Known {
         match self.key(old) {
             Some(key) => KeyChange::Deleted {
                 namespace: self.namespace.clone(),
-                key: key.clone(),
+                key,
             },
             None => self.no_key("delete"),
         }
@@ -260,12 +268,12 @@ impl Known {
             return Vec::new(); // a TOASTed key that did not change
         }
         match old.and_then(|old| self.key(old)) {
-            Some(old_key) if Some(old_key) == self.key(new) => Vec::new(),
+            Some(old_key) if Some(&old_key) == self.key(new).as_ref() => Vec::new(),
             Some(_) if self.adds_only => vec![self.exists(new, "update")],
             Some(old_key) => vec![
                 KeyChange::Deleted {
                     namespace: self.namespace.clone(),
-                    key: old_key.clone(),
+                    key: old_key,
                 },
                 self.exists(new, "update"),
             ],
@@ -282,7 +290,10 @@ mod tests {
     use crate::feed::pgoutput::Column;
 
     fn users() -> Tables {
-        Tables::new(vec!["public.users:id=users".parse().unwrap()])
+        Tables::new(
+            vec!["public.users:id=users".parse().unwrap()],
+            KeyFormat::Text,
+        )
     }
 
     fn relation(id: u32, name: &str, key_in_identity: bool) -> Message {
@@ -422,7 +433,7 @@ mod tests {
     fn an_adds_only_table_sends_no_tombstone() {
         let mut followed: FollowedTable = "public.users:id=users".parse().unwrap();
         followed.adds_only = true;
-        let mut tables = Tables::new(vec![followed]);
+        let mut tables = Tables::new(vec![followed], KeyFormat::Text);
         tables.changes(relation(1, "users", true)).unwrap();
         let delete = Message::Delete {
             relation: 1,
@@ -444,7 +455,10 @@ mod tests {
 
     #[test]
     fn a_missing_column_or_an_undescribed_relation_is_an_error() {
-        let mut tables = Tables::new(vec!["public.users:uuid=users".parse().unwrap()]);
+        let mut tables = Tables::new(
+            vec!["public.users:uuid=users".parse().unwrap()],
+            KeyFormat::Text,
+        );
         let error = tables.changes(relation(1, "users", true)).unwrap_err();
         assert!(
             error.contains("no column \"uuid\" (it has id, email)"),

@@ -34,6 +34,7 @@ use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, TlsC
 use tokio_postgres::config::{Host, SslMode};
 
 use crate::cli::connection::{ConnectArgs, Gate};
+use crate::cli::postgres::KeyFormat;
 use crate::core::config::parse_duration;
 use changes::{FollowedTable, Tables};
 use fence::Fencer;
@@ -72,6 +73,11 @@ pub struct FeedArgs {
     /// gate misses no committed key. Ignored when the slot exists (it was loaded when it was created).
     #[arg(long)]
     pub initial_load: bool,
+    /// How a column's value becomes a key. text: its text form, as psql prints it (and `load --postgres`
+    /// takes it); hex: a bytea's bytes as lowercase hexadecimal; raw: a bytea's bytes themselves (what an
+    /// application holding the bytes passes to MayExist). hex and raw take bytea columns only.
+    #[arg(long, value_enum, default_value_t = KeyFormat::Text)]
+    pub key_format: KeyFormat,
     /// Follow a column no unique index covers alone (several rows may hold one key) by sending its inserts
     /// and new keys only: its deletes are not sent, since the key may live on in another row, so such keys
     /// answer MAY_EXIST until their window expires or a rebuild. Without it such a column is refused.
@@ -112,6 +118,7 @@ pub async fn run(
     setup::check_wal_level(&client).await?;
     for table in &mut args.tables {
         setup::check_table(&client, table, args.non_unique_adds_only).await?;
+        setup::check_key_format(&client, table, args.key_format).await?;
     }
     // The gate is checked before anything is created in PostgreSQL: a refused start leaves nothing behind.
     let writer = GateWriter {
@@ -155,7 +162,7 @@ pub async fn run(
     let fenced = fencer.fence().await?;
     let fencing = tokio::spawn(fencer.run(fenced));
     let retained = tokio::spawn(watch_retained(client, args.slot.clone(), writer.metrics));
-    let mut tables = Tables::new(args.tables.clone());
+    let mut tables = Tables::new(args.tables.clone(), args.key_format);
     let follow = async {
         let mut pause = FIRST_RECONNECT_PAUSE;
         let mut told_slot_lost = false;

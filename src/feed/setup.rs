@@ -9,6 +9,7 @@
 use tokio_postgres::Client;
 
 use super::changes::{quote, FollowedTable};
+use crate::cli::postgres::KeyFormat;
 
 /// What PostgreSQL said, as a line.
 pub(super) fn said(error: &tokio_postgres::Error) -> String {
@@ -122,6 +123,37 @@ pub async fn check_table(
             table.name()
         )
     })
+}
+
+/// Checks that `table`'s key column is a bytea when `format` takes bytea values (`hex`, `raw`).
+pub async fn check_key_format(
+    client: &Client,
+    table: &FollowedTable,
+    format: KeyFormat,
+) -> Result<(), String> {
+    if format == KeyFormat::Text {
+        return Ok(());
+    }
+    let row = client
+        .query_one(
+            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attname = $3 AND NOT a.attisdropped",
+            &[&table.schema, &table.table, &table.column],
+        )
+        .await
+        .map_err(|e| format!("cannot look up table {}: {}", table.name(), said(&e)))?;
+    let column_type: String = row.get(0);
+    if column_type != "bytea" {
+        return Err(format!(
+            "column {:?} of table {} is {column_type}, and --key-format {} takes bytea columns only \
+             (use --key-format text)",
+            table.column,
+            table.name(),
+            format.name()
+        ));
+    }
+    Ok(())
 }
 
 /// Uses the publication `name`, creating it for `tables` if missing; an existing one must publish them.
