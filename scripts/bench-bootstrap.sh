@@ -15,8 +15,8 @@
 # Environment: EXISTENCE_GATE_BIN (default target/release/existence-gate), PG_BIN (default
 # /usr/lib/postgresql/15/bin), ROWS (default 10000000), RUNS (default 3), BATCH (default 1000, load's
 # default), IN_FLIGHT (default 4, load's default), PORT_BASE (default 15432: PostgreSQL on it, the gate on
-# +1 and +2, the feed's HTTP port on +3). Each run also times the change feed's `--initial-load` of the same
-# table into a fresh gate. Everything lives in a temporary directory removed at exit.
+# +1 and +2, the feed's HTTP port on +3). Each run also times `check` of the file against the loaded gate,
+# and the change feed's `--initial-load` of the same table into a fresh gate. Everything lives in a temporary directory removed at exit.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -147,8 +147,20 @@ feed_initial_load() {
     awk -v a="$started" -v b="$finished" -v rows="$rows" 'BEGIN {printf "%.2f %d\n", b - a, rows / (b - a)}'
 }
 
+# Looks every key of a file up with `check` (answers written to /dev/null); prints "wall_seconds cpu_seconds".
+check() {
+    /usr/bin/time -f "%e %U %S" -o "$dir/time" "$gate" check --addr "http://127.0.0.1:$grpc_port" -n users \
+        < "$1" > "$dir/answers.txt"
+    if [ "$(wc -l < "$dir/answers.txt")" != "$rows" ]; then
+        echo "check printed $(wc -l < "$dir/answers.txt") lines, expected $rows" >&2
+        exit 1
+    fi
+    awk '{print $1, $2 + $3}' "$dir/time"
+}
+
 pg_lines=()
 file_lines=()
+check_lines=()
 feed_lines=()
 for run in $(seq 1 "$runs"); do
     start_gate
@@ -160,6 +172,10 @@ for run in $(seq 1 "$runs"); do
     read -r seconds rate wall cpu < <(load "$dir/ids.txt")
     echo "run $run, file: $rows keys in $seconds s ($rate keys/s), command $wall s, loader CPU $cpu s"
     file_lines+=("| $run | file ($file_bytes bytes) | $(printf %.2f "$seconds") | $rate | $wall | $cpu |")
+    read -r wall cpu < <(check "$dir/ids.txt")
+    rate=$(awk -v rows="$rows" -v s="$wall" 'BEGIN {printf "%d", rows / s}')
+    echo "run $run, check of the file: $rows keys in $wall s ($rate keys/s), checker CPU $cpu s"
+    check_lines+=("| $run | \`check\` of the file, answers to /dev/null | $wall | $rate | $wall | $cpu |")
     stop_gate
     start_gate
     read -r seconds rate < <(feed_initial_load)
@@ -177,7 +193,9 @@ done
     echo
     echo "| run | source | seconds | keys/s | command (s) | loader CPU (s) |"
     echo "|---:|---|---:|---:|---:|---:|"
-    for line in "${pg_lines[@]}" "${file_lines[@]}" "${feed_lines[@]}"; do echo "$line"; done
+    for line in "${pg_lines[@]}" "${file_lines[@]}" "${check_lines[@]}" "${feed_lines[@]}"; do echo "$line"; done
+    echo
+    echo "\`check\` rows: every key of the file looked up by \`existence-gate check -n users < ids.txt\` (\`BatchMayExist\` of 1,000 keys with their bases, 4 in flight, one line per key in input order) against the gate just loaded; seconds are the whole command."
     echo
     echo "\`feed --initial-load\` rows: the change feed started on a new slot (\`--table public.users:id=users --initial-load --batch $batch\`, its Adds 4 in flight), timed from its start to its log line \"initial load done\" (the slot created with an exported snapshot, the table read with COPY within it, every Add acknowledged); then stopped, and its slot and publication dropped."
 } > "$results"

@@ -395,6 +395,29 @@ async fn a_feed_that_cannot_work_says_why_in_one_line() {
         line.contains("UNAUTHENTICATED") && line.contains("--token"),
         "{line}"
     );
+    let mut unknown_namespace = feed_command(
+        &postgres.dsn(),
+        &addr(&gate),
+        &["--table", "public.users:id=nowhere"],
+    );
+    let line = failure(&mut unknown_namespace).await;
+    assert!(
+        line.contains("NOT_FOUND") && line.contains("nowhere"),
+        "{line}"
+    );
+    // Refused starts leave nothing behind in PostgreSQL.
+    let left = db
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_publication) + (SELECT count(*) FROM pg_replication_slots)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        left.get::<_, i64>(0),
+        0,
+        "a publication or slot was left behind"
+    );
 }
 
 /// The race fences close: the feed lags (paused); a row is deleted; the application adds its key again
