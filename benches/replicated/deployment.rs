@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
@@ -58,6 +59,7 @@ pub struct Deployment {
 }
 
 /// How its replicas are started: what `add_replica` needs to start one more.
+#[derive(Clone)]
 struct Launch {
     binary: PathBuf,
     config: PathBuf,
@@ -212,6 +214,20 @@ impl Deployment {
     /// its ports serve (it may still be loading).
     pub fn add_replica(&mut self, id: &'static str) -> &Replica {
         let command = self.launch.command(id, self._dir.path());
+        self.commands.push(printable(&command, self._dir.path()));
+        self.replicas
+            .push(start_replica(command, id, self._dir.path()));
+        self.replicas.last().expect("just added")
+    }
+
+    /// Starts one more replica, `id`, that reaches NATS at `nats_url` (a proxy in front of a server);
+    /// returns once its ports serve.
+    pub fn add_replica_through(&mut self, id: &'static str, nats_url: &str) -> &Replica {
+        let launch = Launch {
+            urls: nats_url.to_string(),
+            ..self.launch.clone()
+        };
+        let command = launch.command(id, self._dir.path());
         self.commands.push(printable(&command, self._dir.path()));
         self.replicas
             .push(start_replica(command, id, self._dir.path()));
@@ -445,6 +461,11 @@ impl Replica {
         ExistenceGateClient::new(self.channel().await)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20)
+    }
+
+    /// An `Admin` client on a connection of its own.
+    pub async fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel().await)
     }
 
     async fn channel(&self) -> Channel {

@@ -34,8 +34,14 @@ mod procs;
 #[path = "../load/text.rs"]
 mod text;
 
+// The tests' TCP proxy (delay, silence, cut), for the fault stretches.
+#[path = "../../tests/common/proxy.rs"]
+#[allow(dead_code)]
+mod proxy;
+
 mod bootstrap;
 mod deployment;
+mod faults;
 mod report;
 
 use std::collections::BTreeMap;
@@ -583,6 +589,8 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     if args.iter().any(|a| a == "bootstrap") {
         runtime.block_on(run_bootstrap());
+    } else if args.iter().any(|a| a == "faults") {
+        runtime.block_on(run_faults());
     } else {
         runtime.block_on(run());
     }
@@ -591,10 +599,21 @@ fn main() {
 /// The bootstrap measurement alone, written to `benches/results/replicated-bootstrap.md`.
 async fn run_bootstrap() {
     let measured = bootstrap::run(&procs::gate_binary()).await;
+    write_results("replicated-bootstrap.md", &measured.markdown());
+}
+
+/// The fault stretches alone, written to `benches/results/replicated-faults.md`.
+async fn run_faults() {
+    let measured = faults::run(&procs::gate_binary()).await;
+    write_results("replicated-faults.md", &measured.markdown());
+}
+
+/// Writes `markdown` to `benches/results/FILE` and shows it.
+fn write_results(file: &str, markdown: &str) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("benches/results/replicated-bootstrap.md");
-    let markdown = measured.markdown();
-    std::fs::write(&path, &markdown).expect("writing replicated-bootstrap.md");
+        .join("benches/results")
+        .join(file);
+    std::fs::write(&path, markdown).unwrap_or_else(|e| panic!("writing {file}: {e}"));
     println!("\n{markdown}\nwritten: {}", path.display());
 }
 
@@ -610,13 +629,5 @@ async fn run() {
     reads(&r1, &mut report).await;
     read_logs(&mut report, &r1);
     report.elapsed = started.elapsed();
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results/replicated.md");
-    let markdown = report.markdown();
-    std::fs::write(&path, &markdown).expect("writing replicated.md");
-    println!(
-        "\n{markdown}\nwritten: {} ({:.0} s)",
-        path.display(),
-        started.elapsed().as_secs_f64()
-    );
+    write_results("replicated.md", &report.markdown());
 }

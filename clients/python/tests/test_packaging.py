@@ -32,7 +32,7 @@ def test_stubs_load_beside_a_services_own_stubs_of_another_proto_version(tmp_pat
     proto = tmp_path / "proto" / "existence" / "v1" / "existence.proto"
     proto.parent.mkdir(parents=True)
     text = (REPO / "proto" / "existence" / "v1" / "existence.proto").read_text()
-    proto.write_text(text.replace("bool warming = 4;", "bool warming = 4;\n  bool newer = 5;"))
+    proto.write_text(text.replace("bool warming = 4;", "bool warming = 4;\n  bool newer = 99;"))
     gen = tmp_path / "gen"
     gen.mkdir()
     run(sys.executable, "-m", "grpc_tools.protoc", "-I", tmp_path / "proto", "--python_out", gen, proto)
