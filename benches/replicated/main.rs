@@ -59,6 +59,8 @@ use drive::{Op, Sample, Until};
 use keys::{keys, pack};
 use report::{CatchUp, Idle, Reads, Report, Writes};
 
+/// 1,000-key Adds that fill each deployment of the `compare` mode.
+const COMPARE_FILL: u64 = 200;
 /// Keys per `Add` (writes, the batched catch-up) and per `BatchMayExist`.
 const BATCH: u64 = 1_000;
 /// Calls in flight per replica written to: 9 in all on three replicas, 6 on the two of the catch-up.
@@ -591,6 +593,9 @@ fn main() {
         runtime.block_on(run_bootstrap());
     } else if args.iter().any(|a| a == "faults") {
         runtime.block_on(run_faults());
+    } else if let Some(at) = args.iter().position(|a| a == "compare") {
+        let other = args.get(at + 1).expect("compare OTHER_BINARY");
+        runtime.block_on(run_compare(std::path::Path::new(other)));
     } else {
         runtime.block_on(run());
     }
@@ -606,6 +611,75 @@ async fn run_bootstrap() {
 async fn run_faults() {
     let measured = faults::run(&procs::gate_binary()).await;
     write_results("replicated-faults.md", &measured.markdown());
+}
+
+/// Lookups' CPU per call on a replica of this build and of `other` (another build of the gate), side by
+/// side, written to `benches/results/replicated-compare.md`.
+async fn run_compare(other: &std::path::Path) {
+    let load_at_start = text::load_average();
+    let this = procs::gate_binary();
+    let mut deployments = Vec::new();
+    for (name, binary) in [("other", other.to_path_buf()), ("this", this)] {
+        println!("starting R1 of {name} ({})...", binary.display());
+        let deployment = Deployment::start(name, 1, &binary, CONFIG).await;
+        let next = Arc::new(AtomicU64::new(0));
+        let mut fill = Side::new(
+            &deployment,
+            &deployment.replicas,
+            3,
+            COMPARE_FILL,
+            |c, t| add(c, WRITTEN, BATCH, next, t),
+        )
+        .await;
+        fill.measure().await;
+        deployments.push(deployment);
+    }
+    let written = COMPARE_FILL * BATCH;
+    let mut sides = Vec::new();
+    for deployment in &deployments {
+        let one = &deployment.replicas[..1];
+        let unary = Side::new(deployment, one, READ_IN_FLIGHT, UNARY_READS, |c, t| {
+            unary_lookups(c, written, t)
+        })
+        .await;
+        let batch = Side::new(deployment, one, READ_IN_FLIGHT, BATCH_READS, |c, t| {
+            batch_lookups(c, written, t)
+        })
+        .await;
+        sides.push((deployment.name, "MayExist (unary)", unary));
+        sides.push((deployment.name, "BatchMayExist, 1,000 keys", batch));
+    }
+    for round in 0..READ_ROUNDS {
+        println!("compare, stretch {}/{READ_ROUNDS}...", round + 1);
+        for (_, _, side) in &mut sides {
+            side.measure().await;
+        }
+    }
+    let mut markdown = format!(
+        "# Lookups: this build against another, side by side\n\n`cargo bench --bench replicated -- compare \
+         {}`, {} on {} (load average at start: {load_at_start}). Two R1 deployments (one nats-server, three \
+         replicas each), one of each build, each filled with {} keys in 1,000-key Adds; then {READ_ROUNDS} \
+         stretches alternating between the builds of {READ_IN_FLIGHT} calls in flight to the first replica \
+         (half the keys added, half never). CPU is the replica's user + system time per call \
+         (`/proc/<pid>/stat`), its lease upkeep included.\n\n| workload | build | calls | calls/s | p50 | \
+         CPU µs/call on the replica | fail-open |\n|---|---|---:|---:|---:|---:|---:|\n",
+        other.display(),
+        text::today(),
+        text::machine(),
+        text::si(written as f64),
+    );
+    for (build, workload, side) in sides {
+        let (sample, replica_cpu, _, tally) = side.result();
+        let calls = sample.calls;
+        markdown += &format!(
+            "| {workload} | {build} | {calls} | {:.1}k | {:.0} µs | {:.1} | {} |\n",
+            sample.calls_per_second() / 1e3,
+            drive::percentile_us(&sample.latencies, 0.5),
+            replica_cpu / calls as f64 * 1e6,
+            tally.fail_open(),
+        );
+    }
+    write_results("replicated-compare.md", &markdown);
 }
 
 /// Writes `markdown` to `benches/results/FILE` and shows it.

@@ -62,7 +62,7 @@ def test_concurrent_lookups_are_coalesced_and_match_unary_answers(gate, namespac
     added = ["added:{}".format(i) for i in range(32)]
     keys = [k for pair in zip(added, ("never:{}".format(i) for i in range(32))) for k in pair]
     batches_before = gate.requests("BatchMayExist")
-    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.005, deadline=5) as client:
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.05, deadline=5) as client:
         client.add(added)
         answers = concurrently(len(keys), lambda i: client.may_exist(keys[i]))
         stats = client.stats()
@@ -247,7 +247,7 @@ def test_concurrent_may_exist_many_share_batches(gate, namespace):
     with GateClient(gate.grpc_addr, namespace, coalesce_window=0, deadline=10) as plain:
         expected = [[a.may_exist for a in plain.may_exist_many(part)] for part in parts]
         assert plain.stats().gate_calls == 10 and plain.stats().batched_keys == 0
-    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.005, deadline=10) as client:
+    with GateClient(gate.grpc_addr, namespace, coalesce_window=0.05, deadline=10) as client:
         answers = concurrently(10, lambda c: client.may_exist_many(parts[c]))
         stats = client.stats()
     for c, part_answers in enumerate(answers):
