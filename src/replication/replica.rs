@@ -35,6 +35,7 @@ use crate::core::gate::{Gate, GateError};
 use crate::core::lease::ReadLease;
 use crate::core::log::Mutation;
 use crate::core::namespace::{Absence, AbsenceReport, Added, Applied, RecordOutcome, Recorded};
+use crate::core::writes::{Pending, Writes};
 
 /// How long a replica waits for its own applier to reach a write it published before answering
 /// `UNAVAILABLE` (the write is stored and will apply; the replica is far behind or cut off).
@@ -1010,6 +1011,29 @@ impl Replica {
                 () = tokio::time::sleep(Duration::from_nanos(until.saturating_sub(now))) => {}
             }
         }
+    }
+}
+
+/// A replica's writes are published to its stream and acknowledged as the replication protocol requires.
+impl Writes for Replica {
+    fn add<'a>(
+        &'a self,
+        namespace: &'a str,
+        keys: Vec<Bytes>,
+    ) -> Pending<'a, Result<Added, GateError>> {
+        Box::pin(Replica::add(self, namespace, keys))
+    }
+
+    fn record_absent<'a>(
+        &'a self,
+        namespace: &'a str,
+        report: AbsenceReport,
+    ) -> Pending<'a, Result<Recorded, GateError>> {
+        Box::pin(Replica::record_absent(self, namespace, report))
+    }
+
+    fn reach(&self, seq: u64, bound: Duration) -> Pending<'_, bool> {
+        Box::pin(self.wait_applied(seq, bound))
     }
 }
 

@@ -10,6 +10,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use super::tls::TlsOptions;
 use super::{ServeOptions, ServerError};
 use crate::core::gate::Gate;
+use crate::core::writes::Writes;
 use crate::proto::admin_server::AdminServer;
 use crate::proto::existence_gate_server::ExistenceGateServer;
 use crate::replication::replica::Replica;
@@ -35,8 +36,10 @@ pub(super) fn serve(
 ) -> Result<GrpcTask, ServerError> {
     let tls = options.tls.as_ref().map(TlsOptions::acceptor).transpose()?;
     let access = Access::new(authorizer(options)?, lifecycle.shutdown().clone());
-    let contract =
-        GateService::new(Arc::clone(gate), Arc::clone(&access)).with_replica(replica.cloned());
+    let mut contract = GateService::new(Arc::clone(gate), Arc::clone(&access));
+    if let Some(replica) = replica {
+        contract = contract.with_writes(Arc::clone(replica) as Arc<dyn Writes>);
+    }
     let gate_service = ExistenceGateServer::new(contract)
         .max_decoding_message_size(options.max_message_bytes)
         .max_encoding_message_size(options.max_message_bytes);

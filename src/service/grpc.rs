@@ -14,12 +14,13 @@ use crate::core::gate::{Gate, GateError};
 use crate::core::invalidations::Delivery;
 use crate::core::namespace::{self, AbsenceReport};
 use crate::core::tombstones::AbsenceKind;
+use crate::core::writes::Writes;
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
-use crate::replication::replica::Replica;
 use crate::service::access::Access;
 use crate::service::auth::{Role, Scope};
 use crate::service::metrics::{Rpc, RpcMetrics};
+use crate::service::writes::LocalWrites;
 
 /// The `ExistenceGate` service.
 #[derive(Debug, Clone)]
@@ -27,8 +28,8 @@ pub struct GateService {
     gate: Arc<Gate>,
     access: Arc<Access>,
     metrics: Arc<RpcMetrics>,
-    /// For a replica of a shared stream: where writes are published.
-    replica: Option<Arc<Replica>>,
+    /// Where writes go: the local gate through its log, or a replica's stream.
+    writes: Arc<dyn Writes>,
 }
 
 /// How long a subscription that resumes from a seq this replica has not applied yet (the client saw it on
@@ -39,37 +40,27 @@ impl GateService {
     /// Serves `gate` behind `access`.
     pub fn new(gate: Arc<Gate>, access: Arc<Access>) -> Self {
         Self {
+            writes: Arc::new(LocalWrites::new(Arc::clone(&gate))),
             gate,
             access,
             metrics: Arc::new(RpcMetrics::default()),
-            replica: None,
         }
     }
 
-    /// The same service for a replica: writes are published to its stream.
-    pub fn with_replica(mut self, replica: Option<Arc<Replica>>) -> Self {
-        self.replica = replica;
+    /// The same service with its writes sent to `writes` (a replica's stream) instead of the local gate.
+    pub fn with_writes(mut self, writes: Arc<dyn Writes>) -> Self {
+        self.writes = writes;
         self
     }
 
-    /// Admits a write needing the `write` role on the request's namespace, runs it, and records its metrics.
-    /// A write that may wait inside the log (for an fsync under `--sync always`, for the leader of a group
-    /// commit that is fsyncing under `interval`, for a slow disk under any mode) runs on the blocking pool:
-    /// a request thread that waited would stall every call queued behind it — health checks included (the
-    /// runtime has one per core). The log itself says whether it can wait ([`Log::commit_may_wait`]); only
-    /// one that never does (`--in-memory`) runs writes inline, sparing the hand-off (measured: RecordAbsent
-    /// 17 µs of server CPU per call inline, up to 53 µs through the pool under load).
-    ///
-    /// A replica publishes the write instead (`replicated`), waiting on its stream without a thread.
-    ///
-    /// [`Log::commit_may_wait`]: crate::core::log::Log::commit_may_wait
-    async fn admitted_write<Q: Send + 'static, T: Send + 'static, R>(
+    /// Admits a write needing the `write` role on the request's namespace, runs it through [`Writes`], and
+    /// records its metrics.
+    async fn admitted_write<Q, T, R>(
         &self,
         rpc: Rpc,
         request: Request<Q>,
         namespace: impl Fn(&mut Q) -> &mut String,
-        write: impl FnOnce(&Gate, Q) -> Result<T, Status> + Send + 'static,
-        replicated: impl FnOnce(Arc<Replica>, Q) -> R,
+        write: impl FnOnce(Arc<dyn Writes>, Q) -> R,
     ) -> Result<Response<T>, Status>
     where
         R: std::future::Future<Output = Result<T, Status>>,
@@ -79,16 +70,7 @@ impl GateService {
         let name = namespace(request.get_mut()).clone();
         let scope = Scope::Namespace(&name);
         let result = match self.access.admit(&request, Role::Write, scope) {
-            Ok(()) if self.replica.is_some() => {
-                let replica = Arc::clone(self.replica.as_ref().expect("checked"));
-                replicated(replica, request.into_inner()).await
-            }
-            Ok(()) if self.gate.writes_may_wait() => {
-                let gate = Arc::clone(&self.gate);
-                let request = request.into_inner();
-                on_blocking_pool(move || write(&gate, request)).await
-            }
-            Ok(()) => write(&self.gate, request.into_inner()),
+            Ok(()) => write(Arc::clone(&self.writes), request.into_inner()).await,
             Err(refused) => Err(refused),
         };
         self.finish(rpc, started, result)
@@ -395,9 +377,8 @@ impl ExistenceGate for GateService {
             Rpc::Add,
             request,
             |r| &mut r.namespace,
-            |gate, request| add_response(gate.add(&request.namespace, request.keys)),
-            |replica, request| async move {
-                add_response(replica.add(&request.namespace, request.keys).await)
+            |writes, request| async move {
+                add_response(writes.add(&request.namespace, request.keys).await)
             },
         )
         .await
@@ -411,13 +392,9 @@ impl ExistenceGate for GateService {
             Rpc::RecordAbsent,
             request,
             |r| &mut r.namespace,
-            |gate, request| {
+            |writes, request| async move {
                 let report = absence_report(&request)?;
-                record_absent_response(gate.record_absent(&request.namespace, report))
-            },
-            |replica, request| async move {
-                let report = absence_report(&request)?;
-                record_absent_response(replica.record_absent(&request.namespace, report).await)
+                record_absent_response(writes.record_absent(&request.namespace, report).await)
             },
         )
         .await
@@ -460,11 +437,11 @@ impl ExistenceGate for GateService {
             Role::Read,
             Scope::Namespace(&request.get_ref().namespace),
         );
-        if let (Ok(()), Some(replica)) = (&admitted, &self.replica) {
+        if admitted.is_ok() {
             // A resume from a seq seen on a replica ahead of this one: wait to reach it, so the stream
             // continues exactly (no gap, no duplicate) instead of with a RESYNC.
-            replica
-                .wait_applied(request.get_ref().after_seq, RESUME_WAIT)
+            self.writes
+                .reach(request.get_ref().after_seq, RESUME_WAIT)
                 .await;
         }
         let result = admitted.and_then(|()| {

@@ -8,6 +8,7 @@
 //! - [`lifecycle`]: the one state (loading, ready, failed, draining) that health, `/readyz` and admin read.
 //! - [`metrics`]: the Prometheus recorder and the service's own series.
 //! - [`shutdown`]: the signal every part watches.
+//! - [`writes`]: the single server's writes, to the local gate through its log (a replica's go to its stream).
 
 pub mod access;
 pub mod admin;
@@ -18,3 +19,4 @@ pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
 pub mod shutdown;
+pub mod writes;

@@ -1,0 +1,39 @@
+//! Where a write goes, as the service sees it: [`Writes`] takes `Add`s and reported absences and answers
+//! once they are acknowledged. Two implementations, chosen once at start: the local gate through its log
+//! (`service::writes::LocalWrites`) and a replica publishing to its shared stream
+//! (`replication::replica::Replica`). The service calls this trait and never either type, so the gRPC
+//! surface does not depend on how a write becomes durable, nor on the replicated mode.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::core::gate::GateError;
+use crate::core::namespace::{AbsenceReport, Added, Recorded};
+
+/// A write (or a wait) in progress.
+pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the service's writes are sent to.
+pub trait Writes: Send + Sync + std::fmt::Debug {
+    /// `Add` of `keys` to `namespace`, answered once acknowledged (durable, and on a replica applied as the
+    /// replication protocol requires).
+    fn add<'a>(
+        &'a self,
+        namespace: &'a str,
+        keys: Vec<Bytes>,
+    ) -> Pending<'a, Result<Added, GateError>>;
+
+    /// A reported absence, answered with its outcome once decided (and, when stored, acknowledged).
+    fn record_absent<'a>(
+        &'a self,
+        namespace: &'a str,
+        report: AbsenceReport,
+    ) -> Pending<'a, Result<Recorded, GateError>>;
+
+    /// Waits, at most `bound`, until this gate has applied `seq` (a seq a client saw elsewhere); whether it
+    /// has. A gate that is its own log never lags one, and answers at once.
+    fn reach(&self, seq: u64, bound: Duration) -> Pending<'_, bool>;
+}
