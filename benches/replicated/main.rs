@@ -59,8 +59,9 @@ use drive::{Op, Sample, Until};
 use keys::{keys, pack};
 use report::{CatchUp, Idle, Reads, Report, Writes};
 
-/// 1,000-key Adds that fill each deployment of the `compare` mode.
+/// 1,000-key Adds that fill each deployment of the `compare` mode, and that it measures per stretch.
 const COMPARE_FILL: u64 = 200;
+const COMPARE_WRITES: u64 = 200;
 /// Keys per `Add` (writes, the batched catch-up) and per `BatchMayExist`.
 const BATCH: u64 = 1_000;
 /// Calls in flight per replica written to: 9 in all on three replicas, 6 on the two of the catch-up.
@@ -646,6 +647,20 @@ async fn run_compare(other: &std::path::Path) {
             batch_lookups(c, written, t)
         })
         .await;
+        let next = Arc::new(AtomicU64::new(0));
+        let writes = Side::new(
+            deployment,
+            &deployment.replicas,
+            WRITES_PER_REPLICA * deployment.replicas.len(),
+            COMPARE_WRITES,
+            |c, t| add(c, CAUGHT_UP_BATCHES, BATCH, next, t),
+        )
+        .await;
+        sides.push((
+            deployment.name,
+            "Add, 1,000 keys, 9 in flight (3 replicas)",
+            writes,
+        ));
         sides.push((deployment.name, "MayExist (unary)", unary));
         sides.push((deployment.name, "BatchMayExist, 1,000 keys", batch));
     }
@@ -659,10 +674,12 @@ async fn run_compare(other: &std::path::Path) {
         "# Lookups: this build against another, side by side\n\n`cargo bench --bench replicated -- compare \
          {}`, {} on {} (load average at start: {load_at_start}). Two R1 deployments (one nats-server, three \
          replicas each), one of each build, each filled with {} keys in 1,000-key Adds; then {READ_ROUNDS} \
-         stretches alternating between the builds of {READ_IN_FLIGHT} calls in flight to the first replica \
-         (half the keys added, half never). CPU is the replica's user + system time per call \
-         (`/proc/<pid>/stat`), its lease upkeep included.\n\n| workload | build | calls | calls/s | p50 | \
-         CPU µs/call on the replica | fail-open |\n|---|---|---:|---:|---:|---:|---:|\n",
+         stretches alternating between the builds: {COMPARE_WRITES} 1,000-key Adds through all three replicas \
+         ({WRITES_PER_REPLICA} in flight on each, new keys), then lookups with {READ_IN_FLIGHT} calls in \
+         flight to the first replica (half the keys added, half never). CPU is the user + system time per call \
+         of the replicas called (`/proc/<pid>/stat`), their lease upkeep included.\n\n| workload | build | \
+         calls | calls/s | p50 | CPU µs/call on the replicas called | fail-open |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
         other.display(),
         text::today(),
         text::machine(),
