@@ -280,9 +280,11 @@ pub struct Rebuilt {
 impl Rebuild {
     /// Adds keys that exist (validated by the caller) as of `now_ms`.
     pub fn insert(&mut self, keys: &[Bytes], now_ms: u64) {
-        for key in keys {
-            self.shadow.insert(self.namespace.hasher.hash(key), now_ms);
-        }
+        let hashes: Vec<KeyHash> = keys
+            .iter()
+            .map(|key| self.namespace.hasher.hash(key))
+            .collect();
+        self.shadow.insert_many(&hashes, now_ms);
         self.keys += keys.len() as u64;
     }
 
@@ -598,14 +600,13 @@ impl Namespace {
             Mutation::Add {
                 seq, at_ms, keys, ..
             } => {
-                let filter = self.filter.load();
+                let hashes: Vec<KeyHash> = keys.iter().map(|key| self.hasher.hash(key)).collect();
+                self.filter.load().insert_many(&hashes, at_ms);
+                if let Some(shadow) = &writer.shadow {
+                    shadow.filter.insert_many(&hashes, at_ms);
+                }
                 let mut cleared = 0;
-                for key in &keys {
-                    let hash = self.hasher.hash(key);
-                    filter.insert(hash, at_ms);
-                    if let Some(shadow) = &writer.shadow {
-                        shadow.filter.insert(hash, at_ms);
-                    }
+                for (key, &hash) in keys.iter().zip(&hashes) {
                     writer.recent_adds.record(hash, seq);
                     cleared += u32::from(self.tombstones.remove(
                         hash,

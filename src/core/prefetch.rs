@@ -15,13 +15,35 @@ pub fn prefetched_ahead<T, R>(
     prefetch: impl Fn(&T),
     mut answer: impl FnMut(usize, &T) -> R,
 ) {
-    items.iter().take(LOOKAHEAD).for_each(&prefetch);
-    out.extend(items.iter().enumerate().map(|(i, item)| {
+    out.reserve(items.len());
+    visit_prefetched_ahead(
+        items,
+        out,
+        |_, item| prefetch(item),
+        |out, i, item| out.push(answer(i, item)),
+    );
+}
+
+/// Calls `visit(state, i, item)` for every item in order, having asked `prefetch(state, item)` for the item
+/// [`LOOKAHEAD`] places ahead first. `state` is what both need and `visit` may change (a batched insert
+/// reloads the filter's layers when one grows, and then prefetches into the new ones).
+#[inline]
+pub fn visit_prefetched_ahead<S, T>(
+    items: &[T],
+    state: &mut S,
+    prefetch: impl Fn(&S, &T),
+    mut visit: impl FnMut(&mut S, usize, &T),
+) {
+    items
+        .iter()
+        .take(LOOKAHEAD)
+        .for_each(|item| prefetch(state, item));
+    for (i, item) in items.iter().enumerate() {
         if let Some(ahead) = items.get(i + LOOKAHEAD) {
-            prefetch(ahead);
+            prefetch(state, ahead);
         }
-        answer(i, item)
-    }));
+        visit(state, i, item);
+    }
 }
 
 /// Asks the CPU to start loading the cache line holding `value` into all cache levels. A hint with no

@@ -796,7 +796,7 @@ fn decode(
             _ => passed_over(None, None),
         });
     }
-    match codec::decode(&message.payload) {
+    match codec::decode_shared(&message.payload) {
         Ok(mutation) if format!("{name}.{}", mutation.namespace()) == subject => Ok(Streamed {
             seq,
             mutation: Some(mutation.with_seq(seq)),

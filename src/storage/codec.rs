@@ -97,7 +97,7 @@ fn put_keys(out: &mut Vec<u8>, keys: &[Bytes]) {
     keys.iter().for_each(|key| put_bytes(out, key));
 }
 
-fn keys(fields: &mut Fields<'_>, payload: &[u8]) -> Result<Vec<Bytes>, Malformed> {
+fn keys(fields: &mut Fields<'_>, payload: &Bytes) -> Result<Vec<Bytes>, Malformed> {
     let count = fields.u32()? as usize;
     // Each key takes at least 4 bytes: a count beyond that is damage, not a reason to allocate.
     if count > payload.len() / 4 {
@@ -107,11 +107,11 @@ fn keys(fields: &mut Fields<'_>, payload: &[u8]) -> Result<Vec<Bytes>, Malformed
         )));
     }
     (0..count)
-        .map(|_| fields.bytes().map(Bytes::copy_from_slice))
+        .map(|_| fields.bytes().map(|key| payload.slice_ref(key)))
         .collect()
 }
 
-fn rebuild_step(fields: &mut Fields<'_>, payload: &[u8]) -> Result<RebuildStep, Malformed> {
+fn rebuild_step(fields: &mut Fields<'_>, payload: &Bytes) -> Result<RebuildStep, Malformed> {
     let tag = fields.u8()?;
     if tag == BEGIN {
         return Ok(RebuildStep::Begin);
@@ -128,8 +128,16 @@ fn rebuild_step(fields: &mut Fields<'_>, payload: &[u8]) -> Result<RebuildStep, 
     })
 }
 
-/// Decodes one mutation; `Err` for any payload that is not exactly one well-formed mutation.
+/// Decodes one mutation; `Err` for any payload that is not exactly one well-formed mutation. The keys
+/// share one copy of `payload`.
 pub fn decode(payload: &[u8]) -> Result<Mutation, Malformed> {
+    decode_shared(&Bytes::copy_from_slice(payload))
+}
+
+/// Decodes `payload` with its keys as slices of it (no copy; they keep the whole record alive): a
+/// 1,000-key `Add` was 1,000 allocations and 1,000 frees per replica, 17% of a follower's CPU when
+/// applying 1,000-key Adds.
+pub fn decode_shared(payload: &Bytes) -> Result<Mutation, Malformed> {
     let mut fields = Fields::new(payload);
     let tag = fields.u8()?;
     let namespace: Arc<str> = Arc::from(fields.string()?);
@@ -156,7 +164,7 @@ pub fn decode(payload: &[u8]) -> Result<Mutation, Malformed> {
             } else {
                 0
             };
-            let key = Bytes::copy_from_slice(fields.bytes()?);
+            let key = payload.slice_ref(fields.bytes()?);
             Mutation::RecordAbsent {
                 namespace,
                 seq,

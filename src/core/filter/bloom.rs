@@ -233,13 +233,20 @@ impl BloomLayer {
     }
 
     /// Sets `hash`'s bits. Returns whether any bit was newly set (i.e. the key was not already present).
+    ///
+    /// Each word is read first and or-ed only when it lacks bits: an `fetch_or` whose old value is used
+    /// compiles to a `lock cmpxchg` retry loop on x86-64, one whose value is unused to a single `lock or`,
+    /// and a key already present costs no locked instruction at all. Two writers inserting the same key at
+    /// once may both count it: `inserted` is an estimate that only decides when a window grows (a little
+    /// early at worst); the bits themselves are set by atomic ors, so none is ever lost.
     pub fn insert(&self, hash: KeyHash) -> bool {
         let masks = probe_masks(hash, self.geometry.probes);
         let block = self.block(hash);
         let mut newly_set = false;
         for (word, mask) in block.0.iter().zip(masks) {
-            if mask != 0 {
-                newly_set |= word.fetch_or(mask, Ordering::Relaxed) & mask != mask;
+            if word.load(Ordering::Relaxed) & mask != mask {
+                word.fetch_or(mask, Ordering::Relaxed);
+                newly_set = true;
             }
         }
         if newly_set {

@@ -32,7 +32,7 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 
 use super::bloom::{BloomLayer, Geometry};
 use crate::core::hashing::KeyHash;
-use crate::core::prefetch::prefetched_ahead;
+use crate::core::prefetch::{prefetched_ahead, visit_prefetched_ahead};
 
 /// How long keys stay in the filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +155,12 @@ impl Windows {
             .flat_map(|w| &w.layers)
             .map(|l| l.bytes())
             .sum()
+    }
+
+    /// The window inserts go to once a rotation made sure one exists for their time. A clock stepped
+    /// backwards lands here too: the key then lives longer, never shorter.
+    fn newest(&self) -> &Window {
+        self.list.last().expect("rotate leaves a window")
     }
 }
 
@@ -316,21 +322,48 @@ impl WindowedFilter {
 
     /// Adds `hash` as of time `at_ms`, rotating or growing as needed.
     pub fn insert(&self, hash: KeyHash, at_ms: u64) {
+        self.insert_many(std::slice::from_ref(&hash), at_ms);
+    }
+
+    /// Adds every hash as of time `at_ms`: one epoch pin and one window lookup for the batch, and each key's
+    /// blocks prefetched [`LOOKAHEAD`](crate::core::prefetch::LOOKAHEAD) keys ahead, so the cache misses of a
+    /// 1,000-key `Add` overlap instead of queueing (an epoch pin per key was 8% of a replica's CPU applying
+    /// 1,000-key Adds, and the misses taken one at a time most of the rest of its filter time).
+    pub fn insert_many(&self, hashes: &[KeyHash], at_ms: u64) {
         let guard = epoch::pin();
         let target_id = self.window_id(at_ms);
-        let windows = match self.load(&guard).list.last() {
+        let mut windows = match self.load(&guard).list.last() {
             Some(newest) if newest.id >= target_id => self.load(&guard),
             _ => self.rotate(at_ms, &guard),
         };
-        // A clock stepped backwards lands in the newest window: the key then lives longer, never shorter.
-        let window = windows.list.last().expect("rotate leaves a window");
+        visit_prefetched_ahead(
+            hashes,
+            &mut windows,
+            |windows, hash| {
+                windows
+                    .newest()
+                    .layers
+                    .iter()
+                    .for_each(|l| l.prefetch(*hash))
+            },
+            |windows, _, hash| {
+                if Self::insert_into(windows.newest(), *hash) {
+                    self.grow(windows.newest().id, &guard);
+                    *windows = self.load(&guard);
+                }
+            },
+        );
+    }
+
+    /// Adds `hash` to `window` unless an older layer already holds it; returns whether the newest layer is
+    /// now full (so the window should grow).
+    #[inline]
+    fn insert_into(window: &Window, hash: KeyHash) -> bool {
         let (newest, older) = window.layers.split_last().expect("a window has a layer");
         if older.iter().any(|layer| layer.contains(hash)) {
-            return;
+            return false;
         }
-        if newest.insert(hash) && newest.is_full() {
-            self.grow(window.id, &guard);
-        }
+        newest.insert(hash) && newest.is_full()
     }
 
     /// Drops windows that are no longer live at `now_ms` so their memory is freed, and returns how many.
