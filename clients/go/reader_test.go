@@ -101,8 +101,11 @@ func TestReaderReadPath(t *testing.T) {
 		t.Errorf("8 concurrent reads: %v with %d source reads", values, src.readsOf(u+"reader:slow"))
 	}
 
-	// A key the gate knows but the source lacks: read once, RECORDED, then the gate answers it.
+	// A key the gate knows but the source lacks: read once, RECORDED, then the gate answers it. Its Add's
+	// invalidation must arrive before the absence is cached, or it would (rightly) drop it.
+	invalidationsBeforeAdd := r.Stats().Invalidations
 	mustAdd(t, writer, u+"reader:2")
+	eventually(t, "the Add's invalidation arrives", func() bool { return r.Stats().Invalidations > invalidationsBeforeAdd })
 	if _, found := get(u + "reader:2"); found {
 		t.Fatal("a key the source lacks was found")
 	}

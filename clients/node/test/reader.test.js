@@ -114,6 +114,8 @@ test('single flight: 8 concurrent gets of a slow key make one source read; an er
 test('a missing key the gate knows: RecordAbsent RECORDED, the gate answers ABSENT, then a local hit', async () => {
   const { db, reader } = await newReader();
   await reader.add(['read:failed-insert']); // the Add succeeded, the insert did not
+  // Its invalidation must arrive before the absence is cached, or it would (rightly) drop it.
+  assert.ok(await eventually(() => reader.stats().invalidations >= 1), 'the Add\'s invalidation arrived');
   assert.equal(await reader.get('read:failed-insert'), undefined);
   assert.equal(db.readsOf('read:failed-insert'), 1);
   assert.equal(reader.stats().absences_recorded, 1);
@@ -126,6 +128,8 @@ test('a missing key the gate knows: RecordAbsent RECORDED, the gate answers ABSE
 test('a deleted row is recorded as DELETED and cached', async () => {
   const { db, reader } = await newReader();
   await reader.add(['read:deleted']);
+  // Its invalidation must arrive before the absence is cached, or it would (rightly) drop it.
+  assert.ok(await eventually(() => reader.stats().invalidations >= 1), 'the Add\'s invalidation arrived');
   db.rows.set('read:deleted', DELETED);
   assert.equal(await reader.get('read:deleted'), undefined);
   assert.equal(await gateAnswer('read:deleted'), 'ANSWER_ABSENT BASIS_TOMBSTONE');

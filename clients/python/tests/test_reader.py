@@ -118,6 +118,8 @@ def test_a_missing_key_is_recorded_then_answered_by_the_gate(gate, namespace, re
     reader = reader_for(gate.grpc_addr, namespace, source)
     assert reader.wait_live(30)
     reader.add(["user:2"])  # the Add succeeded, the insert then failed
+    # Its invalidation must arrive before the absence is cached, or it would (rightly) drop it.
+    assert eventually(lambda: reader.stats().invalidations >= 1)
     assert reader.get("user:2") is None
     assert source.reads == {"user:2": 1}
     assert reader.stats().absences_recorded == 1
@@ -131,6 +133,8 @@ def test_a_deleted_row_is_recorded_as_deleted(gate, namespace, reader_for):
     reader = reader_for(gate.grpc_addr, namespace, source)
     assert reader.wait_live(30)
     reader.add(["user:9"])
+    # Its invalidation must arrive before the absence is cached, or it would (rightly) drop it.
+    assert eventually(lambda: reader.stats().invalidations >= 1)
     assert reader.get("user:9") is None
     assert reader.stats().absences_recorded == 1
     assert gate_answer(gate.grpc_addr, namespace, "user:9") == ("ANSWER_ABSENT", "BASIS_TOMBSTONE")

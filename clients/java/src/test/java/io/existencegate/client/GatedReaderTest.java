@@ -154,6 +154,8 @@ public class GatedReaderTest {
     Database db = new Database();
     try (GateClient gate = client("missing"); GatedReader<String> reader = liveReader(gate, db)) {
       reader.add(List.of("m:1", "m:2")); // the inserts then failed: the gate knows keys the source lacks
+      // The Add's invalidation must arrive before the absence is cached, or it would (rightly) drop it.
+      GateServer.eventually("the Add's invalidation arrives", () -> reader.stats().invalidations() == 2);
       assertEquals(Optional.empty(), reader.get("m:1"));
       assertEquals(1, db.readsOf("m:1"));
       assertEquals(1, reader.stats().absencesRecorded());
