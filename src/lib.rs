@@ -5,8 +5,8 @@
 //! list and never one below (`tests/layering.rs` checks it):
 //!
 //! - [`core`]: the deterministic state machine — filters, tombstones, namespaces, the gate — fed by an
-//!   ordered log it knows only as a trait. No files, no network, no tonic: it can be driven from a test,
-//!   a replay or a fuzzer alike.
+//!   ordered log it knows only as a trait. No files, no network, no tonic, no clock but the ones it is
+//!   given (`core::clock`): it can be driven from a test, a replay or a fuzzer alike.
 //! - [`storage`]: the data directory — write-ahead log, snapshots, recovery — which implements the core's
 //!   `Log` and encodes its state.
 //! - [`replication`]: the replicated mode — replicas that share one NATS JetStream stream as their log. Its

@@ -325,7 +325,11 @@ impl ServeArgs {
 
     fn options(self) -> Result<ServeOptions, String> {
         let mut config = match &self.config {
-            Some(path) => GateConfig::from_file(path).map_err(|e| e.to_string())?,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+                GateConfig::from_toml(&text).map_err(|e| e.to_string())?
+            }
             None => GateConfig::default(),
         };
         if let Some(timeout) = self.handshake_timeout {

@@ -1,21 +1,30 @@
-//! The tree is the architecture: `src/core/` (the state machine) uses neither storage, the service, the wiring
-//! nor any network crate; `src/storage/` uses the core only; `src/service/` uses the core and storage but not the
-//! wiring (`src/server/`). The operator commands (`src/cli/`) are clients: they use the generated contract and
-//! the core's pure helpers, of the service only the spec's status names, and nothing of storage or the wiring;
-//! no part of the server uses them. This test reads the sources and names every line that crosses a layer the
-//! wrong way, so an import that would blur the layers fails CI instead of waiting for a review.
+//! The tree is the architecture: `src/core/` (the state machine) uses neither storage, replication, the
+//! service, the wiring nor any network crate, opens no file or socket and reads no clock but the one it is
+//! given (`core/clock.rs`); `src/storage/` uses the core only; `src/replication/` the core and storage;
+//! `src/service/` those but not the wiring (`src/server/`). The operator commands (`src/cli/`) are clients:
+//! they use the generated contract and the core's pure helpers, of the service only the spec's status names,
+//! and nothing of storage or the wiring; no part of the server uses them.
+//!
+//! This test parses every source (`syn`), resolves every path to where it leads — grouped imports
+//! expanded, `self::`/`super::` followed from the file's module, names brought in by `use` (renamed or not)
+//! and `extern crate … as`, and paths inside macro calls — and names each one that crosses a layer the wrong
+//! way, so an import that would blur the layers fails CI instead of waiting for a review. The second test
+//! proves each of those forms is caught.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// What a layer's sources must not mention: paths into other parts of the crate (but for the `allowed` paths
-/// inside them), and external crates.
+use proc_macro2::{TokenStream, TokenTree};
+use syn::visit::Visit;
+
+/// What a layer's sources must not reach: resolved path prefixes (`crate::storage`, `tokio::net`,
+/// `async_nats`), but for the allowed ones.
 struct Rule {
     layer: &'static str,
-    forbidden_modules: &'static [&'static str],
-    allowed: &'static [&'static str],
-    forbidden_crates: &'static [&'static str],
-    /// More names the layer must not use as a path's first segment.
-    forbidden_more: &'static [&'static str],
+    forbidden: &'static [&'static [&'static str]],
+    /// `(file, path prefix)`: a path the file may use although a forbidden prefix covers it; `*` for every
+    /// file of the layer.
+    allowed: &'static [(&'static str, &'static str)],
 }
 
 /// Crates that speak a network protocol or a storage engine: the core stays free of all of them.
@@ -34,92 +43,137 @@ const NETWORK_CRATES: &[&str] = &[
     "rustls",
     "async_nats",
     "tokio_postgres",
+    "pgwire_replication",
     "metrics_exporter_prometheus",
 ];
 
-/// The protocol is a pure state machine: besides the network crates, no runtime, no clock of its own.
-const RUNTIME_AND_CLOCKS: &[&str] = &["tokio", "Instant", "SystemTime"];
+/// What touches the operating system beyond memory and threads: files, sockets, processes, raw system
+/// calls and its clocks. The core reaches none of it (time only through `core/clock.rs`).
+const OPERATING_SYSTEM: &[&str] = &[
+    "std::fs",
+    "std::net",
+    "std::process",
+    "std::env",
+    "std::time::Instant",
+    "std::time::SystemTime",
+    "tokio::fs",
+    "tokio::net",
+    "tokio::process",
+    "tokio::time",
+    "rustix",
+    "libc",
+    "nix",
+];
+
+/// The replicated mode's parts that do I/O, which its pure protocol must not use.
+const REPLICATION_IO: &[&str] = &[
+    "crate::replication::replica",
+    "crate::replication::stream",
+    "crate::replication::snapshot_store",
+    "crate::replication::replica_snapshots",
+    "crate::replication::replicated_rebuild",
+];
+
+/// The wire crates a layer below the service does not speak.
+const WIRE_CRATES: &[&str] = &["tonic", "prost", "hyper", "axum", "h2", "tower"];
 
 const RULES: &[Rule] = &[
     Rule {
         layer: "core",
-        forbidden_modules: &["storage", "service", "server", "cli", "feed"],
-        allowed: &[],
-        forbidden_crates: NETWORK_CRATES,
-        forbidden_more: &[],
+        forbidden: &[
+            &[
+                "crate::storage",
+                "crate::replication",
+                "crate::service",
+                "crate::server",
+                "crate::cli",
+                "crate::feed",
+            ],
+            NETWORK_CRATES,
+            OPERATING_SYSTEM,
+        ],
+        allowed: &[
+            ("core/clock.rs", "std::time::Instant"),
+            ("core/clock.rs", "std::time::SystemTime"),
+        ],
     },
     Rule {
         layer: "storage",
-        forbidden_modules: &["replication", "service", "server", "cli", "feed"],
-        allowed: &[],
-        forbidden_crates: &[
-            "tonic",
-            "prost",
-            "hyper",
-            "axum",
-            "h2",
-            "tower",
-            "async_nats",
+        forbidden: &[
+            &[
+                "crate::replication",
+                "crate::service",
+                "crate::server",
+                "crate::cli",
+                "crate::feed",
+                "async_nats",
+            ],
+            WIRE_CRATES,
         ],
-        forbidden_more: &[],
+        allowed: &[],
     },
     Rule {
         // The replication protocol: pure rules over an injected clock, driven alike by the replica and by the
         // deterministic simulation; no I/O, no runtime, no other part of the replicated mode.
         layer: "replication/protocol",
-        forbidden_modules: &[
-            "storage",
-            "service",
-            "server",
-            "cli",
-            "feed",
-            "replication::replica",
-            "replication::stream",
-            "replication::snapshot_store",
-            "replication::replica_snapshots",
-            "replication::replicated_rebuild",
+        forbidden: &[
+            &[
+                "crate::storage",
+                "crate::service",
+                "crate::server",
+                "crate::cli",
+                "crate::feed",
+                "tokio",
+            ],
+            REPLICATION_IO,
+            NETWORK_CRATES,
+            OPERATING_SYSTEM,
         ],
-        allowed: &[],
-        forbidden_crates: NETWORK_CRATES,
-        forbidden_more: RUNTIME_AND_CLOCKS,
+        // The simulation (a test module) reads how many seeds to run, and from which: the harness, not
+        // the rules it drives.
+        allowed: &[("replication/protocol/simulation.rs", "std::env::var")],
     },
     Rule {
         layer: "replication",
-        forbidden_modules: &["service", "server", "cli", "feed"],
+        forbidden: &[
+            &[
+                "crate::service",
+                "crate::server",
+                "crate::cli",
+                "crate::feed",
+            ],
+            WIRE_CRATES,
+        ],
         allowed: &[],
-        forbidden_crates: &["tonic", "prost", "hyper", "axum", "h2", "tower"],
-        forbidden_more: &[],
     },
     Rule {
         layer: "service",
-        forbidden_modules: &["server", "cli", "feed"],
+        forbidden: &[&["crate::server", "crate::cli", "crate::feed"]],
         allowed: &[],
-        forbidden_crates: &[],
-        forbidden_more: &[],
     },
     Rule {
         layer: "server",
-        forbidden_modules: &["cli", "feed"],
+        forbidden: &[&["crate::cli", "crate::feed"]],
         allowed: &[],
-        forbidden_crates: &[],
-        forbidden_more: &[],
     },
     Rule {
         layer: "cli",
-        forbidden_modules: &["storage", "service", "server", "feed"],
+        forbidden: &[&[
+            "crate::storage",
+            "crate::replication",
+            "crate::service",
+            "crate::server",
+            "crate::feed",
+        ]],
         // The gRPC status names the metrics use too: one table of the spec's names.
-        allowed: &["crate::service::metrics::code_name"],
-        forbidden_crates: &[],
-        forbidden_more: &[],
+        allowed: &[("*", "crate::service::metrics::code_name")],
     },
     Rule {
         // A process of its own beside the gate: a client of it (cli's connection) that serves its own
         // metrics and health (the service's HTTP serving), knowing nothing of storage or the server wiring.
         layer: "feed",
-        forbidden_modules: &["storage", "server"],
+        forbidden: &[&["crate::storage", "crate::server"]],
         allowed: &[],
-        forbidden_crates: &[],
-        forbidden_more: &[],
     },
 ];
 
@@ -137,41 +191,253 @@ fn sources(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// Whether `line` names `name` as the first segment of a path (`name::…`) or in a `use name` / `extern crate`.
-fn names_crate(line: &str, name: &str) -> bool {
-    let bytes = line.as_bytes();
-    line.match_indices(name).any(|(at, _)| {
-        let before_ok = at == 0 || {
-            let c = bytes[at - 1];
-            !(c.is_ascii_alphanumeric() || c == b'_' || c == b':')
-        };
-        let rest = &line[at + name.len()..];
-        let after_ok = rest.starts_with("::")
-            || (line[..at].trim_end().ends_with("use") && rest.starts_with([';', ' ']));
-        before_ok && after_ok
-    })
+/// The module a file under `src/` defines: `core/lease.rs` is `crate::core::lease`, `core/mod.rs` is
+/// `crate::core`.
+fn module_of(file: &str) -> Vec<String> {
+    let mut module = vec!["crate".to_string()];
+    let stem = file.trim_end_matches(".rs");
+    module.extend(
+        stem.split('/')
+            .filter(|part| *part != "mod" && *part != "lib")
+            .map(str::to_string),
+    );
+    module
 }
 
-/// The lines of `text` (from `file`) that break `rule`, as `file:line: text`.
+/// One path a source reaches, resolved, with the line it is on.
+struct Reached {
+    line: usize,
+    path: Vec<String>,
+}
+
+/// Collects every path of a file, resolved from its module and its `use` items.
+struct Paths {
+    /// The module of the item being visited (inline `mod`s push onto the file's).
+    module: Vec<String>,
+    /// Names brought in by `use` and `extern crate`, to the paths they stand for.
+    imported: HashMap<String, Vec<String>>,
+    reached: Vec<Reached>,
+}
+
+impl Paths {
+    /// Resolves `segments` (written with a leading `::` when `absolute`) as seen from the current module.
+    fn resolve(&self, absolute: bool, segments: &[String]) -> Option<Vec<String>> {
+        let (first, rest) = segments.split_first()?;
+        if absolute {
+            return Some(segments.to_vec());
+        }
+        let mut resolved = match first.as_str() {
+            "crate" => vec!["crate".to_string()],
+            "self" => self.module.clone(),
+            "super" => {
+                let mut module = self.module.clone();
+                module.pop();
+                let mut rest = rest;
+                while rest.first().is_some_and(|s| s == "super") {
+                    module.pop();
+                    rest = &rest[1..];
+                }
+                module.extend(rest.iter().cloned());
+                return Some(module);
+            }
+            "Self" => return None,
+            name => self
+                .imported
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| vec![name.to_string()]),
+        };
+        resolved.extend(rest.iter().cloned());
+        Some(resolved)
+    }
+
+    fn reach(&mut self, line: usize, absolute: bool, segments: &[String]) {
+        if let Some(path) = self.resolve(absolute, segments) {
+            self.reached.push(Reached { line, path });
+        }
+    }
+
+    /// Every path a `use` tree names, expanded (`a::{b, c::d}` is `a::b` and `a::c::d`), recording the
+    /// names it brings into scope.
+    fn use_tree(&mut self, absolute: bool, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(path) => {
+                prefix.push(path.ident.to_string());
+                self.use_tree(absolute, prefix, &path.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(name) => {
+                self.import(absolute, prefix, &name.ident, &name.ident);
+            }
+            syn::UseTree::Rename(rename) => {
+                self.import(absolute, prefix, &rename.ident, &rename.rename);
+            }
+            syn::UseTree::Glob(glob) => {
+                let line = glob.star_token.span.start().line;
+                self.reach(line, absolute, prefix);
+            }
+            syn::UseTree::Group(group) => {
+                for tree in &group.items {
+                    self.use_tree(absolute, prefix, tree);
+                }
+            }
+        }
+    }
+
+    fn import(
+        &mut self,
+        absolute: bool,
+        prefix: &[String],
+        ident: &syn::Ident,
+        alias: &syn::Ident,
+    ) {
+        let mut segments = prefix.to_vec();
+        if ident != "self" {
+            segments.push(ident.to_string());
+        }
+        let Some(path) = self.resolve(absolute, &segments) else {
+            return;
+        };
+        if alias != "_" {
+            let name = if alias == "self" {
+                segments.last().cloned().unwrap_or_default()
+            } else {
+                alias.to_string()
+            };
+            self.imported.insert(name, path.clone());
+        }
+        let line = ident.span().start().line;
+        self.reached.push(Reached { line, path });
+    }
+
+    /// Paths written inside a macro call's tokens (`format!("{}", tokio::net::X)`): runs of
+    /// `ident :: ident …`, with a leading `::` kept.
+    fn macro_tokens(&mut self, tokens: TokenStream) {
+        let mut run: Vec<String> = Vec::new();
+        let mut absolute = false;
+        let mut colons = 0;
+        let mut line = 0;
+        let flush = |this: &mut Self, run: &mut Vec<String>, absolute: &mut bool, line: usize| {
+            if run.len() > 1 || *absolute {
+                this.reach(line, *absolute, run);
+            }
+            run.clear();
+            *absolute = false;
+        };
+        for token in tokens {
+            match token {
+                TokenTree::Ident(ident) if run.is_empty() || colons == 2 => {
+                    if run.is_empty() {
+                        line = ident.span().start().line;
+                    }
+                    run.push(ident.to_string());
+                    colons = 0;
+                }
+                TokenTree::Punct(punct) if punct.as_char() == ':' && colons < 2 => {
+                    colons += 1;
+                    if run.is_empty() && colons == 2 {
+                        absolute = true;
+                    }
+                }
+                other => {
+                    flush(self, &mut run, &mut absolute, line);
+                    colons = 0;
+                    match other {
+                        TokenTree::Group(group) => self.macro_tokens(group.stream()),
+                        TokenTree::Ident(ident) => {
+                            line = ident.span().start().line;
+                            run.push(ident.to_string());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        flush(self, &mut run, &mut absolute, line);
+    }
+}
+
+impl<'ast> Visit<'ast> for Paths {
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree(item.leading_colon.is_some(), &mut Vec::new(), &item.tree);
+    }
+
+    fn visit_item_extern_crate(&mut self, item: &'ast syn::ItemExternCrate) {
+        let name = item.ident.to_string();
+        let alias = item.rename.as_ref().map_or(&item.ident, |(_, alias)| alias);
+        self.imported.insert(alias.to_string(), vec![name.clone()]);
+        let line = item.ident.span().start().line;
+        self.reached.push(Reached {
+            line,
+            path: vec![name],
+        });
+    }
+
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        self.module.push(item.ident.to_string());
+        syn::visit::visit_item_mod(self, item);
+        self.module.pop();
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        if let Some(first) = path.segments.first() {
+            let line = first.ident.span().start().line;
+            self.reach(line, path.leading_colon.is_some(), &segments);
+        }
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.macro_tokens(mac.tokens.clone());
+        syn::visit::visit_macro(self, mac);
+    }
+}
+
+/// Every path `text` (the file `file`, relative to `src/`) reaches. The `use` items are read first, so a
+/// name imported below its first use still resolves.
+fn reached(file: &str, text: &str) -> Vec<Reached> {
+    let syntax = syn::parse_file(text).unwrap_or_else(|e| panic!("{file}: does not parse: {e}"));
+    let mut paths = Paths {
+        module: module_of(file),
+        imported: HashMap::new(),
+        reached: Vec::new(),
+    };
+    for item in &syntax.items {
+        if let syn::Item::Use(item) = item {
+            paths.visit_item_use(item);
+        }
+    }
+    paths.reached.clear();
+    paths.visit_file(&syntax);
+    paths.reached
+}
+
+/// Whether `path` is `prefix` or lies under it.
+fn under(path: &[String], prefix: &str) -> bool {
+    let prefix: Vec<&str> = prefix.split("::").collect();
+    path.len() >= prefix.len() && path.iter().zip(&prefix).all(|(a, b)| a == b)
+}
+
+/// The paths of `text` (from `file`, relative to `src/`) that break `rule`, as `file:line: path`.
 fn violations(rule: &Rule, file: &str, text: &str) -> Vec<String> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| {
-            let checked = rule
-                .allowed
+    let mut found: Vec<String> = reached(file, text)
+        .into_iter()
+        .filter(|reached| {
+            let forbidden = rule
+                .forbidden
                 .iter()
-                .fold(line.to_string(), |line, path| line.replace(path, ""));
-            rule.forbidden_modules
-                .iter()
-                .any(|module| checked.contains(&format!("crate::{module}")))
-                || rule
-                    .forbidden_crates
-                    .iter()
-                    .chain(rule.forbidden_more)
-                    .any(|name| names_crate(line, name))
+                .flat_map(|list| list.iter())
+                .any(|prefix| under(&reached.path, prefix));
+            let allowed = rule.allowed.iter().any(|(allowed_file, prefix)| {
+                (*allowed_file == "*" || *allowed_file == file) && under(&reached.path, prefix)
+            });
+            forbidden && !allowed
         })
-        .map(|(index, line)| format!("{file}:{}: {}", index + 1, line.trim()))
-        .collect()
+        .map(|reached| format!("{file}:{}: {}", reached.line, reached.path.join("::")))
+        .collect();
+    found.dedup();
+    found
 }
 
 #[test]
@@ -193,26 +459,122 @@ fn each_layer_uses_only_the_layers_beneath_it() {
     }
     assert!(
         found.is_empty(),
-        "imports that cross a layer the wrong way (core < storage < replication < service < server; cli beside them):\n{}",
+        "paths that cross a layer the wrong way (core < storage < replication < service < server; cli \
+         beside them; the core touches no file, socket or clock):\n{}",
         found.join("\n")
     );
 }
 
-/// The scanner itself: it must catch each kind of crossing (or the test above proves nothing) and must not
+fn rule(layer: &str) -> &'static Rule {
+    RULES
+        .iter()
+        .find(|r| r.layer == layer)
+        .expect("a rule for the layer")
+}
+
+/// The scanner itself: it must catch each form of crossing (or the test above proves nothing) and must not
 /// flag names that merely contain a forbidden one.
 #[test]
-fn the_scanner_catches_crossings_and_only_those() {
-    let core = &RULES[0];
-    let crossing = "use crate::storage::wal;\nlet s = tonic::Status::ok(\"\");\nuse prost;\nfn f() { crate::server::start() }";
-    let found = violations(core, "x.rs", crossing);
-    assert_eq!(found.len(), 4, "{found:?}");
-    assert_eq!(found[0], "x.rs:1: use crate::storage::wal;");
-    let innocent = "use crate::core::log::Log;\nlet http_port = 1;\nmy_tonic::x();\nuse std::io::Error as hyper_error;";
-    assert_eq!(violations(core, "y.rs", innocent), Vec::<String>::new());
-    let cli = RULES.iter().find(|r| r.layer == "cli").expect("a cli rule");
+fn the_scanner_catches_every_form_of_crossing_and_only_those() {
+    let core = rule("core");
+    let file = "core/namespace.rs";
+    let caught = [
+        ("use crate::storage::wal;", "crate::storage::wal"),
+        (
+            "use crate::{core::log::Log, storage::wal::Wal};",
+            "crate::storage::wal::Wal",
+        ),
+        (
+            "fn f() { super::super::storage::wal::open(); }",
+            "crate::storage::wal::open",
+        ),
+        (
+            "mod inner { fn f() { super::super::super::server::start(); } }",
+            "crate::server::start",
+        ),
+        ("use super::super::feed;", "crate::feed"),
+        ("fn f() { crate::server::start() }", "crate::server::start"),
+        ("fn f() -> tonic::Status { todo!() }", "tonic::Status"),
+        ("use ::async_nats as n;", "async_nats"),
+        (
+            "extern crate async_nats as n; fn f() { n::connect(); }",
+            "async_nats::connect",
+        ),
+        (
+            "use tokio_postgres as pg; fn f(_: pg::Client) {}",
+            "tokio_postgres::Client",
+        ),
+        ("use std::fs;", "std::fs"),
+        ("fn f() { let _ = std::fs::read(\"x\"); }", "std::fs::read"),
+        ("use std::{fs::File, io};", "std::fs::File"),
+        ("use tokio::{fs, net::TcpStream};", "tokio::fs"),
+        ("use tokio::{fs, net::TcpStream};", "tokio::net::TcpStream"),
+        (
+            "fn f() { tokio::net::TcpListener::bind(\"\"); }",
+            "tokio::net::TcpListener::bind",
+        ),
+        ("use rustix::fs::fsync;", "rustix::fs::fsync"),
+        ("fn f() { unsafe { libc::getpid() }; }", "libc::getpid"),
+        (
+            "use pgwire_replication::Client;",
+            "pgwire_replication::Client",
+        ),
+        (
+            "use std::time::Instant; fn f() { let _ = Instant::now(); }",
+            "std::time::Instant::now",
+        ),
+        (
+            "use std::time::{Duration, SystemTime};",
+            "std::time::SystemTime",
+        ),
+        (
+            "fn f() { println!(\"{:?}\", std::time::Instant::now()); }",
+            "std::time::Instant::now",
+        ),
+        (
+            "fn f() { let _ = format!(\"{}\", ::libc::EINTR); }",
+            "libc::EINTR",
+        ),
+    ];
+    for (source, path) in caught {
+        let found = violations(core, file, source);
+        assert!(
+            found.iter().any(|f| f.ends_with(&format!(": {path}"))),
+            "{source:?} should be caught as {path}; found {found:?}"
+        );
+    }
+    assert_eq!(
+        violations(core, file, "use crate::storage::wal;"),
+        ["core/namespace.rs:1: crate::storage::wal"]
+    );
+
+    let innocent = "use crate::core::log::Log;\nuse super::hashing::KeyHash;\nfn f() { let http_port = 1; \
+                    my_tonic::x(); let _ = std::time::Duration::ZERO; }\nuse std::io::Error as hyper_error;\n\
+                    fn g() -> hyper_error { todo!() }";
+    assert_eq!(violations(core, file, innocent), Vec::<String>::new());
+    assert_eq!(
+        violations(
+            core,
+            "core/clock.rs",
+            "use std::time::{Instant, SystemTime};"
+        ),
+        Vec::<String>::new(),
+        "the core's clock is where the clocks are read"
+    );
+
+    let cli = rule("cli");
     let client = "use crate::service::metrics::code_name;\nuse crate::service::auth::hash_token;";
     assert_eq!(
-        violations(cli, "z.rs", client),
-        ["z.rs:2: use crate::service::auth::hash_token;"]
+        violations(cli, "cli/z.rs", client),
+        ["cli/z.rs:2: crate::service::auth::hash_token"]
+    );
+    let protocol = rule("replication/protocol");
+    assert_eq!(
+        violations(
+            protocol,
+            "replication/protocol/rules.rs",
+            "use super::super::stream::Reports;"
+        ),
+        ["replication/protocol/rules.rs:1: crate::replication::stream::Reports"]
     );
 }

@@ -1,11 +1,13 @@
-//! Wall-clock time as the core sees it.
+//! Time as the core sees it: the only place in the core that reads the operating system's clocks.
 //!
 //! Windows are aligned to absolute unix time (so replicas agree on window ids) and tombstones carry absolute
-//! expiry times (so a replayed log yields the same state), so the core reads time only through [`Clock`]. Tests
-//! drive a [`ManualClock`] to cross window boundaries and TTLs without sleeping.
+//! expiry times (so a replayed log yields the same state), so the core reads wall-clock time only through
+//! [`Clock`]. The read lease runs on a [`MonotonicClock`] instead: a wall clock may step, and the replication
+//! protocol's safety needs only that clocks on different machines run at about the same *rate*. Tests drive
+//! a [`ManualClock`] (both kinds) to cross window boundaries, TTLs and lease ends without sleeping.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A source of unix time in milliseconds.
 pub trait Clock: Send + Sync + 'static {
@@ -22,6 +24,41 @@ impl Clock for SystemClock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_millis() as u64)
+    }
+}
+
+/// A source of monotonic time: nanoseconds since an origin of its own, never going backwards.
+pub trait MonotonicClock: Send + Sync + 'static {
+    /// Nanoseconds since this clock's origin.
+    fn now_ns(&self) -> u64;
+}
+
+/// The operating system's monotonic clock ([`Instant`]), counted from when this value was made.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemMonotonicClock {
+    origin: Instant,
+}
+
+impl SystemMonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemMonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MonotonicClock for SystemMonotonicClock {
+    fn now_ns(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_nanos() as u64
     }
 }
 
@@ -54,5 +91,13 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.now_ms.load(Ordering::SeqCst)
+    }
+}
+
+/// The same time in nanoseconds, so that one manual clock drives a lease as well (set it only forwards
+/// there: a monotonic clock never goes back).
+impl MonotonicClock for ManualClock {
+    fn now_ns(&self) -> u64 {
+        self.now_ms().saturating_mul(1_000_000)
     }
 }

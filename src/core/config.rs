@@ -24,7 +24,6 @@
 //! The `default` namespace always exists (a `[namespaces.default]` table tunes it).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
@@ -433,11 +432,6 @@ impl Default for GateConfig {
 /// A configuration that cannot be used.
 #[derive(Debug)]
 pub enum ConfigError {
-    /// The file could not be read.
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
     /// The TOML is malformed, has an unknown field or a value of the wrong type.
     Parse(String),
     /// A value is out of range.
@@ -447,7 +441,6 @@ pub enum ConfigError {
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Read { path, source } => write!(f, "cannot read config file {path}: {source}"),
             Self::Parse(message) => write!(f, "invalid config: {message}"),
             Self::Invalid { field, problem } => write!(f, "invalid config: {field} {problem}"),
         }
@@ -521,15 +514,6 @@ impl GateConfig {
                 largest.bytes_at_capacity()
             ),
         })
-    }
-
-    /// Reads, parses and validates a TOML file.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::from_toml(&text)
     }
 }
 

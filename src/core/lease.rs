@@ -7,20 +7,21 @@
 //! module). Without a lease it fails open — `MAY_EXIST` with basis `WARMING` — which costs the caller a read
 //! of the source, never a wrong answer.
 //!
-//! The lease is measured on the monotonic clock ([`Instant`]), never the wall clock: a replica's wall clock
+//! The lease is measured on an injected [`MonotonicClock`], never the wall clock: a replica's wall clock
 //! may step, and the safety argument needs only that clocks on different machines run at the same *rate*.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+
+use crate::core::clock::MonotonicClock;
 
 /// Until when this replica may answer `ABSENT`: the end the replication protocol last granted, read by every
 /// lookup (one atomic load), and whether lookups have asked since the replica last looked, so it renews the
 /// lease only while it is used.
 pub struct ReadLease {
-    /// What `until` counts from.
-    origin: Instant,
-    /// Nanoseconds after `origin` at which the lease ends; 0 = not held.
+    /// The clock `until_ns` is read on.
+    clock: Arc<dyn MonotonicClock>,
+    /// The clock's time in nanoseconds at which the lease ends; 0 = not held.
     until_ns: AtomicU64,
     /// Whether ever granted.
     ever: AtomicBool,
@@ -40,17 +41,11 @@ impl std::fmt::Debug for ReadLease {
     }
 }
 
-impl Default for ReadLease {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl ReadLease {
-    /// A lease not yet held.
-    pub fn new() -> Self {
+    /// A lease not yet held, measured on `clock`.
+    pub fn new(clock: Arc<dyn MonotonicClock>) -> Self {
         Self {
-            origin: Instant::now(),
+            clock,
             until_ns: AtomicU64::new(0),
             ever: AtomicBool::new(false),
             asked: AtomicBool::new(false),
@@ -63,13 +58,9 @@ impl ReadLease {
         let _ = self.wake.set(Box::new(wake));
     }
 
-    /// Now, in nanoseconds since this lease's origin: the clock the replication protocol runs on.
+    /// Now, in nanoseconds on the lease's clock: the clock the replication protocol runs on.
     pub fn now(&self) -> u64 {
-        self.nanos_since_origin(Instant::now())
-    }
-
-    fn nanos_since_origin(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.origin).as_nanos() as u64
+        self.clock.now_ns()
     }
 
     /// Whether the lease holds now; a lookup asking marks the lease as wanted.
@@ -86,7 +77,7 @@ impl ReadLease {
         held
     }
 
-    /// Whether the lease holds at `at` (nanoseconds since the origin).
+    /// Whether the lease holds at `at` (nanoseconds on the lease's clock).
     pub fn holds_at(&self, at: u64) -> bool {
         at < self.until_ns.load(Ordering::Acquire)
     }
@@ -113,10 +104,16 @@ impl ReadLease {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::clock::ManualClock;
+
+    fn lease_at(clock: &Arc<ManualClock>) -> ReadLease {
+        ReadLease::new(Arc::clone(clock) as Arc<dyn MonotonicClock>)
+    }
 
     #[test]
     fn a_lease_holds_until_its_end_and_can_be_revoked() {
-        let lease = ReadLease::new();
+        let clock = Arc::new(ManualClock::new(1));
+        let lease = lease_at(&clock);
         assert!(
             !lease.holds_at(0) && !lease.ever_held(),
             "a new lease is not held"
@@ -126,11 +123,17 @@ mod tests {
         assert!(!lease.holds_at(100));
         lease.set_until(0);
         assert!(!lease.holds_at(1) && lease.ever_held());
+        lease.set_until(clock.now_ns() + 5_000_000);
+        assert!(lease.holds(), "held 5 ms before its end");
+        clock.advance(4);
+        assert!(lease.holds(), "held 1 ms before its end");
+        clock.advance(1);
+        assert!(!lease.holds(), "not held at its end, on the lease's clock");
     }
 
     #[test]
     fn lookups_mark_the_lease_wanted_until_the_keeper_takes_it() {
-        let lease = ReadLease::new();
+        let lease = lease_at(&Arc::new(ManualClock::new(1)));
         let woken = std::sync::Arc::new(AtomicU64::new(0));
         let counter = std::sync::Arc::clone(&woken);
         lease.on_wanted(move || {

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 pub use replicated::ReplicationOptions;
 pub use tls::TlsOptions;
 
-use crate::core::clock::Clock;
+use crate::core::clock::{Clock, SystemMonotonicClock};
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::core::hashing::KeyHasher;
@@ -212,7 +212,7 @@ pub async fn start(
         (None, Some(dir)) => KeyHasher::from_seed(dir.seed()),
         (None, None) => KeyHasher::random(),
     };
-    let lease = Arc::new(ReadLease::new());
+    let lease = Arc::new(ReadLease::new(Arc::new(SystemMonotonicClock::new())));
     let mut gate = Gate::new(&options.config, hasher, clock);
     if joined.is_some() {
         gate = gate.with_read_lease(Arc::clone(&lease));

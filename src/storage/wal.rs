@@ -369,13 +369,21 @@ struct Progress {
 pub struct Wal {
     maker: SegmentMaker,
     mode: SyncMode,
+    // Lock order: `segment` before `pending` (a leader takes the buffer while it holds the segment);
+    // `progress` before `no_space`; `progress` is never held while `segment` or `pending` is taken (a
+    // leader drops it to write). No other lock is taken while holding `pending` or `no_space`.
+    /// Records appended and not yet handed to a leader. Innermost: taken after `segment`, or alone.
     pending: Mutex<Pending>,
+    /// The open segment file. Outermost: taken first, never while holding another of these locks.
     segment: Mutex<Segment>,
+    /// How far records got, and whether a leader is writing. Taken alone or before `no_space`; dropped
+    /// before a leader takes `segment`.
     progress: Mutex<Progress>,
     progressed: Condvar,
     /// Set once a write or fsync failed; every later write is refused with it.
     failed: OnceLock<String>,
     /// Set while records wait for disk space (see the module doc); cleared by a successful retry.
+    /// Innermost: taken alone or after `progress`.
     no_space: Mutex<Option<String>>,
     /// Bytes written since the last snapshot began, to trigger the next one.
     bytes_since_snapshot: AtomicU64,
