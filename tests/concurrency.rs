@@ -253,49 +253,65 @@ fn concurrent_absences_never_hide_an_add_they_did_not_observe() {
 /// The first `Add` of a namespace racing the recommended read path (look up, read the source, record the
 /// absence with the lookup's seq): a tombstone may be stored only if its lookup came after the `Add`.
 /// Answers of a fresh namespace used to carry seq 0, which in a request means "not observed", so such a
-/// race stored a tombstone hiding the added key for its whole TTL.
+/// race stored a tombstone hiding the added key for its whole TTL. Each interleaving of the three steps is
+/// played in turn on a fresh gate, so the race is exercised every run rather than when threads happen to
+/// produce it.
 #[test]
 fn absences_racing_the_first_add_of_a_fresh_namespace_are_refused() {
-    let mut raced = 0;
-    for _ in 0..300 {
-        let gate = gate(Arc::new(ManualClock::new(START_MS)));
-        let hot = Bytes::from_static(b"first");
-        let barrier = Arc::new(std::sync::Barrier::new(2));
-        let writer = {
-            let (gate, hot, barrier) = (gate.clone(), hot.clone(), barrier.clone());
-            thread::spawn(move || {
-                barrier.wait();
-                gate.add("default", vec![hot]).unwrap().seq
-            })
-        };
-        barrier.wait();
-        let (observed_seq, recorded) = look_up_then_record_absent(&gate, &hot);
-        let added_seq = writer.join().unwrap();
-        if observed_seq < added_seq {
-            raced += 1;
-            assert_ne!(
-                recorded.outcome,
-                RecordOutcome::Recorded,
-                "an absence observed at seq {observed_seq}, before the Add at {added_seq}, was stored"
-            );
-            assert_eq!(
-                gate.may_exist("default", &hot).unwrap().0.answer,
-                Answer::MayExist
-            );
-        }
-    }
-    assert!(raced > 0, "no lookup ever preceded the Add");
+    let hot = Bytes::from_static(b"first");
+    // The lookup, then the Add, then the record made from that lookup: the race itself.
+    let gate = gate_with_clock();
+    let (_, observed_seq) = gate.may_exist("default", &hot).unwrap();
+    let added_seq = gate.add("default", vec![hot.clone()]).unwrap().seq;
+    assert!(observed_seq < added_seq);
+    let recorded = record_absent(&gate, &hot, observed_seq);
+    assert_ne!(
+        recorded.outcome,
+        RecordOutcome::Recorded,
+        "an absence observed at seq {observed_seq}, before the Add at {added_seq}, was stored"
+    );
+    assert_eq!(
+        gate.may_exist("default", &hot).unwrap().0.answer,
+        Answer::MayExist
+    );
+
+    // The lookup and the record (the filter already says absent: REDUNDANT), then the Add: present.
+    let gate = gate_with_clock();
+    look_up_then_record_absent(&gate, &hot);
+    gate.add("default", vec![hot.clone()]).unwrap();
+    assert_eq!(
+        gate.may_exist("default", &hot).unwrap().0.answer,
+        Answer::MayExist
+    );
+
+    // The Add, then the lookup and the record: the lookup saw the Add.
+    let gate = gate_with_clock();
+    let added_seq = gate.add("default", vec![hot.clone()]).unwrap().seq;
+    let (observed_seq, _) = look_up_then_record_absent(&gate, &hot);
+    assert!(
+        observed_seq >= added_seq,
+        "a lookup after the Add observed {observed_seq}"
+    );
+}
+
+fn gate_with_clock() -> Arc<Gate> {
+    gate(Arc::new(ManualClock::new(START_MS)))
 }
 
 /// The recommended read path after the source said "not found": look `key` up, then record its absence
 /// with the seq that lookup observed. Returns that seq and the reply.
 fn look_up_then_record_absent(gate: &Gate, key: &Bytes) -> (u64, Recorded) {
     let (_, observed_seq) = gate.may_exist("default", key).unwrap();
+    (observed_seq, record_absent(gate, key, observed_seq))
+}
+
+/// Records `key` absent as the source said, with the seq its lookup observed.
+fn record_absent(gate: &Gate, key: &Bytes, observed_seq: u64) -> Recorded {
     let report = AbsenceReport {
         key: key.clone(),
         kind: AbsenceKind::Missing,
         observed_seq,
         ttl_seconds: 60,
     };
-    (observed_seq, gate.record_absent("default", report).unwrap())
+    gate.record_absent("default", report).unwrap()
 }

@@ -10,13 +10,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::nats::Nats;
+use common::proxy::Proxy;
 use common::replicas::{config_file, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
+use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
     AbsenceKind, AddRequest, Answer, Basis, BatchMayExistRequest, InvalidationCause,
     ListReplicasRequest, MayExistRequest, RebuildRequest, RebuildResponse, RecordAbsentRequest,
     RecordOutcome, RemoveReplicaRequest, SubscribeInvalidationsRequest,
 };
+use tonic::transport::Channel;
 
 const CONFIG: &str = r#"
 [namespaces.users]
@@ -127,6 +130,17 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
     let (a, b) = (&replicas[0], &replicas[1]);
     assert_answers_absent(b).await;
     let by_lease_before = a.metric("existence_replica_acked_by_lease_total").await;
+    let proxy = Proxy::start(b.grpc_addr).await;
+    let channel = ExistenceGateClient::new(
+        Channel::from_shared(format!("http://{}", proxy.addr))
+            .unwrap()
+            .connect_lazy(),
+    );
+    let warm = MayExistRequest {
+        namespace: "users".to_string(),
+        key: b"before-the-stop".to_vec().into(),
+    };
+    channel.clone().may_exist(warm).await.unwrap();
     b.signal("STOP");
     let keys: Vec<String> = (0..20).map(|i| format!("while-stopped-{i}")).collect();
     for key in &keys {
@@ -136,9 +150,9 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
         a.metric("existence_replica_acked_by_lease_total").await > by_lease_before,
         "with B stalled, A acknowledged by the lease rule, not by waiting for B"
     );
-    // The lookups are sent while B is still stopped, so that they wait in its socket beside the stream's
-    // messages: B's very first answers, before it has applied anything.
-    let channel = b.client();
+    // The lookups are sent while B is still stopped, through a proxy (connected before the stop) that says
+    // when each is in B's socket, so that they wait there beside the stream's messages: B's very first
+    // answers, before it has applied anything.
     let first_answers = tokio::spawn(futures_util::future::join_all(
         keys.clone().into_iter().map(move |key| {
             let mut client = channel.clone();
@@ -152,8 +166,13 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
             }
         }),
     ));
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
+    for key in &keys {
+        wait_until(
+            PATIENCE,
+            &format!("the lookup of {key} in B's socket"),
+            async || proxy.wrote_upstream(key.as_bytes()).then_some(()),
+        )
+        .await;
     }
     b.signal("CONT");
     for (key, answer, basis) in first_answers.await.unwrap() {

@@ -2,12 +2,13 @@
 //! `Pass` forwards bytes as they come; `Delay(d)` forwards each chunk `d` after it arrived (order kept,
 //! throughput not); `Silent` holds every byte in both directions with the connections left open (a partition
 //! that TCP outlasts: what is held flows once the link passes again); `Cut` closes every connection and each
-//! new one at once.
+//! new one at once. It also keeps what it has written upstream, so a test can wait until a request is in
+//! the server's socket (even a stopped server's) instead of hoping it got there.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,6 +30,8 @@ pub struct Proxy {
     /// Where it listens.
     pub addr: SocketAddr,
     mode: Arc<watch::Sender<Mode>>,
+    /// Every byte written to the upstream so far, all connections in order of writing.
+    upstream: Arc<Mutex<Vec<u8>>>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -40,8 +43,25 @@ impl Proxy {
             .expect("a loopback port");
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(watch::Sender::new(Mode::Pass));
-        let accept = tokio::spawn(accept(listener, upstream, Arc::clone(&mode)));
-        Self { addr, mode, accept }
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let accept = tokio::spawn(accept(
+            listener,
+            upstream,
+            Arc::clone(&mode),
+            Arc::clone(&written),
+        ));
+        Self {
+            addr,
+            mode,
+            upstream: written,
+            accept,
+        }
+    }
+
+    /// Whether `needle` is among the bytes written to the upstream (handed to its socket) so far.
+    pub fn wrote_upstream(&self, needle: &[u8]) -> bool {
+        let written = self.upstream.lock().unwrap();
+        written.windows(needle.len()).any(|window| window == needle)
     }
 
     /// Sets what the link does from now on.
@@ -62,7 +82,12 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept(listener: TcpListener, upstream: SocketAddr, mode: Arc<watch::Sender<Mode>>) {
+async fn accept(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    mode: Arc<watch::Sender<Mode>>,
+    written: Arc<Mutex<Vec<u8>>>,
+) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             return;
@@ -77,17 +102,24 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, mode: Arc<watch::Se
         let _ = server.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        tokio::spawn(pump(client_read, server_write, mode.subscribe()));
-        tokio::spawn(pump(server_read, client_write, mode.subscribe()));
+        tokio::spawn(pump(
+            client_read,
+            server_write,
+            mode.subscribe(),
+            Some(Arc::clone(&written)),
+        ));
+        tokio::spawn(pump(server_read, client_write, mode.subscribe(), None));
     }
 }
 
 /// One direction of one connection: a reader stamping chunks as they arrive, a writer releasing them as the
-/// mode allows. Ends (closing its half) when either side closes or the link is cut.
+/// mode allows, appending what it wrote to `written` if given. Ends (closing its half) when either side
+/// closes or the link is cut.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mode: watch::Receiver<Mode>,
+    written: Option<Arc<Mutex<Vec<u8>>>>,
 ) {
     let (chunks, mut held) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut read_mode = mode.clone();
@@ -121,6 +153,9 @@ async fn pump(
             }
             if *write_mode.borrow() == Mode::Cut || to.write_all(&chunk).await.is_err() {
                 return;
+            }
+            if let Some(written) = &written {
+                written.lock().unwrap().extend_from_slice(&chunk);
             }
         }
     };
