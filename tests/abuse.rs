@@ -142,95 +142,140 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
     );
 }
 
-/// Far more concurrent calls than the in-flight limit: the excess is refused fast with
+/// Far more concurrent calls than the in-flight limit: the excess is refused at once with
 /// RESOURCE_EXHAUSTED, admitted calls succeed, health answers throughout, and the server stays up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overload_is_shed_fast_and_health_stays_answerable() {
-    // Writes wait for fsync (--sync always), so admitted calls hold their slot while the disk works.
+///
+/// The disk is made to stall (every fsync waits until released), so the two admitted Adds hold both slots
+/// for as long as the test needs instead of for as long as a real fsync happens to take: every call beyond
+/// them is shed, whatever this machine's speed. The server runs on a runtime of its own so the test's
+/// client keeps working even if the server's threads were blocked.
+#[test]
+fn overload_is_shed_fast_and_health_stays_answerable() {
+    const BEYOND_THE_LIMIT: usize = 64;
     let dir = tempfile::tempdir().unwrap();
+    let files = existence_gate::storage::segment_file::FaultyFiles::new();
     let mut options = options("[limits]\nmax_in_flight = 2", 16 << 20);
     options.durability = Some(existence_gate::server::DurabilityOptions {
         sync: existence_gate::storage::SyncMode::Always,
         snapshot_interval: Duration::from_secs(3_600),
         snapshot_log_bytes: u64::MAX,
+        segment_files: files.clone(),
         ..existence_gate::server::DurabilityOptions::new(dir.path().to_path_buf())
     });
-    let server = start_options(options, Arc::new(existence_gate::core::clock::SystemClock)).await;
-    let ok = Arc::new(AtomicU64::new(0));
-    let shed = Arc::new(AtomicU64::new(0));
-    let slowest_refusal = Arc::new(AtomicU64::new(0));
-    let mut callers = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    for _ in 0..4 {
+    let server_runtime = runtime_of_its_own();
+    let server = server_runtime.block_on(start_options(
+        options,
+        Arc::new(existence_gate::core::clock::SystemClock),
+    ));
+    let client_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    client_runtime.block_on(async {
         let channel = channel(&server).await;
-        for _ in 0..16 {
-            let mut client = existence_gate::proto::existence_gate_client::ExistenceGateClient::new(
-                channel.clone(),
-            );
-            let (ok, shed, slowest) = (ok.clone(), shed.clone(), slowest_refusal.clone());
-            callers.push(tokio::spawn(async move {
-                while Instant::now() < deadline {
-                    let started = Instant::now();
-                    let request = AddRequest {
+        let client = ExistenceGateClient::new(channel.clone());
+        files.stall_syncs();
+        let _release = ReleaseSyncs(files.clone());
+        let add = |key: &'static [u8]| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .add(AddRequest {
                         namespace: String::new(),
-                        keys: (0..100u32)
-                            .map(|i| Bytes::from(i.to_le_bytes().to_vec()))
-                            .collect(),
-                    };
-                    match client.add(request).await {
-                        Ok(_) => {
-                            ok.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(status) => {
-                            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-                            shed.fetch_add(1, Ordering::Relaxed);
-                            slowest
-                                .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-                        }
-                    }
-                }
-            }));
-        }
-    }
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&server).await);
-    let mut health_checks = 0;
-    while Instant::now() < deadline {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(1),
-            health.check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            }),
-        )
-        .await
-        .expect("health answers under overload")
-        .expect("health is served under overload");
-        assert_eq!(reply.into_inner().status, 1, "SERVING");
-        health_checks += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for caller in callers {
-        caller.await.unwrap();
-    }
-    let (ok, shed) = (ok.load(Ordering::Relaxed), shed.load(Ordering::Relaxed));
-    assert!(ok > 0 && shed > 0, "ok {ok}, shed {shed}");
-    assert!(health_checks >= 5);
-    println!(
-        "overload: {ok} served, {shed} shed (slowest refusal {} µs), {health_checks} health checks answered",
-        slowest_refusal.load(Ordering::Relaxed)
-    );
-    let mut client = client(&server).await;
-    let refused = client
-        .may_exist(MayExistRequest::default())
-        .await
-        .expect_err("empty key");
-    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
-    client
-        .add(AddRequest {
-            namespace: String::new(),
-            keys: vec![Bytes::from_static(b"still-alive")],
+                        keys: vec![Bytes::from_static(key)],
+                    })
+                    .await
+            })
+        };
+        let admitted = [add(b"admitted-1"), add(b"admitted-2")];
+        // Both slots are held once a lookup (which takes a slot only while it runs) is refused.
+        wait_until(PATIENCE, "the two Adds to hold both slots", async || {
+            let mut client = client.clone();
+            let lookup = client
+                .may_exist(MayExistRequest {
+                    namespace: String::new(),
+                    key: Bytes::from_static(b"probe"),
+                })
+                .await;
+            matches!(lookup, Err(status) if status.code() == Code::ResourceExhausted).then_some(())
         })
-        .await
-        .expect("the server still serves");
+        .await;
+
+        let beyond: Vec<_> = (0..BEYOND_THE_LIMIT)
+            .map(|i| {
+                let mut client = client.clone();
+                tokio::spawn(async move {
+                    let keys = vec![Bytes::from(format!("beyond-{i}"))];
+                    if i % 2 == 0 {
+                        client
+                            .add(AddRequest {
+                                namespace: String::new(),
+                                keys,
+                            })
+                            .await
+                            .map(|_| ())
+                    } else {
+                        client
+                            .batch_may_exist(BatchMayExistRequest {
+                                namespace: String::new(),
+                                keys,
+                                ..Default::default()
+                            })
+                            .await
+                            .map(|_| ())
+                    }
+                })
+            })
+            .collect();
+        // Refused without waiting for a slot: every one answers while both slots are still held.
+        for call in beyond {
+            let refused = tokio::time::timeout(PATIENCE, call)
+                .await
+                .expect("a call beyond the limit is answered while the slots are held")
+                .unwrap()
+                .expect_err("a call beyond the limit is shed");
+            assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+            assert!(refused.message().contains("max_in_flight"), "{refused:?}");
+        }
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        for _ in 0..5 {
+            let reply = tokio::time::timeout(
+                PATIENCE,
+                health.check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                }),
+            )
+            .await
+            .expect("health answers under overload")
+            .expect("health is served under overload");
+            assert_eq!(reply.into_inner().status, 1, "SERVING");
+        }
+        assert!(
+            admitted.iter().all(|add| !add.is_finished()),
+            "the admitted Adds wait for the disk"
+        );
+
+        files.release_syncs();
+        for add in admitted {
+            add.await
+                .unwrap()
+                .expect("an admitted Add is acknowledged once the disk answers");
+        }
+        let mut client = client.clone();
+        let refused = client
+            .may_exist(MayExistRequest::default())
+            .await
+            .expect_err("empty key");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        client
+            .add(AddRequest {
+                namespace: String::new(),
+                keys: vec![Bytes::from_static(b"still-alive")],
+            })
+            .await
+            .expect("the server still serves");
+    });
+    server_runtime.block_on(server.stop()).unwrap();
 }
 
 /// Reads are shed too: the in-flight limit counts calls from their dispatch, so calls queued for a busy

@@ -572,16 +572,6 @@ async fn spawn_binary(dir: &Path) -> (tokio::process::Child, String) {
     (child, addr)
 }
 
-/// A runtime for a server under a stalled disk, apart from the test's own: two workers, as on this
-/// machine, so a blocked worker shows; dropped only once nothing is stuck in it.
-fn runtime_of_its_own() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A disk whose fsync hangs (here: the interval syncer's, with writes queued behind its group commit) must
 /// not stall the server: writes wait, while health checks and lookups keep answering. The server runs on a
 /// runtime of its own with two request threads (this machine's core count), so the test's own clock and
@@ -600,7 +590,7 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
         }),
         ..options(dir.path(), "")
     };
-    let server_runtime = runtime_of_its_own();
+    let server_runtime = common::runtime_of_its_own();
     let server = server_runtime.block_on(async {
         let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
         server.loaded().await.unwrap();
@@ -625,7 +615,7 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
         files.stall_syncs();
         // Released however this block ends: a failed assertion must not leave the server's threads blocked
         // (dropping its runtime would then wait for them forever).
-        let _release = ReleaseSyncs(files.clone());
+        let _release = common::ReleaseSyncs(files.clone());
         let write = |key: String| {
             let mut client = client.clone();
             tokio::spawn(async move {
@@ -677,15 +667,6 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
     server_runtime.block_on(server.stop()).unwrap();
 }
 
-/// Lets stalled fsyncs proceed when dropped.
-struct ReleaseSyncs(Arc<FaultyFiles>);
-
-impl Drop for ReleaseSyncs {
-    fn drop(&mut self) {
-        self.0.release_syncs();
-    }
-}
-
 /// A disk that stalls for good at shutdown (an fsync that never returns) does not keep the server from
 /// stopping: serving is cut off at the drain deadline with the write still waiting, and the final snapshot,
 /// which must sync the log first, is given up after the same deadline.
@@ -702,9 +683,9 @@ fn a_stalled_disk_does_not_hold_shutdown() {
         ..options(dir.path(), "")
     };
     // Dropped only after the stall is released: the stuck fsync holds one of its blocking threads.
-    let runtime = runtime_of_its_own();
+    let runtime = common::runtime_of_its_own();
     // Declared after the runtime, so dropped (the stall released) before it, however the test ends.
-    let _release = ReleaseSyncs(files.clone());
+    let _release = common::ReleaseSyncs(files.clone());
     runtime.block_on(async {
         let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
         server.loaded().await.unwrap();

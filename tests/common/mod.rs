@@ -205,3 +205,23 @@ pub fn new_pki() -> Pki {
         client_key,
     }
 }
+
+/// A runtime for a server under a stalled disk, apart from the test's own: two workers, as on this
+/// machine, so a blocked worker shows; dropped only once nothing is stuck in it.
+pub fn runtime_of_its_own() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Lets stalled fsyncs proceed when dropped: a failed assertion must not leave a server's threads blocked
+/// (dropping its runtime would then wait for them forever).
+pub struct ReleaseSyncs(pub Arc<existence_gate::storage::segment_file::FaultyFiles>);
+
+impl Drop for ReleaseSyncs {
+    fn drop(&mut self) {
+        self.0.release_syncs();
+    }
+}
