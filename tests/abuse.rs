@@ -153,7 +153,7 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
 fn overload_is_shed_fast_and_health_stays_answerable() {
     const BEYOND_THE_LIMIT: usize = 64;
     let dir = tempfile::tempdir().unwrap();
-    let files = existence_gate::storage::segment_file::FaultyFiles::new();
+    let files = existence_gate::storage::faulty_files::FaultyFiles::new();
     let mut options = options("[limits]\nmax_in_flight = 2", 16 << 20);
     options.durability = Some(existence_gate::server::DurabilityOptions {
         sync: existence_gate::storage::SyncMode::Always,
@@ -187,9 +187,26 @@ fn overload_is_shed_fast_and_health_stays_answerable() {
                     .await
             })
         };
-        let admitted = [add(b"admitted-1"), add(b"admitted-2")];
-        // Both slots are held once a lookup (which takes a slot only while it runs) is refused.
+        // The first Add holds a slot once its fsync stalls.
+        let first = add(b"admitted-1");
+        wait_until(PATIENCE, "the first Add's fsync to stall", async || {
+            (files.stalled_syncs() >= 1).then_some(())
+        })
+        .await;
+        // The second holds the other once a lookup (which takes a slot only while it runs) is refused. A
+        // lookup and the second Add may arrive together, the Add while the lookup holds the slot: then the
+        // Add is shed, and sent again.
+        let mut second = add(b"admitted-2");
         wait_until(PATIENCE, "the two Adds to hold both slots", async || {
+            if second.is_finished() {
+                let shed = (&mut second)
+                    .await
+                    .unwrap()
+                    .expect_err("an Add can only finish now by being shed");
+                assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
+                second = add(b"admitted-2");
+                return None;
+            }
             let mut client = client.clone();
             let lookup = client
                 .may_exist(MayExistRequest {
@@ -200,6 +217,7 @@ fn overload_is_shed_fast_and_health_stays_answerable() {
             matches!(lookup, Err(status) if status.code() == Code::ResourceExhausted).then_some(())
         })
         .await;
+        let admitted = [first, second];
 
         let beyond: Vec<_> = (0..BEYOND_THE_LIMIT)
             .map(|i| {
@@ -275,6 +293,8 @@ fn overload_is_shed_fast_and_health_stays_answerable() {
             .await
             .expect("the server still serves");
     });
+    // The client's connections close with its runtime, so the server's drain need not wait them out.
+    drop(client_runtime);
     server_runtime.block_on(server.stop()).unwrap();
 }
 
