@@ -19,7 +19,7 @@ use existence_gate::proto::{
     StatsRequest,
 };
 use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions};
-use existence_gate::storage::segment_file::FaultyFiles;
+use existence_gate::storage::faulty_files::FaultyFiles;
 use existence_gate::storage::SyncMode;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic_health::pb::health_check_response::ServingStatus;

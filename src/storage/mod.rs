@@ -14,6 +14,8 @@
 //! other damage stops startup with the file, the offset and what to do.
 
 pub mod codec;
+#[cfg(any(test, feature = "fault-points"))]
+pub mod faulty_files;
 pub mod frame;
 pub mod segment_file;
 pub mod snapshot;

@@ -746,7 +746,8 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::storage::segment_file::{FaultyFiles, RealFiles};
+    use crate::storage::faulty_files::FaultyFiles;
+    use crate::storage::segment_file::RealFiles;
 
     const FINGERPRINT: u64 = 0x5eed;
     const EIO: i32 = 5;

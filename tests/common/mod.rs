@@ -218,7 +218,7 @@ pub fn runtime_of_its_own() -> tokio::runtime::Runtime {
 
 /// Lets stalled fsyncs proceed when dropped: a failed assertion must not leave a server's threads blocked
 /// (dropping its runtime would then wait for them forever).
-pub struct ReleaseSyncs(pub Arc<existence_gate::storage::segment_file::FaultyFiles>);
+pub struct ReleaseSyncs(pub Arc<existence_gate::storage::faulty_files::FaultyFiles>);
 
 impl Drop for ReleaseSyncs {
     fn drop(&mut self) {
