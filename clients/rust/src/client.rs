@@ -63,6 +63,9 @@ struct Share {
 
 type Answer = Result<Share, Status>;
 
+/// The client tonic generated from the contract, on one endpoint's channel.
+type GeneratedClient = proto::existence_gate_client::ExistenceGateClient<tonic::transport::Channel>;
+
 /// Sends the calls: shared by the client and the batches its coalescer hands over.
 pub(crate) struct Calls {
     pub endpoints: Endpoints,
@@ -193,21 +196,17 @@ impl GateClient {
         &self,
         keys: impl IntoIterator<Item = K>,
     ) -> Result<u64, Status> {
-        let keys: Vec<Bytes> = keys.into_iter().map(Into::into).collect();
-        let calls = &self.calls;
-        let (response, _) = calls
-            .call(None, |mut client, timeout| {
-                let request = calls.request(
-                    proto::AddRequest {
-                        namespace: calls.options.namespace.clone(),
-                        keys: keys.clone(),
-                    },
-                    timeout,
-                );
-                async move { client.add(request).await }
+        let message = proto::AddRequest {
+            namespace: self.calls.options.namespace.clone(),
+            keys: keys.into_iter().map(Into::into).collect(),
+        };
+        let (response, _) = self
+            .calls
+            .send(None, message, |mut client, request| async move {
+                client.add(request).await
             })
             .await?;
-        Ok(response.into_inner().seq)
+        Ok(response.seq)
     }
 
     /// Records that the source does not have `key` (`kind`: missing or deleted), as observed at
@@ -241,23 +240,19 @@ impl GateClient {
         kind: proto::AbsenceKind,
         observed_seq: u64,
     ) -> Result<Recorded, Status> {
-        let calls = &self.calls;
-        let (response, _) = calls
-            .call(address, |mut client, timeout| {
-                let request = calls.request(
-                    proto::RecordAbsentRequest {
-                        namespace: calls.options.namespace.clone(),
-                        key: key.clone(),
-                        kind: kind as i32,
-                        observed_seq,
-                        ttl_seconds: 0,
-                    },
-                    timeout,
-                );
-                async move { client.record_absent(request).await }
+        let message = proto::RecordAbsentRequest {
+            namespace: self.calls.options.namespace.clone(),
+            key,
+            kind: kind as i32,
+            observed_seq,
+            ttl_seconds: 0,
+        };
+        let (response, _) = self
+            .calls
+            .send(address, message, |mut client, request| async move {
+                client.record_absent(request).await
             })
             .await?;
-        let response = response.into_inner();
         Ok(Recorded {
             outcome: response.outcome(),
             seq: response.seq,
@@ -302,10 +297,7 @@ impl Calls {
     /// [`Endpoints::call`] with this client's deadline, counting retries.
     async fn call<T, F, Fut>(&self, first: Option<usize>, call: F) -> Result<(T, usize), Status>
     where
-        F: FnMut(
-            crate::proto::existence_gate_client::ExistenceGateClient<tonic::transport::Channel>,
-            Duration,
-        ) -> Fut,
+        F: FnMut(GeneratedClient, Duration) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let retried = || count(&self.counters.retries, 1);
@@ -314,22 +306,39 @@ impl Calls {
             .await
     }
 
+    /// Sends `message` with [`call`](Self::call)'s retries, each attempt a copy of it with the deadline
+    /// left and the token; `rpc` is the method of the generated client to call. The message and address
+    /// that answered.
+    async fn send<M, T, Fut>(
+        &self,
+        first: Option<usize>,
+        message: M,
+        rpc: impl Fn(GeneratedClient, Request<M>) -> Fut,
+    ) -> Result<(T, usize), Status>
+    where
+        M: Clone,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let (response, address) = self
+            .call(first, |client, timeout| {
+                rpc(client, self.request(message.clone(), timeout))
+            })
+            .await?;
+        Ok((response.into_inner(), address))
+    }
+
     /// One unary `MayExist`.
     async fn unary(&self, key: Bytes) -> Result<Lookup, Status> {
         count(&self.counters.gate_calls, 1);
+        let message = proto::MayExistRequest {
+            namespace: self.options.namespace.clone(),
+            key,
+        };
         let (response, address) = self
-            .call(None, |mut client, timeout| {
-                let request = self.request(
-                    proto::MayExistRequest {
-                        namespace: self.options.namespace.clone(),
-                        key: key.clone(),
-                    },
-                    timeout,
-                );
-                async move { client.may_exist(request).await }
+            .send(None, message, |mut client, request| async move {
+                client.may_exist(request).await
             })
             .await?;
-        let response = response.into_inner();
         Ok(Lookup {
             may_exist: response.answer() != proto::Answer::Absent,
             observed_seq: response.observed_seq,
@@ -341,20 +350,16 @@ impl Calls {
     /// One packed `BatchMayExist` of `len` keys, answered as a share from bit 0.
     async fn batch(&self, packed: Bytes, len: usize) -> Answer {
         count(&self.counters.gate_calls, 1);
+        let message = proto::BatchMayExistRequest {
+            namespace: self.options.namespace.clone(),
+            packed_keys: packed,
+            ..Default::default()
+        };
         let (response, address) = self
-            .call(None, |mut client, timeout| {
-                let request = self.request(
-                    proto::BatchMayExistRequest {
-                        namespace: self.options.namespace.clone(),
-                        packed_keys: packed.clone(),
-                        ..Default::default()
-                    },
-                    timeout,
-                );
-                async move { client.batch_may_exist(request).await }
+            .send(None, message, |mut client, request| async move {
+                client.batch_may_exist(request).await
             })
             .await?;
-        let response = response.into_inner();
         if response.may_exist_bitmap.len() < len.div_ceil(8) {
             return Err(Status::internal(format!(
                 "the gate answered {len} packed keys with a {}-byte bitmap",
