@@ -1,0 +1,147 @@
+//! The state machine the log feeds: applying one mutation, in seq order, under the writer lock.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::*;
+use crate::core::filter::WindowedFilter;
+use crate::core::hashing::KeyHash;
+use crate::core::invalidations::Invalidation;
+use crate::core::log::{Mutation, RebuildStep};
+use crate::core::tombstones::{self, TombstoneKey};
+
+impl Namespace {
+    /// Applies a mutation from the log (replay, or a replica's feed). Mutations must arrive in seq order.
+    pub fn apply(&self, mutation: Mutation) -> Result<Applied, WritesStopped> {
+        let mut writer = self.writer()?;
+        Ok(self.apply_locked(&mut writer, mutation))
+    }
+
+    /// The state machine's step.
+    pub(super) fn apply_locked(&self, writer: &mut Writer, mutation: Mutation) -> Applied {
+        match mutation {
+            Mutation::Add {
+                seq, at_ms, keys, ..
+            } => {
+                let hashes: Vec<KeyHash> = keys.iter().map(|key| self.hasher.hash(key)).collect();
+                self.filter.load().insert_many(&hashes, at_ms);
+                if let Some(shadow) = &writer.shadow {
+                    shadow.filter.insert_many(&hashes, at_ms);
+                }
+                let mut cleared = 0;
+                for (key, &hash) in keys.iter().zip(&hashes) {
+                    writer.recent_adds.record(hash, seq);
+                    cleared += u32::from(self.tombstones.remove(
+                        hash,
+                        || self.hasher.strong(key),
+                        at_ms,
+                    ));
+                }
+                self.keys_added
+                    .fetch_add(keys.len() as u64, Ordering::Relaxed);
+                self.metrics.keys_added.increment(keys.len() as u64);
+                self.hub
+                    .publish(Invalidation { seq, keys }, &self.latest_seq);
+                Applied::Added {
+                    tombstones_cleared: cleared,
+                }
+            }
+            Mutation::RecordAbsent {
+                seq,
+                at_ms,
+                key,
+                kind,
+                expires_at_ms,
+                observed_seq,
+                ..
+            } => {
+                let hash = self.hasher.hash(&key);
+                if observed_seq != 0
+                    && writer
+                        .recent_adds
+                        .may_have_been_added_after(hash, observed_seq)
+                {
+                    self.latest_seq.store(seq, Ordering::Release);
+                    return Applied::Superseded;
+                }
+                let tombstone = TombstoneKey {
+                    tag: tombstones::tag(hash),
+                    strong: self.hasher.strong(&key),
+                };
+                let evicted = self
+                    .tombstones
+                    .insert(tombstone, kind, expires_at_ms, at_ms)
+                    .evicted;
+                if evicted > 0 {
+                    self.metrics
+                        .tombstones_evicted
+                        .increment(u64::from(evicted));
+                }
+                self.latest_seq.store(seq, Ordering::Release);
+                Applied::Recorded
+            }
+            Mutation::Rebuild {
+                seq, at_ms, step, ..
+            } => {
+                let applied = self.apply_rebuild_step(writer, seq, at_ms, step);
+                self.latest_seq.store(seq, Ordering::Release);
+                applied
+            }
+        }
+    }
+
+    /// A logged rebuild's step; steps of a rebuild that is not open change nothing.
+    fn apply_rebuild_step(
+        &self,
+        writer: &mut Writer,
+        seq: u64,
+        at_ms: u64,
+        step: RebuildStep,
+    ) -> Applied {
+        match step {
+            RebuildStep::Begin => {
+                let fresh = Shadow {
+                    filter: Arc::new(WindowedFilter::new(self.settings.filter_spec())),
+                    began: Some(seq),
+                    keys: 0,
+                    last_step_ms: at_ms,
+                };
+                let replaced = writer.shadow.replace(fresh).and_then(|old| old.began);
+                if let Some(replaced) = replaced {
+                    tracing::warn!(namespace = %self.name, replaced, began = seq, "a rebuild replaced the open one");
+                }
+                Applied::RebuildBegun { replaced }
+            }
+            RebuildStep::Keys { began, keys } => {
+                let Some(shadow) = writer.logged_rebuild(began) else {
+                    return Applied::RebuildGone;
+                };
+                for key in &keys {
+                    shadow.filter.insert(self.hasher.hash(key), at_ms);
+                }
+                shadow.keys += keys.len() as u64;
+                shadow.last_step_ms = at_ms;
+                Applied::RebuildFed
+            }
+            RebuildStep::Commit { began } => {
+                if writer.logged_rebuild(began).is_none() {
+                    return Applied::RebuildGone;
+                }
+                let shadow = writer.shadow.take().expect("checked open");
+                self.filter.store(Arc::clone(&shadow.filter));
+                Applied::Rebuilt(Rebuilt {
+                    keys: shadow.keys,
+                    filter_bytes: shadow.filter.bytes(),
+                    seq,
+                })
+            }
+            RebuildStep::Abort { began } => {
+                if writer.logged_rebuild(began).is_none() {
+                    return Applied::RebuildGone;
+                }
+                writer.shadow = None;
+                Applied::RebuildAborted
+            }
+        }
+    }
+}

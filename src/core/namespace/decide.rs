@@ -1,0 +1,181 @@
+//! The decisions that turn a request into a mutation: an `Add`'s record, and what a reported absence comes to
+//! (`REDUNDANT`, `SUPERSEDED`, `THROTTLED`, or a tombstone with its TTL and jitter).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::core::hashing::KeyHash;
+use crate::core::log::{Log, Mutation};
+use crate::core::tombstones::AbsenceKind;
+
+/// What a reported absence comes to before it is logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Absence {
+    /// Nothing to store: the answer as it stands.
+    Answered(Recorded),
+    /// A tombstone to log, and the answer if applying it records it.
+    Store {
+        /// The mutation to log.
+        mutation: Mutation,
+        /// The answer once it is recorded (its seq is the mutation's).
+        recorded: Recorded,
+    },
+}
+
+/// 64 well-mixed bits from a key's hash and a time: splitmix64's finalizer over their combination (every input
+/// bit flips about half the output bits), so that keys with close hashes, or one key at close times, draw
+/// unrelated jitters.
+fn jitter_bits(hash: KeyHash, at_ms: u64) -> u64 {
+    let mut z = hash.0 ^ at_ms.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Namespace {
+    /// Adds `keys` (non-empty, validated) at `now_ms`.
+    pub fn add(&self, keys: Vec<Bytes>, now_ms: u64, log: &dyn Log) -> Result<Added, WriteError> {
+        let mut writer = self.writer()?;
+        let mutation = self.addition(keys, now_ms, self.latest_seq() + 1);
+        let seq = mutation.seq();
+        let ticket = log.append(&mutation)?;
+        let Applied::Added { tombstones_cleared } = self.apply_locked(&mut writer, mutation) else {
+            unreachable!("an Add applies as added")
+        };
+        drop(writer);
+        log.commit(ticket)?;
+        Ok(Added {
+            seq,
+            tombstones_cleared,
+        })
+    }
+
+    /// The `Add` of `keys` at `now_ms`, for a log that assigns seqs itself (seq 0 until it does). Nothing
+    /// changes until the log hands it back to [`apply`](Self::apply).
+    pub fn prepare_add(&self, keys: Vec<Bytes>, now_ms: u64) -> Result<Mutation, WritesStopped> {
+        drop(self.writer()?);
+        Ok(self.addition(keys, now_ms, 0))
+    }
+
+    fn addition(&self, keys: Vec<Bytes>, at_ms: u64, seq: u64) -> Mutation {
+        Mutation::Add {
+            namespace: Arc::clone(&self.name),
+            seq,
+            at_ms,
+            keys,
+        }
+    }
+
+    /// Decides what to do with a reported absence and, if it is to be stored, logs and applies it.
+    pub fn record_absent(
+        &self,
+        report: AbsenceReport,
+        now_ms: u64,
+        log: &dyn Log,
+    ) -> Result<Recorded, WriteError> {
+        let mut writer = self.writer()?;
+        let seq = self.latest_seq() + 1;
+        let (mutation, recorded) = match self.decide_absence(&mut writer, report, now_ms, seq) {
+            Absence::Answered(recorded) => return Ok(recorded),
+            Absence::Store { mutation, recorded } => (mutation, recorded),
+        };
+        let ticket = log.append(&mutation)?;
+        let applied = self.apply_locked(&mut writer, mutation);
+        // Checked by the decision under the same lock, against the same memory of adds.
+        debug_assert_eq!(applied, Applied::Recorded);
+        drop(writer);
+        log.commit(ticket)?;
+        Ok(recorded)
+    }
+
+    /// Decides a reported absence against this replica's state, for a log that assigns seqs itself: either
+    /// the answer (`REDUNDANT`, `SUPERSEDED`, `THROTTLED` — nothing to log), or the mutation to publish (seq
+    /// 0 until the log assigns it), whose outcome is decided again when it is applied, in log order.
+    pub fn prepare_absence(
+        &self,
+        report: AbsenceReport,
+        now_ms: u64,
+    ) -> Result<Absence, WritesStopped> {
+        let mut writer = self.writer()?;
+        Ok(self.decide_absence(&mut writer, report, now_ms, 0))
+    }
+
+    /// The decisions of `RecordAbsent` before anything is logged: the filter already answers absent, the
+    /// key may have been added after the caller's observation, or the namespace is over its tombstone rate —
+    /// else a tombstone at `seq` with its jittered TTL.
+    fn decide_absence(
+        &self,
+        writer: &mut Writer,
+        report: AbsenceReport,
+        now_ms: u64,
+        seq: u64,
+    ) -> Absence {
+        let hash = self.hasher.hash(&report.key);
+        let not_stored = |outcome| {
+            Absence::Answered(Recorded {
+                outcome,
+                seq: self.latest_seq(),
+                expires_in_ms: 0,
+            })
+        };
+        if !self.filter.load().contains(hash, now_ms) {
+            return not_stored(RecordOutcome::Redundant);
+        }
+        if report.observed_seq != 0
+            && writer
+                .recent_adds
+                .may_have_been_added_after(hash, report.observed_seq)
+        {
+            return not_stored(RecordOutcome::Superseded);
+        }
+        if report.kind == AbsenceKind::Missing {
+            // The filter passed a key the source does not have: a false positive as clients see it.
+            self.metrics.false_positives.increment(1);
+        }
+        if !writer.admission.try_take(now_ms) {
+            self.metrics.throttled.increment(1);
+            return not_stored(RecordOutcome::Throttled);
+        }
+        let ttl_ms = self.ttl_ms(report.kind, report.ttl_seconds, hash, now_ms);
+        Absence::Store {
+            mutation: Mutation::RecordAbsent {
+                namespace: Arc::clone(&self.name),
+                seq,
+                at_ms: now_ms,
+                key: report.key,
+                kind: report.kind,
+                expires_at_ms: now_ms.saturating_add(ttl_ms),
+                observed_seq: report.observed_seq,
+            },
+            recorded: Recorded {
+                outcome: RecordOutcome::Recorded,
+                seq,
+                expires_in_ms: ttl_ms,
+            },
+        }
+    }
+
+    /// The TTL for a tombstone: requested or default, clamped to the maximum, jittered (never above it).
+    ///
+    /// The jitter spreads the expiries of keys recorded together (a burst of misses would otherwise all
+    /// expire, and all reach the source, in the same millisecond). It is drawn from the key's keyed hash and
+    /// the time of the report rather than from a random generator, so the core stays a pure function of its
+    /// inputs: whoever computes a mutation — this process, or any replica from the same message — gets the
+    /// same expiry, and property tests reproduce. Keys differ in hash, so a burst still spreads; one key
+    /// recorded again later gets another draw. The draw is uniform in `[-jitter, +jitter]` to 2^-53.
+    fn ttl_ms(&self, kind: AbsenceKind, requested_seconds: u32, hash: KeyHash, at_ms: u64) -> u64 {
+        let base = match (requested_seconds, kind) {
+            (0, AbsenceKind::Missing) => self.settings.missing_ttl,
+            (0, AbsenceKind::Deleted) => self.settings.deleted_ttl,
+            (seconds, _) => Duration::from_secs(u64::from(seconds)),
+        };
+        let max_ms = self.settings.max_ttl.as_millis() as f64;
+        let base_ms = (base.as_millis() as f64).min(max_ms);
+        let unit = (jitter_bits(hash, at_ms) >> 11) as f64 / (1u64 << 53) as f64;
+        let factor = 1.0 + self.settings.ttl_jitter * (2.0 * unit - 1.0);
+        (base_ms * factor).round().clamp(1.0, max_ms) as u64
+    }
+}
