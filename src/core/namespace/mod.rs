@@ -5,6 +5,15 @@
 //! Reads never take the writer lock: the filter is lock-free, tombstones take a shard read lock. Writes
 //! (`Add`, stored tombstones) are serialised by the writer lock, which makes seq order, log order and apply
 //! order the same.
+//!
+//! ```text
+//!  mod.rs      the namespace's state and its reads (lookups, stats, subscriptions)
+//!  decide.rs   what a request comes to before it is logged: an Add's record, an absence's outcome and TTL
+//!  apply.rs    the state machine the log feeds, in seq order under the writer lock
+//!  rebuild.rs  a fresh filter filled beside the live one and swapped in
+//!  image.rs    the whole state as a snapshot holds it: export, restore, digest
+//!  outcome.rs  the answers to writes and why a write is refused
+//! ```
 
 mod apply;
 mod decide;
