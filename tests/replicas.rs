@@ -167,10 +167,13 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
         }),
     ));
     for key in &keys {
+        // The key as its request encodes it, behind its length: `while-stopped-1` alone is also the start
+        // of `while-stopped-10`.
+        let encoded = [&[key.len() as u8][..], key.as_bytes()].concat();
         wait_until(
             PATIENCE,
             &format!("the lookup of {key} in B's socket"),
-            async || proxy.wrote_upstream(key.as_bytes()).then_some(()),
+            async || proxy.wrote_upstream(&encoded).then_some(()),
         )
         .await;
     }
