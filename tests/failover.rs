@@ -191,21 +191,31 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
     };
     let dir = tempfile::tempdir().unwrap();
     let config = config_file(dir.path(), "[namespaces.users]\nexpected_keys = 100000\n");
-    // The stream first, so that the replicas can be placed knowing where its leader is.
-    cluster
-        .jetstream(0)
-        .await
-        .create_stream(async_nats::jetstream::stream::Config {
-            name: "existence".to_string(),
-            subjects: vec!["existence.>".to_string()],
-            storage: async_nats::jetstream::stream::StorageType::File,
-            num_replicas: 3,
-            duplicate_window: Duration::from_secs(120),
-            allow_direct: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    // The stream first, so that the replicas can be placed knowing where its leader is. Its three copies
+    // can be placed once every server has joined the cluster; until then JetStream says "no suitable peers
+    // for placement" and creates nothing.
+    let stream = async_nats::jetstream::stream::Config {
+        name: "existence".to_string(),
+        subjects: vec!["existence.>".to_string()],
+        storage: async_nats::jetstream::stream::StorageType::File,
+        num_replicas: 3,
+        duplicate_window: Duration::from_secs(120),
+        allow_direct: true,
+        ..Default::default()
+    };
+    let jetstream = cluster.jetstream(0).await;
+    wait_until(
+        PATIENCE,
+        "the stream placed on all three servers",
+        async || {
+            jetstream
+                .get_or_create_stream(stream.clone())
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
     let leader = cluster.stream_leader("existence", 0).await;
     let mut replicas = Vec::new();
     for server in 0..3 {
