@@ -11,7 +11,7 @@
 //! and writes `benches/results/feed.md`. Everything shares the machine's cores. Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/suite/common/mod.rs"]
 mod common;
 #[path = "load/procs.rs"]
 #[allow(dead_code)]

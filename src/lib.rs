@@ -2,7 +2,7 @@
 //! exist stop reaching databases.
 //!
 //! The crate is three layers and the wiring that joins them; each layer may use the ones above it in this
-//! list and never one below (`tests/layering.rs` checks it):
+//! list and never one below (`tests/suite/layering.rs` checks it):
 //!
 //! - [`core`]: the deterministic state machine — filters, tombstones, namespaces, the gate — fed by an
 //!   ordered log it knows only as a trait. No files, no network, no tonic, no clock but the ones it is

@@ -35,7 +35,7 @@ mod procs;
 mod text;
 
 // The tests' TCP proxy (delay, silence, cut), for the fault stretches.
-#[path = "../../tests/common/proxy.rs"]
+#[path = "../../tests/suite/common/proxy.rs"]
 #[allow(dead_code)]
 mod proxy;
 

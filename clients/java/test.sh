@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Java client's tests (the CI entry point, run by tests/clients.rs): builds the library with its stubs
+# The Java client's tests (the CI entry point, run by tests/suite/clients.rs): builds the library with its stubs
 # generated from proto/ (build.sh), compiles the JUnit 4 tests and runs them with JUnit's console runner
 # against real servers ($EXISTENCE_GATE_BIN, started and stopped by the tests themselves).
 #

@@ -1,4 +1,4 @@
-//! The checks behind every fuzz target, shared with `tests/fuzz_harnesses.rs` (which includes this file with
+//! The checks behind every fuzz target, shared with `tests/suite/fuzz_harnesses.rs` (which includes this file with
 //! `#[path]`), so that `cargo fuzz` and plain `cargo test` run exactly the same code on their inputs.
 //!
 //! Each check takes arbitrary bytes, feeds them to one decoder or request path, and panics only when the

@@ -1,3 +1,3 @@
-//! The fuzz targets' checks; `tests/fuzz_harnesses.rs` in the main crate includes the same file.
+//! The fuzz targets' checks; `tests/suite/fuzz_harnesses.rs` in the main crate includes the same file.
 
 pub mod harness;

@@ -12,7 +12,7 @@
 //! still read, as `observed_seq` 0.
 //!
 //! Its properties (every record round-trips, alone and framed; arbitrary and mutated bytes decode or are
-//! refused, never panic) are checked in `tests/fuzz_harnesses.rs`, beside the fuzz targets that share them.
+//! refused, never panic) are checked in `tests/suite/fuzz_harnesses.rs`, beside the fuzz targets that share them.
 
 use std::sync::Arc;
 

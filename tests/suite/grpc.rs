@@ -1,6 +1,6 @@
 //! The contract end to end: a real server on loopback, a tonic client generated from the proto.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

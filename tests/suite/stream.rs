@@ -2,7 +2,7 @@
 //! one order, every reader sees the same mutations with the same seqs from any starting seq, a retried
 //! publish is stored once, and a setup that cannot work says why.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! correct. Scales are set for a 2-core CI machine; `EXISTENCE_FLOOD_KEYS` raises the flood (the README's
 //! figure uses 2,000,000) and `EXISTENCE_SUBSCRIBER_KEYS` sets the keys added past idle subscribers.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! A language whose toolchain is missing is SKIPPED with a loud message and passes, unless
 //! `EXISTENCE_GATE_REQUIRE_INTEROP=1` (as in CI), where it fails. `.ci/install-interop` installs them all.
 
-mod common;
+use crate::common;
 
 use common::polyglot::run_suite;
 

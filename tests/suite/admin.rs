@@ -1,6 +1,6 @@
 //! The Admin service over real gRPC: stats, snapshots, and rebuilds that lose no concurrent Add.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! everywhere, replicas agree bit for bit, subscriptions move between replicas exactly, `REDUNDANT` floods
 //! never reach the stream, a rebuild reaches every replica, and a setup that cannot work says why.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

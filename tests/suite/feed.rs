@@ -1,7 +1,7 @@
 //! The PostgreSQL change feed as an operator runs it: the real binary following a real PostgreSQL 15
 //! (logical replication, `pgoutput`) into a real gate on loopback ports.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

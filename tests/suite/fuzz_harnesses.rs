@@ -3,10 +3,10 @@
 //! configuration parser and the request paths; every committed fuzz corpus file as a regression test; and
 //! the properties that valid inputs still decode to what was encoded.
 //!
-//! `cargo test --test fuzz_harnesses -- --ignored write_seed_corpora` regenerates the seed files of
+//! `cargo test --test suite -- --ignored write_seed_corpora` regenerates the seed files of
 //! `fuzz/corpus/` from the code paths the server uses.
 
-#[path = "../fuzz/src/harness.rs"]
+#[path = "../../fuzz/src/harness.rs"]
 mod harness;
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! What operators and load balancers see: gRPC health, reflection, the HTTP port, and the binary's graceful
 //! shutdown on SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! depends on this machine being fast (the descriptor-limit test waits for the server's seventh retry and
 //! checks it came no sooner than its backoff allows: a loaded machine only makes it later).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

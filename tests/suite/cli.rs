@@ -2,7 +2,7 @@
 //! (and a real PostgreSQL for the bootstrap), checked by what they print, how they exit, and what the gate
 //! answers afterwards.
 
-mod common;
+use crate::common;
 
 use std::process::{ExitStatus, Stdio};
 

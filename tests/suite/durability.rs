@@ -2,7 +2,7 @@
 //! nothing acknowledged under `--sync always`; a torn log tail is truncated; damage anywhere else, a truncated
 //! snapshot or a changed sizing stop startup with a message naming the file, the offset and the remedy.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -2,7 +2,7 @@
 //! namespace, a read token cannot write, refusals do not reveal which namespaces exist, health and reflection
 //! stay open; mutual TLS refuses clients without a valid certificate; load is shed and subscribers bounded.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

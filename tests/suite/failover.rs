@@ -3,7 +3,7 @@
 //! meanwhile clients see nothing worse than `UNAVAILABLE`); and partitions of the routes and the replicas'
 //! links, made by proxies, never make a replica answer `ABSENT` for an acknowledged `Add`.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

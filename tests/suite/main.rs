@@ -1,0 +1,43 @@
+//! Every integration test, as one test binary.
+//!
+//! Why one: each file under `tests/` is a crate of its own that links tokio, tonic and the whole library.
+//! Nineteen of them made a fresh clone's first `cargo test` spend most of its time compiling and linking
+//! the same dependencies nineteen times over; one binary links them once (figures in README, "Testing").
+//! A module here is what a file under `tests/` used to be, so `cargo test --test suite replicas::` runs
+//! the replica tests alone, and `cargo test --test suite -- --list` names them all.
+//!
+//! The modules, from the core outwards:
+
+/// Helpers every module shares: servers on free loopback ports, real clients, NATS, PostgreSQL, a faulty
+/// TCP proxy, the polyglot runners.
+mod common;
+
+// The core and its state: properties against an exact model, replay, durability, concurrency.
+mod concurrency;
+mod durability;
+mod fuzz_harnesses;
+mod model;
+mod replay;
+
+// The tree itself: which layer may use which.
+mod layering;
+
+// The service over real gRPC: the contract, admin, security, hostile traffic, each port's door,
+// what operators see.
+mod abuse;
+mod admin;
+mod connections;
+mod grpc;
+mod operations;
+mod security;
+
+// The replicated mode against real nats-servers: the stream, replicas, failover under partitions.
+mod failover;
+mod replicas;
+mod stream;
+
+// The binary's commands, the PostgreSQL change feed, and the clients in other languages.
+mod cli;
+mod clients;
+mod feed;
+mod interop;
