@@ -1,0 +1,122 @@
+//! The service-wide request limits (`[limits]`): calls in flight, batch and key sizes, timeouts, buffers.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::duration::duration;
+use super::ConfigError;
+
+/// The largest `max_key_bytes` a configuration may set: no gate accepts a longer key.
+pub const MAX_KEY_BYTES_LIMIT: usize = 65_536;
+
+/// Service-wide request limits.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Calls in flight across all connections, counted from the moment the server dispatches them (before
+    /// decoding, so calls queued for a busy core count too) until their response is ready; beyond it calls
+    /// fail fast with `RESOURCE_EXHAUSTED` instead of queueing without bound. Subscription streams count
+    /// while they are being set up; health checks and reflection never count.
+    pub max_in_flight: usize,
+    /// HTTP/2 streams one connection may have open at once (calls and subscriptions).
+    pub max_concurrent_streams: u32,
+    /// Open subscriptions per namespace; more get `RESOURCE_EXHAUSTED`.
+    pub max_subscribers_per_namespace: usize,
+    /// Longest a unary call may run; a client's shorter deadline (`grpc-timeout`) wins.
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// HTTP/2 ping interval on idle connections (finds dead peers and keeps NATs open).
+    #[serde(deserialize_with = "duration")]
+    pub keepalive_interval: Duration,
+    /// How long an unanswered ping may take before the connection is closed.
+    #[serde(deserialize_with = "duration")]
+    pub keepalive_timeout: Duration,
+    /// How long a new gRPC connection may take to complete its TLS handshake (if any) and send the HTTP/2
+    /// preface, and an HTTP-port connection to send a request head (also between requests): keepalive pings
+    /// start only once HTTP/2 is up, so without this bound a connection that sends nothing holds a descriptor
+    /// forever. `--handshake-timeout` overrides it.
+    #[serde(deserialize_with = "duration")]
+    pub handshake_timeout: Duration,
+    /// Most keys in one `BatchMayExist` or `Add`.
+    pub max_batch_keys: usize,
+    /// Longest key in bytes.
+    pub max_key_bytes: usize,
+    /// Bytes of recent invalidations kept per namespace for subscribers that resume by seq; a subscriber
+    /// further behind gets a `RESYNC`.
+    pub replay_buffer_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 4_096,
+            max_concurrent_streams: 256,
+            max_subscribers_per_namespace: 1_024,
+            request_timeout: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(30),
+            max_batch_keys: 10_000,
+            max_key_bytes: 1_024,
+            replay_buffer_bytes: 16 << 20,
+        }
+    }
+}
+
+impl Limits {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let field = |f: &str, problem: String| ConfigError::Invalid {
+            field: format!("limits.{f}"),
+            problem,
+        };
+        if !(1..=1_000_000).contains(&self.max_batch_keys) {
+            return Err(field(
+                "max_batch_keys",
+                format!("must be between 1 and 1000000, got {}", self.max_batch_keys),
+            ));
+        }
+        if !(1..=MAX_KEY_BYTES_LIMIT).contains(&self.max_key_bytes) {
+            return Err(field(
+                "max_key_bytes",
+                format!(
+                    "must be between 1 and {MAX_KEY_BYTES_LIMIT}, got {}",
+                    self.max_key_bytes
+                ),
+            ));
+        }
+        if self.max_in_flight == 0
+            || self.max_concurrent_streams == 0
+            || self.max_subscribers_per_namespace == 0
+        {
+            let name = if self.max_in_flight == 0 {
+                "max_in_flight"
+            } else if self.max_concurrent_streams == 0 {
+                "max_concurrent_streams"
+            } else {
+                "max_subscribers_per_namespace"
+            };
+            return Err(field(name, "must be at least 1".to_string()));
+        }
+        for (name, value) in [
+            ("request_timeout", self.request_timeout),
+            ("keepalive_interval", self.keepalive_interval),
+            ("keepalive_timeout", self.keepalive_timeout),
+            ("handshake_timeout", self.handshake_timeout),
+        ] {
+            if value < Duration::from_millis(100) {
+                return Err(field(
+                    name,
+                    format!("must be at least 100ms, got {value:?}"),
+                ));
+            }
+        }
+        if self.replay_buffer_bytes < 4_096 {
+            return Err(field(
+                "replay_buffer_bytes",
+                format!("must be at least 4096, got {}", self.replay_buffer_bytes),
+            ));
+        }
+        Ok(())
+    }
+}
