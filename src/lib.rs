@@ -21,10 +21,12 @@
 //! `watch`, `snapshot`), clients of a running gate that use only the generated [`proto`] contract, the
 //! core's pure helpers (duration parsing, limits) and the spec's status names; nothing of the server
 //! depends on them. And [`feed`]: `existence-gate feed`, a process of its own that follows PostgreSQL
-//! tables through logical replication into the gate, a client like the commands (their connection) that
-//! serves its own metrics and health with the service's HTTP serving.
+//! tables through logical replication into the gate and serves its own metrics and health with the
+//! service's HTTP serving. What the two share as clients (the connection, failures, PostgreSQL reading)
+//! is [`client`], so neither reaches into the other.
 
 pub mod cli;
+pub mod client;
 pub mod core;
 pub mod feed;
 pub mod replication;

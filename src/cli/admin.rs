@@ -6,9 +6,9 @@ use clap::Args;
 use indicatif::{HumanBytes, HumanCount, HumanDuration};
 use serde_json::json;
 
-use crate::cli::connection::{ConnectArgs, Gate};
-use crate::cli::failure;
 use crate::cli::output;
+use crate::client::connection::{ConnectArgs, Gate};
+use crate::client::failure;
 use crate::proto::{NamespaceStats, SnapshotRequest, StatsRequest};
 
 /// `stats`.

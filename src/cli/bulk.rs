@@ -10,11 +10,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tonic::{Code, Status};
 
-use crate::cli::connection::{ConnectArgs, Gate};
-use crate::cli::failure;
 use crate::cli::output;
 use crate::cli::progress::{Finished, Progress};
 use crate::cli::source::{Source, SourceArgs};
+use crate::client::connection::{ConnectArgs, Gate};
+use crate::client::failure;
 use crate::proto::{AddRequest, RebuildRequest};
 
 /// The flags `load` and `rebuild` share.

@@ -1,11 +1,9 @@
 //! The operator commands: clients of a running gate that speak only its gRPC contract, so they work against
 //! a single server or any replica alike. Each exits 0 on success and otherwise prints one line on stderr
-//! that says what failed and what to change.
+//! that says what failed and what to change. The connection, failures and PostgreSQL reading they share with
+//! the feed are in [`crate::client`].
 //!
-//! - [`connection`]: `--addr`, `--token`, TLS: one channel to the gate, the token on every call.
-//! - [`failure`]: refused calls and unreachable gates as one-line reasons naming what to fix.
 //! - [`reader`]: the key formats (`lines`, `raw`, `hex`) read from a file or standard input, in batches.
-//! - [`postgres`]: keys from a PostgreSQL query, streamed with `COPY (query) TO STDOUT`.
 //! - [`source`]: where `load` and `rebuild` take their keys from (a file, standard input or a query).
 //! - [`progress`]: the progress bar on a terminal, and the one summary line in any case.
 //! - [`output`]: how keys, answers and outcomes are printed, as text or JSON.
@@ -17,11 +15,8 @@
 
 pub mod admin;
 pub mod bulk;
-pub mod connection;
-pub mod failure;
 pub mod output;
 pub mod point;
-pub mod postgres;
 pub mod progress;
 pub mod reader;
 pub mod replicas;

@@ -11,11 +11,11 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
-use crate::cli::connection::{ConnectArgs, Gate, GateClient};
-use crate::cli::failure;
 use crate::cli::output::{self, insert_key, key_text, short_name};
 use crate::cli::reader::Format;
 use crate::cli::source;
+use crate::client::connection::{ConnectArgs, Gate, GateClient};
+use crate::client::failure;
 use crate::core::config::parse_duration;
 use crate::proto::{
     AbsenceKind, AddRequest, Answer, Basis, BatchMayExistRequest, BatchMayExistResponse,

@@ -4,6 +4,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use crate::client::Batch;
 use crate::core::config::MAX_KEY_BYTES_LIMIT;
 
 /// How much is read at a time: large enough that a read costs little per key.
@@ -20,13 +21,6 @@ pub enum Format {
     Raw,
     /// One key per line in hexadecimal (surrounding spaces ignored); empty lines are skipped.
     Hex,
-}
-
-/// Keys cut from the input, and how many input bytes they took.
-#[derive(Debug)]
-pub struct Batch {
-    pub keys: Vec<Bytes>,
-    pub input_bytes: u64,
 }
 
 /// Reads keys in `format` from `input`.

@@ -5,9 +5,9 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::cli::admin::table;
-use crate::cli::connection::{ConnectArgs, Gate};
-use crate::cli::failure;
 use crate::cli::output;
+use crate::client::connection::{ConnectArgs, Gate};
+use crate::client::failure;
 use crate::proto::{ListReplicasRequest, RemoveReplicaRequest};
 
 /// `replicas`.

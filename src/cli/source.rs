@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::cli::postgres::{KeyFormat, QueryKeys};
 use crate::cli::progress::Total;
-use crate::cli::reader::{Batch, Format, KeyReader};
+use crate::cli::reader::{Format, KeyReader};
+use crate::client::postgres::{KeyFormat, QueryKeys};
+use crate::client::Batch;
 
 /// The key source flags of `load` and `rebuild`.
 #[derive(Debug, Clone, Args)]

@@ -4,9 +4,9 @@
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::cli::connection::{ConnectArgs, Gate};
-use crate::cli::failure;
 use crate::cli::output::{self, short_name};
+use crate::client::connection::{ConnectArgs, Gate};
+use crate::client::failure;
 use crate::proto::{Invalidation, SubscribeInvalidationsRequest};
 
 /// `watch`.

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use bytes::Bytes;
 
 use super::pgoutput::{Message, Relation, Tuple, Value};
-use crate::cli::postgres::KeyFormat;
+use crate::client::postgres::KeyFormat;
 
 /// A table the feed follows: `SCHEMA.TABLE:COLUMN=NAMESPACE` (`--table public.users:id=users`).
 #[derive(Debug, Clone, PartialEq, Eq)]

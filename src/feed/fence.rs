@@ -34,8 +34,8 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio_postgres::Client;
 
-use crate::cli::connection::GateClient;
-use crate::cli::failure;
+use crate::client::connection::GateClient;
+use crate::client::failure;
 use crate::proto::CurrentSeqRequest;
 
 /// How often the fencer looks at the gate's seqs. A delete carries a fence at most this much older than

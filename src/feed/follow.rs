@@ -32,8 +32,8 @@ use super::changes::{KeyChange, Tables};
 use super::fence::Fences;
 use super::metrics::FeedMetrics;
 use super::pgoutput;
-use crate::cli::connection::GateClient;
-use crate::cli::failure;
+use crate::client::connection::GateClient;
+use crate::client::failure;
 use crate::proto::{AbsenceKind, AddRequest, RecordAbsentRequest};
 
 /// Unix seconds of PostgreSQL's epoch (2000-01-01), which commit times count from.

@@ -16,7 +16,7 @@ use tokio_postgres::{Client, IsolationLevel};
 use super::batch::Call;
 use super::changes::{quote, FollowedTable};
 use super::follow::{GateWriter, Stop};
-use crate::cli::postgres::first_field;
+use crate::client::postgres::first_field;
 
 /// Creates the slot `slot` on the gated `session` with an exported snapshot and loads `tables` within it
 /// through `writer`, `batch` keys per `Add`; returns the keys loaded per table.

@@ -33,8 +33,8 @@ use clap::Args;
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, TlsConfig};
 use tokio_postgres::config::{Host, SslMode};
 
-use crate::cli::connection::{ConnectArgs, Gate};
-use crate::cli::postgres::KeyFormat;
+use crate::client::connection::{ConnectArgs, Gate};
+use crate::client::postgres::KeyFormat;
 use crate::core::config::parse_duration;
 use changes::{FollowedTable, Tables};
 use fence::Fencer;
@@ -114,7 +114,7 @@ pub async fn run(
         )
     })?;
     let replication = replication_config(&config, &args)?;
-    let (mut client, server) = crate::cli::postgres::connect(&config).await?;
+    let (mut client, server) = crate::client::postgres::connect(&config).await?;
     setup::check_wal_level(&client).await?;
     for table in &mut args.tables {
         setup::check_table(&client, table, args.non_unique_adds_only).await?;
@@ -288,7 +288,7 @@ async fn recreate_slot(
     args: &FeedArgs,
     writer: &GateWriter,
 ) -> Result<ReplicationClient, String> {
-    let (mut client, _) = crate::cli::postgres::connect(config).await?;
+    let (mut client, _) = crate::client::postgres::connect(config).await?;
     if setup::slot_exists(&client, &args.slot).await? {
         setup::drop_slot(&client, &args.slot).await?;
     }

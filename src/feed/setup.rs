@@ -9,13 +9,13 @@
 use tokio_postgres::Client;
 
 use super::changes::{quote, FollowedTable};
-use crate::cli::postgres::KeyFormat;
+use crate::client::postgres::KeyFormat;
 
 /// What PostgreSQL said, as a line.
 pub(super) fn said(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => crate::cli::failure::chain(error),
+        None => crate::client::failure::chain(error),
     }
 }
 

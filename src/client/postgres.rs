@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio_postgres::{Client, CopyOutStream, NoTls};
 
-use crate::cli::reader::Batch;
+use crate::client::Batch;
 
 /// How a PostgreSQL value becomes a key (`--key-format`): the key an application passes to `MayExist` must
 /// be these bytes exactly.
@@ -84,7 +84,7 @@ impl QueryKeys {
                 "invalid --postgres {}: {}; write it as postgres://USER:PASSWORD@HOST:PORT/DATABASE or \
                  \"host=HOST port=PORT user=USER dbname=DATABASE\"",
                 redacted(dsn),
-                crate::cli::failure::chain(&e)
+                crate::client::failure::chain(&e)
             )
         })?;
         let (client, server) = connect(&config).await?;
@@ -158,7 +158,7 @@ pub async fn connect(config: &tokio_postgres::Config) -> Result<(Client, String)
         ),
         None => format!(
             "cannot connect to PostgreSQL at {server}: {}; is it running, and is --postgres right?",
-            crate::cli::failure::chain(&e)
+            crate::client::failure::chain(&e)
         ),
     })?;
     // Its errors surface through the client's calls.
@@ -199,7 +199,7 @@ fn query_refused(server: &str, error: tokio_postgres::Error) -> String {
         }
         None => format!(
             "reading the query's rows from PostgreSQL at {server} failed: {}",
-            crate::cli::failure::chain(&error)
+            crate::client::failure::chain(&error)
         ),
     }
 }

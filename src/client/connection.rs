@@ -11,7 +11,7 @@ use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
-use crate::cli::failure;
+use crate::client::failure;
 use crate::proto::admin_client::AdminClient;
 use crate::proto::existence_gate_client::ExistenceGateClient;
 
