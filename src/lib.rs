@@ -15,7 +15,7 @@
 //!   shared snapshots and the replicated rebuild sit around it.
 //! - [`service`]: gRPC, admin, auth, shedding, HTTP, listeners, metrics and the lifecycle health reads.
 //! - [`server`]: the wiring — configuration in, layers started in order, background tasks, graceful
-//!   shutdown. `main.rs` only parses flags and calls it.
+//!   shutdown. The binary (`src/bin/existence-gate/`) only parses flags and calls it.
 //!
 //! Beside them, [`cli`]: the operator commands (`load`, `rebuild`, `stats`, `check`, `add`, `absent`,
 //! `watch`, `snapshot`), clients of a running gate that use only the generated [`proto`] contract, the
