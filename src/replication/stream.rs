@@ -197,8 +197,11 @@ impl MutationStream {
     ///
     /// A cluster still electing the stream's leader (replicas starting at once create an R3 stream
     /// together) can time out a request, and a stream just created can refuse the first publish ("no stream
-    /// found": seen under load on one server): opening is then tried again, `SETUP_ATTEMPTS` times in all, a
-    /// second apart.
+    /// found": seen under load on one server), and of two replicas creating it at once on one server the
+    /// second can be refused with "subjects overlap with an existing stream" while the first is being stored
+    /// (seen with two replicas started together on a loaded 2-core machine): opening is then tried again,
+    /// `SETUP_ATTEMPTS` times in all, a second apart, and finds the stream the other one created. A stream
+    /// of another name that really owns the subjects is refused with the same message after those tries.
     pub async fn open(options: &StreamOptions) -> Result<Self, StreamError> {
         validate_stream_name(&options.stream)?;
         let client = connect(options).await?;
@@ -207,7 +210,9 @@ impl MutationStream {
         loop {
             match Self::open_on(&jetstream, options).await {
                 Err(StreamError::Setup(e) | StreamError::Read(e))
-                    if (e.contains("timed out") || e.contains("no stream found"))
+                    if (e.contains("timed out")
+                        || e.contains("no stream found")
+                        || e.contains("subjects overlap"))
                         && attempt < SETUP_ATTEMPTS =>
                 {
                     tracing::warn!(error = %e, attempt, "opening the stream failed; trying again");
@@ -552,6 +557,11 @@ impl MutationStream {
             .map_err(|e| failed(&e))?
             .await
             .map_err(|e| failed(&e))?;
+        // The acknowledgement lost after the stream stored the mutation: the caller cannot tell this from a
+        // publish that never arrived, which is why the message id makes its retry a duplicate.
+        fail::fail_point!("stream-publish-ack", |_| Err(failed(
+            &"injected by fault point stream-publish-ack (stored, acknowledgement lost)"
+        )));
         Ok(Published {
             seq: ack.sequence,
             duplicate: ack.duplicate,
@@ -711,7 +721,12 @@ impl MutationStream {
         let messages = consumer.messages().await.map_err(|e| failed(&e))?;
         let name = self.name.clone();
         let control = format!("{}.$", self.name);
-        Ok(messages.map(move |message| decode(&name, &control, message)))
+        Ok(messages.map(move |message| {
+            fail::fail_point!("stream-consumer", |_| Err(StreamError::Read(format!(
+                "the consumer of the JetStream stream {name:?} failed: injected by fault point stream-consumer"
+            ))));
+            decode(&name, &control, message)
+        }))
     }
 
     /// The JetStream context, for the object store of snapshots.
