@@ -212,6 +212,7 @@ struct ReplicaMetrics {
     acked_by_lease: Counter,
     publish_retries: Counter,
     skipped: Counter,
+    read_failures: Counter,
 }
 
 impl ReplicaMetrics {
@@ -227,6 +228,7 @@ impl ReplicaMetrics {
             acked_by_lease: counter!("existence_replica_acked_by_lease_total"),
             publish_retries: counter!("existence_replica_publish_retries_total"),
             skipped: counter!("existence_replica_skipped_messages_total"),
+            read_failures: counter!("existence_replica_stream_read_failures_total"),
         }
     }
 }
@@ -458,6 +460,7 @@ impl Replica {
             match followed {
                 Err(StreamError::Read(reason)) | Err(StreamError::Unreachable(reason)) => {
                     tracing::warn!(%reason, applied = self.applied_seq(), "following the stream again");
+                    self.metrics.read_failures.increment(1);
                 }
                 Err(fatal) => {
                     let reason = fatal.to_string();

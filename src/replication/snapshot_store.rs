@@ -99,6 +99,9 @@ impl SnapshotStore {
                 to.display()
             ))
         };
+        fail::fail_point!("object-store-get", |_| Err(failed(
+            &"injected by fault point object-store-get"
+        )));
         let mut object = self.store.get(&name).await.map_err(|e| failed(&e))?;
         let mut file = tokio::fs::File::create(to).await.map_err(|e| failed(&e))?;
         let bytes = tokio::io::copy(&mut object, &mut file)
@@ -112,6 +115,11 @@ impl SnapshotStore {
     /// ones, and deletes the objects the index stopped naming. Returns the oldest seq still covered.
     pub async fn share(&self, seq: u64, from: &Path, keep: usize) -> Result<u64, StreamError> {
         let name = object_name(seq);
+        fail::fail_point!("object-store-put", |_| Err(upload_failed(
+            &name,
+            &self.bucket,
+            &"injected by fault point object-store-put"
+        )));
         let mut file = tokio::fs::File::open(from)
             .await
             .map_err(|e| upload_failed(&name, &self.bucket, &e))?;

@@ -45,6 +45,7 @@ fn identity(dir: &Path, first: [u8; 32]) -> Result<[u8; 32], PersistenceError> {
             let mut bytes = Vec::new();
             frame::encode(&[&IDENTITY_MAGIC[..], &seed[..]].concat(), &mut bytes);
             let temp = dir.join("identity.tmp");
+            io_fault_point!("identity-write", &temp, "write");
             std::fs::write(&temp, &bytes)
                 .and_then(|()| File::open(&temp)?.sync_all())
                 .map_err(|e| PersistenceError::io(&temp, "write", e))?;

@@ -157,11 +157,13 @@ fn write_contents(
     let path = snapshot_path(dir, covered);
     let temp = path.with_extension("snap.tmp");
     let written = write_temp(&temp, covered, contents, seed).and_then(|bytes| {
+        io_fault_point!("snapshot-rename", &path, "publish");
         std::fs::rename(&temp, &path).map_err(|e| PersistenceError::io(&path, "publish", e))?;
         Ok(bytes)
     });
     match written {
         Ok(bytes) => {
+            io_fault_point!("snapshot-dir-fsync", dir, "fsync");
             sync_dir(dir)?;
             Ok(Written { path, bytes })
         }
@@ -196,6 +198,7 @@ fn write_temp(
         .truncate(true)
         .open(temp)
         .map_err(|e| PersistenceError::io(temp, "create", e))?;
+    io_fault_point!("snapshot-write", temp, "write");
     let mut writer = FrameWriter {
         out: BufWriter::with_capacity(1 << 20, file),
         payload: Vec::new(),

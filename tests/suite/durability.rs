@@ -5,7 +5,6 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use existence_gate::proto::{
 use existence_gate::server::{self, DurabilityOptions, RunningServer, ServeOptions};
 use existence_gate::storage::faulty_files::FaultyFiles;
 use existence_gate::storage::SyncMode;
-use tokio::io::{AsyncBufReadExt, BufReader};
+
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -374,7 +373,7 @@ async fn a_second_server_cannot_share_a_data_directory() {
 #[tokio::test]
 async fn sigkill_mid_load_loses_no_acknowledged_add() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, addr) = spawn_binary(dir.path()).await;
+    let (child, addr) = common::binary::spawn(dir.path(), "").await;
     let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
     let writers = spawn_writers(&addr, "", &acknowledged).await;
     // Kill mid-load once 500 keys were acknowledged, however fast the disk syncs: the writers keep adding.
@@ -392,7 +391,7 @@ async fn a_kill_right_after_a_snapshot_loses_no_acknowledged_add() {
     let dir = tempfile::tempdir().unwrap();
     let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
     for round in 0..3 {
-        let (child, addr) = spawn_binary(dir.path()).await;
+        let (child, addr) = common::binary::spawn(dir.path(), "").await;
         let writers = spawn_writers(&addr, &format!("r{round}-"), &acknowledged).await;
         let mut admin =
             existence_gate::proto::admin_client::AdminClient::connect(format!("http://{addr}"))
@@ -489,7 +488,7 @@ async fn wait_for_acknowledged(
 
 /// Restarts the binary on `dir` and checks that every key of `acknowledged` answers MAY_EXIST.
 async fn assert_every_key_may_exist(dir: &Path, acknowledged: &[Bytes]) {
-    let (mut child, addr) = spawn_binary(dir).await;
+    let (mut child, addr) = common::binary::spawn(dir, "").await;
     let mut client = ExistenceGateClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -515,61 +514,6 @@ async fn assert_every_key_may_exist(dir: &Path, acknowledged: &[Bytes]) {
     );
     child.start_kill().unwrap();
     child.wait().await.unwrap();
-}
-
-/// Starts the binary on `dir` and waits until it has loaded and serves.
-async fn spawn_binary(dir: &Path) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--sync",
-            "always",
-        ])
-        .arg("--data-dir")
-        .arg(dir)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(common::PATIENCE, async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("grpc_addr=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        panic!("the binary exited before logging its address");
-    })
-    .await
-    .expect("binds within the deadline");
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    // Loaded once health says SERVING: the gate opens just before (its "state loaded" log line comes earlier,
-    // while writes are still refused).
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_lazy();
-    let mut health = HealthClient::new(channel);
-    common::wait_until(
-        common::PATIENCE,
-        "the binary to load and serve",
-        async || {
-            let request = HealthCheckRequest {
-                service: String::new(),
-            };
-            let reply = health.check(request).await.ok()?.into_inner();
-            (reply.status() == ServingStatus::Serving).then_some(())
-        },
-    )
-    .await;
-    (child, addr)
 }
 
 /// A disk whose fsync hangs (here: the interval syncer's, with writes queued behind its group commit) must

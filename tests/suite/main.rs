@@ -15,6 +15,7 @@ mod common;
 // The core and its state: properties against an exact model, replay, durability, concurrency.
 mod concurrency;
 mod durability;
+mod faults;
 mod fuzz_harnesses;
 mod model;
 mod replay;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::nats::Nats;
 use common::proxy::Proxy;
-use common::replicas::{config_file, start_serving, Launch, Replica};
+use common::replicas::{config_file, shared_snapshots, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
@@ -722,26 +722,6 @@ async fn snapshotting(nats: &Nats, dir: &std::path::Path) -> (Vec<Launch>, Vec<R
     (launches, replicas)
 }
 
-/// The stream seqs the shared snapshots cover, oldest first, as the stream's index record names them.
-async fn shared_snapshots(nats: &Nats) -> Vec<u64> {
-    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
-    let stream = async_nats::jetstream::new(client)
-        .get_stream("existence")
-        .await
-        .unwrap();
-    match stream
-        .get_last_raw_message_by_subject("existence.$snapshots")
-        .await
-    {
-        Ok(index) => index
-            .payload
-            .chunks_exact(8)
-            .map(|seq| u64::from_le_bytes(seq.try_into().unwrap()))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
 /// A replica stopped while the stream was purged past what it had applied stops applying when it resumes
 /// (it would otherwise answer from a state missing the purged mutations), fails open and reports why;
 /// restarted, it starts from the shared snapshot.
@@ -771,7 +751,7 @@ async fn a_replica_that_missed_purged_mutations_stops_and_restarts_from_the_shar
                 .map(|(i, key)| add(&replicas[i % 2], "users", std::slice::from_ref(key)));
             futures_util::future::join_all(adds).await;
             added.extend(keys);
-            let shared = shared_snapshots(&nats).await;
+            let shared = shared_snapshots(&nats.url).await;
             (shared.len() == 2 && shared[0] > applied + 2_000).then_some(())
         },
     )

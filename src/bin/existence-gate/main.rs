@@ -64,6 +64,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Tests start the binary with FAILPOINTS=NAME=ACTION;... (README "Fault points"); not in a release build.
+    #[cfg(feature = "fault-points")]
+    let _faults = fail::FailScenario::setup();
     let cli = Cli::parse();
     // The server logs to stdout; every other command keeps stdout for its output (data a script may read)
     // and logs, if asked to with RUST_LOG, to stderr. `probe` prints only its verdict on stderr.

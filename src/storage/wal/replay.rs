@@ -149,6 +149,7 @@ fn valid_frame_after(path: &Path, offset: u64) -> Result<bool, PersistenceError>
 }
 
 fn truncate(path: &Path, len: u64) -> Result<(), PersistenceError> {
+    io_fault_point!("log-truncate", path, "truncate");
     let file = OpenOptions::new()
         .write(true)
         .open(path)

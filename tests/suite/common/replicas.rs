@@ -42,6 +42,8 @@ pub struct Launch {
     pub data_dir: PathBuf,
     /// More flags.
     pub args: Vec<String>,
+    /// `FAILPOINTS` (README "Fault points"); empty for none.
+    pub faults: String,
 }
 
 impl Launch {
@@ -53,6 +55,7 @@ impl Launch {
             id: id.to_string(),
             data_dir: config.with_file_name(format!("data-{id}")),
             args: Vec::new(),
+            faults: String::new(),
         }
     }
 
@@ -72,6 +75,7 @@ impl Launch {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.args)
+            .env("FAILPOINTS", &self.faults)
             .env(
                 "RUST_LOG",
                 std::env::var("EXISTENCE_GATE_TEST_RUST_LOG")
@@ -271,4 +275,24 @@ pub async fn start_serving(nats: &str, config: &Path, n: usize, args: &[&str]) -
         replica.serving().await;
     }
     started
+}
+
+/// The stream seqs the shared snapshots cover, oldest first, as the stream's index record names them.
+pub async fn shared_snapshots(nats: &str) -> Vec<u64> {
+    let client = async_nats::connect(nats).await.unwrap();
+    let stream = async_nats::jetstream::new(client)
+        .get_stream("existence")
+        .await
+        .unwrap();
+    match stream
+        .get_last_raw_message_by_subject("existence.$snapshots")
+        .await
+    {
+        Ok(index) => index
+            .payload
+            .chunks_exact(8)
+            .map(|seq| u64::from_le_bytes(seq.try_into().unwrap()))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }

@@ -1,0 +1,88 @@
+//! The `existence-gate` binary as a single server on a data directory, optionally with fault points set
+//! through `FAILPOINTS` (README "Fault points"): the process is the unit of isolation, so a fault set for one
+//! test never reaches another running in this test binary.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use super::{wait_until, PATIENCE};
+
+/// `existence-gate serve` on `dir` (`--sync always`, free loopback ports) with `FAILPOINTS=faults`.
+fn command(dir: &Path, faults: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"));
+    command
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--sync",
+            "always",
+        ])
+        .arg("--data-dir")
+        .arg(dir)
+        .env("FAILPOINTS", faults)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+/// Starts the binary on `dir` with `FAILPOINTS=faults` ("" for none) and waits until it has loaded and
+/// serves; returns the process and its gRPC address.
+pub async fn spawn(dir: &Path, faults: &str) -> (tokio::process::Child, String) {
+    let mut child = command(dir, faults)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("grpc_addr=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the binary exited before logging its address");
+    })
+    .await
+    .expect("binds within the deadline");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // Loaded once health says SERVING: the gate opens just before (its "state loaded" log line comes earlier,
+    // while writes are still refused).
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let mut health = HealthClient::new(channel);
+    wait_until(PATIENCE, "the binary to load and serve", async || {
+        let request = HealthCheckRequest {
+            service: String::new(),
+        };
+        let reply = health.check(request).await.ok()?.into_inner();
+        (reply.status() == ServingStatus::Serving).then_some(())
+    })
+    .await;
+    (child, addr)
+}
+
+/// Runs the binary on `dir` with `FAILPOINTS=faults`, expecting it to refuse to start: everything it wrote
+/// (its log lines and its one-line error).
+pub async fn refused(dir: &Path, faults: &str) -> String {
+    let output = tokio::time::timeout(PATIENCE, command(dir, faults).output())
+        .await
+        .expect("the binary exits")
+        .expect("the binary runs");
+    assert!(
+        !output.status.success(),
+        "the binary was expected to refuse to start"
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
+}
