@@ -298,70 +298,83 @@ fn overload_is_shed_fast_and_health_stays_answerable() {
     server_runtime.block_on(server.stop()).unwrap();
 }
 
-/// Reads are shed too: the in-flight limit counts calls from their dispatch, so calls queued for a busy
-/// request thread count, and those beyond the limit are refused before they are decoded. Health checks
-/// are exempt, and the refusals are counted in `/metrics`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Reads are shed too: the in-flight limit counts calls from their dispatch (their headers), so calls whose
+/// messages have not been read yet — queued for a busy request thread, or still arriving — count, and those
+/// beyond the limit are refused before they are decoded. Two calls are held in flight here by sending their
+/// headers and withholding their messages (no timing involved); a third is refused with the limit named,
+/// health is exempt, the refusal is counted in `/metrics`, and the held calls are answered once their
+/// messages arrive.
+#[tokio::test]
 async fn queued_reads_beyond_the_limit_are_shed_and_health_is_exempt() {
-    let server = start("[limits]\nmax_in_flight = 2\nmax_batch_keys = 20000").await;
-    let keys: Vec<Bytes> = (0..20_000u32)
-        .map(|i| Bytes::from(i.to_le_bytes().to_vec()))
-        .collect();
-    let request = BatchMayExistRequest {
-        namespace: String::new(),
-        keys: Vec::new(),
-        packed_keys: pack(&keys),
-        ..Default::default()
-    };
-    let (ok, shed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let deadline = Instant::now() + Duration::from_millis(1_500);
-    let mut callers = Vec::new();
-    for _ in 0..4 {
-        let channel = channel(&server).await;
-        for _ in 0..8 {
-            let mut client = ExistenceGateClient::new(channel.clone());
-            let (request, ok, shed) = (request.clone(), ok.clone(), shed.clone());
-            callers.push(tokio::spawn(async move {
-                while Instant::now() < deadline {
-                    match client.batch_may_exist(request.clone()).await {
-                        Ok(reply) => {
-                            assert_eq!(reply.into_inner().may_exist_bitmap.len(), 2_500);
-                            ok.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(status) => {
-                            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-                            assert!(status.message().contains("max_in_flight"), "{status:?}");
-                            shed.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            }));
-        }
-    }
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&server).await);
-    while Instant::now() < deadline {
-        let reply = health
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            })
+    let server = start("[limits]\nmax_in_flight = 2").await;
+    let addr = server.grpc_addr;
+    let (connection, driver) =
+        h2::client::handshake(tokio::net::TcpStream::connect(addr).await.unwrap())
             .await
-            .expect("health is exempt from the limit");
-        assert_eq!(reply.into_inner().status, 1, "SERVING");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+            .unwrap();
+    tokio::spawn(driver);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let request = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://{addr}/existence.v1.ExistenceGate/MayExist"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let mut ready = connection.clone().ready().await.unwrap();
+        held.push(ready.send_request(request, false).unwrap());
     }
-    for caller in callers {
-        caller.await.unwrap();
-    }
-    let (ok, shed) = (ok.load(Ordering::Relaxed), shed.load(Ordering::Relaxed));
-    assert!(ok > 0 && shed > 0, "ok {ok}, shed {shed}");
+
+    let mut client = client(&server).await;
+    let lookup = MayExistRequest {
+        namespace: String::new(),
+        key: Bytes::from_static(b"k"),
+    };
+    let refused = wait_until(
+        PATIENCE,
+        "the two held calls to fill the limit",
+        async || client.may_exist(lookup.clone()).await.err(),
+    )
+    .await;
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("max_in_flight"), "{refused:?}");
+    assert!(refused.message().contains("2 calls"), "{refused:?}");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&server).await);
+    let reply = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health is exempt from the limit");
+    assert_eq!(reply.into_inner().status, 1, "SERVING");
     let (_, metrics) = http_get(&server, "/metrics").await;
     let counted: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("existence_requests_shed_total "))
         .and_then(|v| v.trim().parse().ok())
         .expect("the shed counter is exported");
-    assert!(counted >= shed, "{counted} counted, {shed} shed");
-    println!("reads: {ok} served, {shed} shed");
+    assert!(counted >= 1, "{counted} counted");
+
+    let message = prost::Message::encode_to_vec(&lookup);
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&message);
+    for (response, mut body) in held {
+        body.send_data(Bytes::from(frame.clone()), true).unwrap();
+        let mut response = tokio::time::timeout(PATIENCE, response)
+            .await
+            .expect("the held call is answered")
+            .unwrap()
+            .into_body();
+        while response.data().await.is_some() {}
+        let trailers = response.trailers().await.unwrap().expect("trailers");
+        assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+    }
+    client
+        .may_exist(lookup)
+        .await
+        .expect("with the held calls answered, calls are served again");
 }
 
 /// 100 subscribers that never read while many keys are added: the server's memory for them stays bounded
