@@ -5,7 +5,7 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, deadAddress, eventually, opened, DEADLINE_MS } = require('./server');
+const { startServer, deadAddress, eventually, opened, usersClient } = require('./server');
 
 let server;
 let dead;
@@ -13,7 +13,7 @@ const { track, closeAll } = opened();
 
 before(async () => {
   [server, dead] = await Promise.all([startServer(), deadAddress()]);
-  const c = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const c = track(usersClient(server.address));
   await c.add(['addr:a', 'addr:b']);
 });
 
@@ -23,7 +23,7 @@ after(async () => {
 });
 
 test('round robin over a dead and a live address: every lookup succeeds, the dead address is retried around', async () => {
-  const c = track(new GateClient([dead, server.address], { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const c = track(usersClient([dead, server.address]));
   for (let i = 0; i < 6; i++) {
     const answers = await Promise.all([c.mayExist('addr:a'), c.mayExist('addr:never'), c.mayExist('addr:b')]);
     assert.deepEqual(
@@ -41,11 +41,11 @@ test('round robin over a dead and a live address: every lookup succeeds, the dea
 });
 
 test('pick_first: the first healthy address takes every call', async () => {
-  const live = track(new GateClient([server.address, dead], { namespace: 'users', deadlineMs: DEADLINE_MS, addressPolicy: 'pick_first', coalesceWindowMs: 0 }));
+  const live = track(usersClient([server.address, dead], { addressPolicy: 'pick_first', coalesceWindowMs: 0 }));
   for (let i = 0; i < 10; i++) assert.equal((await live.mayExist('addr:a')).mayExist, true);
   assert.equal(live.stats().retries, 0);
 
-  const deadFirst = track(new GateClient([dead, server.address], { namespace: 'users', deadlineMs: DEADLINE_MS, addressPolicy: 'pick_first', coalesceWindowMs: 0 }));
+  const deadFirst = track(usersClient([dead, server.address], { addressPolicy: 'pick_first', coalesceWindowMs: 0 }));
   const started = Date.now();
   for (let i = 0; i < 10; i++) assert.equal((await deadFirst.mayExist('addr:a')).mayExist, true);
   // One retry marks the dead address down for 1 s; the next calls go straight to the live one (unless the
@@ -57,7 +57,7 @@ test('pick_first: the first healthy address takes every call', async () => {
 });
 
 test('every address down: UNAVAILABLE, returned as it is', async () => {
-  const c = track(new GateClient([dead], { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const c = track(usersClient([dead]));
   for (const key of ['addr:a', 'addr:b']) {
     await assert.rejects(c.mayExist(key), (error) => {
       assert.equal(error.code, grpc.status.UNAVAILABLE);
@@ -103,13 +103,13 @@ test('a lookup deadline at a gate that does not answer in time fails open too', 
 });
 
 test('the subscription moves to the next address when its stream ends: a dead first address, then the live one', async () => {
-  const c = track(new GateClient([dead, server.address], { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const c = track(usersClient([dead, server.address]));
   const reader = track(new GatedReader(c, async () => MISSING));
   assert.equal(await reader.ready(), true, 'live on the second address');
   assert.ok(reader.stats().resubscribes >= 1);
   assert.equal(await reader.get('addr:never'), undefined);
   assert.equal(reader.isCachedAbsent('addr:never'), true);
-  const writer = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const writer = track(usersClient(server.address));
   await writer.add(['addr:never']);
   assert.ok(await eventually(() => !reader.isCachedAbsent('addr:never')), 'invalidated over the second address');
 });

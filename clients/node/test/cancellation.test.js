@@ -5,17 +5,14 @@
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
-const { GateClient } = require('..');
-const { startServer, stalledAddress, DEADLINE_MS } = require('./server');
+const { startServer, stalledAddress, usersClient, opened } = require('./server');
 
 let server;
 let stalled;
-const clients = [];
+const { track, closeAll } = opened();
 
 function client(options = {}) {
-  const c = new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
-  clients.push(c);
-  return c;
+  return track(usersClient(server.address, options));
 }
 
 before(async () => {
@@ -25,7 +22,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const c of clients) c.close();
+  closeAll();
   if (stalled) await stalled.close();
   if (server) await server.stop();
 });
@@ -36,8 +33,7 @@ after(async () => {
  * Round robin sends the next batch to the live server.
  */
 async function withBatchInFlight(options, blockerMs) {
-  const c = new GateClient([stalled.address, server.address], { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
-  clients.push(c);
+  const c = track(usersClient([stalled.address, server.address], options));
   const blocker = c.mayExist('cancel:blocker', { deadlineMs: blockerMs }).then(
     () => assert.fail('the stalled address answered'),
     (error) => error,
@@ -87,12 +83,7 @@ test('a caller cancelled by its AbortSignal gets CANCELLED at once; the others a
 });
 
 test('callers of a batch in flight that all give up cancel its RPC; the next lookup leaves at once', async () => {
-  const c = new GateClient([stalled.address, server.address], {
-    namespace: 'users',
-    deadlineMs: DEADLINE_MS,
-    coalesceWindowMs: 60_000,
-  });
-  clients.push(c);
+  const c = track(usersClient([stalled.address, server.address], { coalesceWindowMs: 60_000 }));
   const controller = new AbortController();
   // One batch (the same synchronous run), sent to the stalled address; its RPC deadline is the later one, 10 s.
   const cancelled = c.mayExist('cancel:a', { signal: controller.signal });
@@ -145,7 +136,7 @@ test('unary lookups (window 0) honour the deadline and the signal', async () => 
 });
 
 test('close() fails the lookups still gathering with CANCELLED', async () => {
-  const c = new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, coalesceWindowMs: 1000 });
+  const c = usersClient(server.address, { coalesceWindowMs: 1000 });
   const lookup = c.mayExist('cancel:a');
   c.close();
   await assert.rejects(lookup, (error) => error.code === grpc.status.CANCELLED);

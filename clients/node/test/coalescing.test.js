@@ -5,16 +5,14 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, loadExistencePackage, MAX_KEY_BYTES } = require('..');
-const { startServer, stalledAddress, DEADLINE_MS } = require('./server');
+const { startServer, stalledAddress, DEADLINE_MS, usersClient, opened } = require('./server');
 
 let server;
 let stalled;
-const clients = [];
+const { track, closeAll } = opened();
 
 function client(options = {}) {
-  const c = new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
-  clients.push(c);
-  return c;
+  return track(usersClient(server.address, options));
 }
 
 /** The server's unary MayExist answer for `key`, through a plain stub. */
@@ -39,7 +37,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const c of clients) c.close();
+  closeAll();
   if (stub) stub.close();
   if (stalled) await stalled.close();
   if (server) await server.stop();
@@ -108,8 +106,7 @@ test('a lone caller does not wait for the window: it leaves at once when no batc
  * callers queued meanwhile leave by the window (or coalesceMaxKeys). Round robin sends them to the server.
  */
 async function withBatchInFlight(options, blockerMs) {
-  const c = new GateClient([stalled.address, server.address], { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
-  clients.push(c);
+  const c = track(usersClient([stalled.address, server.address], options));
   let blockerDone = false;
   const blocker = c.mayExist('coalesce:blocker', { deadlineMs: blockerMs }).then(
     () => assert.fail('the stalled address answered'),
@@ -292,8 +289,7 @@ test('recordAbsent: RECORDED, then the gate answers ABSENT; REDUNDANT for a key 
 });
 
 test('an unknown namespace fails every caller of the batch with the same NOT_FOUND', async () => {
-  const c = new GateClient(server.address, { namespace: 'no_such_namespace', deadlineMs: DEADLINE_MS });
-  clients.push(c);
+  const c = track(new GateClient(server.address, { namespace: 'no_such_namespace', deadlineMs: DEADLINE_MS }));
   const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => c.mayExist(`k${i}`)));
   // Lookups of one synchronous run share a batch (the gatherer runs in a microtask after the first).
   assert.equal(c.stats().gate_calls, 1);

@@ -5,8 +5,8 @@
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
-const { GateClient, GatedReader, AbsenceCache, Found, MISSING, DELETED, loadExistencePackage } = require('..');
-const { startServer, eventually, opened, DEADLINE_MS } = require('./server');
+const { GatedReader, AbsenceCache, Found, MISSING, DELETED, loadExistencePackage } = require('..');
+const { startServer, eventually, opened, usersClient } = require('./server');
 
 let server;
 let stub;
@@ -35,7 +35,7 @@ class Database {
 
 /** A reader (live subscription) over its own client and database, on `address`. */
 async function newReader(options = {}, address = server.address) {
-  const client = track(new GateClient(address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const client = track(usersClient(address));
   const db = new Database();
   const reader = track(new GatedReader(client, (key) => db.load(key), options));
   if (options.subscribe !== false) assert.equal(await reader.ready(), true, 'the subscription went live');
@@ -140,7 +140,7 @@ test("another client's Add drops a cached absence (ADDED), and the new row is re
   const { db, reader } = await newReader();
   assert.equal(await reader.get('read:later'), undefined);
   assert.equal(reader.isCachedAbsent('read:later'), true);
-  const writer = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const writer = track(usersClient(server.address));
   await writer.add(['read:later']);
   db.rows.set('read:later', 'Linus');
   assert.ok(await eventually(() => !reader.isCachedAbsent('read:later')), 'the ADDED invalidation arrived');
@@ -151,7 +151,7 @@ test("another client's Add drops a cached absence (ADDED), and the new row is re
 test('a dropped stream resubscribes after the last seq: an Add made in the gap is still delivered', async () => {
   const { db, reader } = await newReader();
   // Move the cursor past 0 so the resumption is by after_seq, not "from now on".
-  const writer = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const writer = track(usersClient(server.address));
   await writer.add(['read:gap-warmup']);
   assert.ok(await eventually(() => reader.cursor > 0));
   assert.equal(await reader.get('read:gap'), undefined);
@@ -168,7 +168,7 @@ test('a dropped stream resubscribes after the last seq: an Add made in the gap i
 
 test('an absence is cached only while the same subscription is live and has applied no later seq', async () => {
   // Before the subscription is live: not cached.
-  const client = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const client = track(usersClient(server.address));
   const early = track(new GatedReader(client, async () => MISSING));
   assert.equal(await early.get('rule:early'), undefined);
   assert.equal(early.isCachedAbsent('rule:early'), false);
@@ -265,7 +265,7 @@ test('the server restarts (without its log) on the same address: the reader resu
   let second = null;
   try {
     const { db, reader } = await newReader({}, address);
-    const writer = track(new GateClient(address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+    const writer = track(usersClient(address));
     for (let i = 0; i < 5; i++) await writer.add([`restart:warmup:${i}`]);
     assert.ok(await eventually(() => reader.cursor >= 6));
     assert.equal(await reader.get('restart:a'), undefined);

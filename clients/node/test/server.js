@@ -163,4 +163,13 @@ function opened() {
   };
 }
 
-module.exports = { startServer, deadAddress, stalledAddress, eventually, opened, WAIT_MS, DEADLINE_MS };
+/**
+ * A `GateClient` of the namespace the test servers configure (`users`) with the tests' deadline; `options`
+ * add to or override those.
+ */
+function usersClient(addresses, options = {}) {
+  const { GateClient } = require('..');
+  return new GateClient(addresses, { namespace: 'users', deadlineMs: DEADLINE_MS, ...options });
+}
+
+module.exports = { startServer, deadAddress, stalledAddress, eventually, opened, usersClient, WAIT_MS, DEADLINE_MS };

@@ -12,7 +12,7 @@ const os = require('os');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, opened, DEADLINE_MS } = require('./server');
+const { startServer, opened, usersClient } = require('./server');
 
 let dir;
 let server;
@@ -67,7 +67,7 @@ after(async () => {
 test('mutual TLS: a client trusting the CA and presenting its certificate adds, looks up and subscribes', async () => {
   const credentials = grpc.credentials.createSsl(read('ca.pem'), read('client.key'), read('client.pem'));
   const client = track(
-    new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, credentials, channelOptions: LOCALHOST }),
+    usersClient(server.address, { credentials, channelOptions: LOCALHOST }),
   );
   assert.ok((await client.add(['tls:a', 'tls:b'])) > 0);
   // Coalesced (the default): concurrent lookups share batches.
@@ -93,7 +93,7 @@ test('mutual TLS: a client trusting the CA and presenting its certificate adds, 
 test('mutual TLS: a client without a client certificate is refused', async () => {
   const credentials = grpc.credentials.createSsl(read('ca.pem'));
   const client = track(
-    new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, credentials, channelOptions: LOCALHOST }),
+    usersClient(server.address, { credentials, channelOptions: LOCALHOST }),
   );
   // With TLS 1.3 the server's refusal arrives after the client's handshake is done, so it surfaces as
   // UNAVAILABLE (or UNKNOWN) on the first call rather than as a handshake failure.
@@ -106,7 +106,7 @@ test('mutual TLS: a client without a client certificate is refused', async () =>
 
 test('dialing 127.0.0.1 without the name override: the certificate (for localhost) does not match', async () => {
   const credentials = grpc.credentials.createSsl(read('ca.pem'), read('client.key'), read('client.pem'));
-  const client = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, credentials }));
+  const client = track(usersClient(server.address, { credentials }));
   await assert.rejects(client.mayExist('tls:a'), (error) => {
     assert.equal(error.code, grpc.status.UNAVAILABLE);
     assert.match(error.message, /altnames|does not match/i);

@@ -5,8 +5,8 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const crypto = require('crypto');
 const grpc = require('@grpc/grpc-js');
-const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, opened, DEADLINE_MS } = require('./server');
+const { GatedReader, Found, MISSING } = require('..');
+const { startServer, opened, usersClient } = require('./server');
 
 const TOKEN = 'node-client-test-token';
 let server;
@@ -25,7 +25,7 @@ after(async () => {
 });
 
 test('with the token: lookups, Add, RecordAbsent and the subscription are admitted', async () => {
-  const client = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS, token: TOKEN }));
+  const client = track(usersClient(server.address, { token: TOKEN }));
   await client.add(['token:a']);
   const answers = await Promise.all([client.mayExist('token:a'), client.mayExist('token:never')]);
   assert.deepEqual(
@@ -40,7 +40,7 @@ test('with the token: lookups, Add, RecordAbsent and the subscription are admitt
 });
 
 test('without it: UNAUTHENTICATED, returned as it is (no retry); the reader fails open', async () => {
-  const client = track(new GateClient(server.address, { namespace: 'users', deadlineMs: DEADLINE_MS }));
+  const client = track(usersClient(server.address));
   await assert.rejects(client.mayExist('token:a'), (error) => {
     assert.equal(error.code, grpc.status.UNAUTHENTICATED);
     return true;
