@@ -4,7 +4,8 @@
 //! ```text
 //!  protocol/            the rules, pure: membership, read lease, acknowledgement (simulated in tests)
 //!  stream.rs            the JetStream stream: publish, follow, the stream's own records, reports
-//!  replica.rs           the applier and the write path, driving the protocol with real time and NATS
+//!  replica/             the applier, lease keeper, peers, writes and health, driving the protocol with
+//!                       real time and NATS
 //!  replica_snapshots.rs where a replica's state starts from, and the snapshots it shares
 //!  snapshot_store.rs    the shared snapshots' object-store bucket
 //!  replicated_rebuild.rs Admin.Rebuild through the stream

@@ -192,21 +192,11 @@ async fn readiness(routes: &axum::Router) -> u16 {
 #[tokio::test]
 async fn the_binary_shuts_down_gracefully_on_sigterm() {
     let data_dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
+    let mut child = common::binary::serve()
         .arg("--data-dir")
         .arg(data_dir.path())
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();

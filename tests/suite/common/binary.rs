@@ -12,8 +12,9 @@ use tonic_health::pb::HealthCheckRequest;
 
 use super::{wait_until, PATIENCE};
 
-/// `existence-gate serve` on `dir` (`--sync always`, free loopback ports) with `FAILPOINTS=faults`.
-fn command(dir: &Path, faults: &str) -> tokio::process::Command {
+/// `existence-gate serve` on free loopback ports (each logged on its `grpc_addr=`/`http_addr=` line), logging
+/// at `EXISTENCE_GATE_TEST_RUST_LOG` (default `info`) without colours, killed when dropped.
+pub fn serve() -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"));
     command
         .args([
@@ -22,16 +23,24 @@ fn command(dir: &Path, faults: &str) -> tokio::process::Command {
             "127.0.0.1:0",
             "--http-listen",
             "127.0.0.1:0",
-            "--sync",
-            "always",
         ])
-        .arg("--data-dir")
-        .arg(dir)
-        .env("FAILPOINTS", faults)
-        .env("RUST_LOG", "info")
+        .env(
+            "RUST_LOG",
+            std::env::var("EXISTENCE_GATE_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_string()),
+        )
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .kill_on_drop(true);
+    command
+}
+
+/// [`serve`] on `dir` (`--sync always`) with `FAILPOINTS=faults`.
+fn command(dir: &Path, faults: &str) -> tokio::process::Command {
+    let mut command = serve();
+    command
+        .args(["--sync", "always", "--data-dir"])
+        .arg(dir)
+        .env("FAILPOINTS", faults);
     command
 }
 

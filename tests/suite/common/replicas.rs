@@ -60,15 +60,8 @@ impl Launch {
     }
 
     fn command(&self) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_existence-gate"));
+        let mut command = super::binary::serve();
         command
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-            ])
             .args(["--nats", &self.nats, "--replica-id", &self.id])
             .arg("--config")
             .arg(&self.config)
@@ -76,16 +69,8 @@ impl Launch {
             .arg(&self.data_dir)
             .args(&self.args)
             .env("FAILPOINTS", &self.faults)
-            .env(
-                "RUST_LOG",
-                std::env::var("EXISTENCE_GATE_TEST_RUST_LOG")
-                    .unwrap_or_else(|_| "info".to_string()),
-            )
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         command
     }
 

@@ -1,0 +1,225 @@
+//! The applier: follows the stream after the applied seq and applies each message in order — mutations into
+//! the gate, membership records and barriers into the protocol — then settles and reports; a gap in stream
+//! seqs is explained (lost by the consumer, purged, or deleted) rather than stepped over.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+use super::{Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use crate::replication::snapshot_store::oldest_retained;
+use crate::replication::stream::{StreamError, Streamed};
+
+/// How long the applier waits for a message, while the stream is known to hold more, before it follows
+/// the stream again with a new consumer. A replica paused longer than the server keeps an idle ordered
+/// consumer finds it gone, and this is how long it then fails open before it catches up: with 2 s, a
+/// replica stopped for 70 s took 2.1 s to catch up on 4,000 Adds (`cargo bench --bench replicated`); a
+/// needless re-follow costs one consumer creation.
+const STALL: Duration = Duration::from_millis(500);
+/// Messages the applier takes from the stream at once when they are waiting (one report per batch).
+const APPLY_BATCH: usize = 256;
+
+impl Replica {
+    /// Applies the stream from where the replica stands until `stop` resolves, following again after a
+    /// read error; returns early (recording why) only if a message cannot be applied at all.
+    pub async fn apply(self: Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            let followed = tokio::select! {
+                () = &mut stop => return,
+                followed = self.follow_once() => followed,
+            };
+            match followed {
+                Err(StreamError::Read(reason)) | Err(StreamError::Unreachable(reason)) => {
+                    tracing::warn!(%reason, applied = self.applied_seq(), "following the stream again");
+                    self.metrics.read_failures.increment(1);
+                }
+                Err(fatal) => {
+                    let reason = fatal.to_string();
+                    tracing::error!(%reason, "this replica stops applying the stream; restart it");
+                    *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+                    return;
+                }
+                Ok(()) => pause = FIRST_RETRY_PAUSE,
+            }
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(MAX_RETRY_PAUSE);
+        }
+    }
+
+    /// Follows the stream after the applied seq until it ends or fails.
+    async fn follow_once(&self) -> Result<(), StreamError> {
+        let follow = self.stream.follow(self.applied_seq()).await?;
+        let mut batches = std::pin::pin!(follow.ready_chunks(APPLY_BATCH));
+        loop {
+            let batch = match tokio::time::timeout(STALL, batches.next()).await {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return Ok(()),
+                Err(_) => {
+                    self.check_not_stalled()?;
+                    continue;
+                }
+            };
+            let applying = self.applying.lock().await;
+            let gap = self.apply_in_order(batch)?;
+            drop(applying);
+            self.settle();
+            self.report().await;
+            if let Some(missing) = gap {
+                return Err(self.explain_gap(missing).await);
+            }
+        }
+    }
+
+    /// After `STALL` without a message: an error (so the stream is followed again with a new consumer) if
+    /// the stream is known to hold more than was applied. A consumer whose server died (a NATS leader lost)
+    /// can otherwise stay silent for many heartbeats.
+    fn check_not_stalled(&self) -> Result<(), StreamError> {
+        let (applied, stream) = (self.applied_seq(), self.stream_seq.load(Ordering::Acquire));
+        if stream <= applied {
+            return Ok(());
+        }
+        Err(StreamError::Read(format!(
+            "the stream's consumer delivered nothing for {STALL:?} while the stream holds seq {stream} and \
+             this replica has applied {applied}"
+        )))
+    }
+
+    /// Applies `batch` in order; stops at a gap in stream seqs, returning the seqs missing (first, last).
+    fn apply_in_order(
+        &self,
+        batch: Vec<Result<Streamed, StreamError>>,
+    ) -> Result<Option<(u64, u64)>, StreamError> {
+        for read in batch {
+            let read = read?;
+            let next = self.applied_seq() + 1;
+            if read.seq > next {
+                return Ok(Some((next, read.seq - 1)));
+            }
+            self.apply_one(read)?;
+        }
+        Ok(None)
+    }
+
+    /// Why the stream skipped `first..=last`, and what to do: if the stream still holds `first`, the consumer
+    /// lost it (following again from the applied seq reads it). If not, either a purge removed it — purges
+    /// reach only seqs at or below the oldest snapshot the bucket retains, and that index is written before
+    /// the purge — and only a newer snapshot can replace it; or the messages were deleted one by one (junk an
+    /// operator removed), which every replica passes over alike.
+    async fn explain_gap(&self, (first, last): (u64, u64)) -> StreamError {
+        match self.stream.holds(first).await {
+            Ok(true) => StreamError::Read(format!(
+                "the stream's consumer skipped seq {first}, which the stream holds; reading it again"
+            )),
+            Ok(false) => match oldest_retained(&self.stream).await {
+                Ok(Some(oldest)) if first <= oldest => StreamError::Setup(format!(
+                    "the JetStream stream {:?} no longer holds seq {first}: the mutations after seq {} were \
+                     purged (covered by a shared snapshot) before this replica applied them; restart it to \
+                     load the newest snapshot",
+                    self.stream.name(),
+                    first - 1
+                )),
+                Ok(_) => {
+                    self.pass_over_deleted(first, last);
+                    StreamError::Read(format!(
+                        "seqs {first} to {last} were deleted from the stream (not purged: no retained snapshot \
+                         covers them); passed over, following on"
+                    ))
+                }
+                Err(error) => error,
+            },
+            Err(error) => error,
+        }
+    }
+
+    /// Counts `first..=last`, deleted from the stream, as applied.
+    fn pass_over_deleted(&self, first: u64, last: u64) {
+        self.metrics.skipped.increment(last - first + 1);
+        tracing::error!(first, last, "messages deleted from the stream; passed over");
+        let mut protocol = self.protocol();
+        protocol.apply(last, None, self.lease.now());
+        drop(protocol);
+        self.applied.send_replace(last);
+    }
+
+    /// Applies the message after the applied seq (an earlier one, read again, is skipped).
+    fn apply_one(&self, read: Streamed) -> Result<(), StreamError> {
+        if read.seq <= self.applied_seq() {
+            return Ok(());
+        }
+        if let Some(junk) = &read.junk {
+            // Every replica reads the same message and passes it over alike: the state stays the same everywhere.
+            self.metrics.skipped.increment(1);
+            tracing::error!(
+                seq = read.seq,
+                %junk,
+                "passed over a message of the stream that no existence-gate replica wrote; only replicas \
+                 should have publish rights on the stream's subjects (README, Scaling out)"
+            );
+        }
+        let outcome = match read.mutation {
+            Some(mutation) => {
+                self.metrics.applied.increment(1);
+                self.gate.apply_streamed(mutation).map_err(|reason| {
+                    StreamError::Setup(format!("message {}: {reason}", read.seq))
+                })?
+            }
+            None => None,
+        };
+        if read.member.is_some() {
+            tracing::info!(seq = read.seq, record = ?read.member, "membership changed");
+        }
+        let mut protocol = self.protocol();
+        protocol.apply(read.seq, read.member.as_ref(), self.lease.now());
+        self.lease.set_until(protocol.lease_until());
+        drop(protocol);
+        self.applied.send_replace(read.seq);
+        if let Some(waiter) = read.id.and_then(|id| {
+            self.waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id)
+        }) {
+            let _ = waiter.send(outcome);
+        }
+        Ok(())
+    }
+
+    /// Tells the other replicas how far this one has applied; whether the report was sent.
+    pub(super) async fn report(&self) -> bool {
+        let sent = self
+            .stream
+            .report_applied(&self.options.id, self.nonce(), self.applied_seq())
+            .await;
+        if let Err(error) = &sent {
+            tracing::debug!(%error, "an applied-seq report was not sent");
+        }
+        sent.is_ok()
+    }
+
+    /// After a batch (or a barrier's acknowledgement): the protocol grants what it now may, and writers
+    /// waiting to acknowledge look again.
+    pub(super) fn settle(&self) {
+        let mut protocol = self.protocol();
+        protocol.settle(self.lease.now());
+        self.lease.set_until(protocol.lease_until());
+        drop(protocol);
+        let last_barrier = *self.last_barrier.lock().unwrap_or_else(|e| e.into_inner());
+        match last_barrier {
+            Some((at, seq)) if seq <= self.applied_seq() => {
+                *self.caught_up_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                let mut fresh = self.fresh_at.lock().unwrap_or_else(|e| e.into_inner());
+                *fresh = Some(fresh.map_or(at, |earlier| earlier.max(at)));
+            }
+            Some(_) => {}
+            None => *self.caught_up_at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now(),
+        }
+        self.progress.notify_waiters();
+    }
+}

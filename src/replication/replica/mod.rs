@@ -1,0 +1,354 @@
+//! A replica: the gate fed by the shared [`MutationStream`], its writes published to it, and the read
+//! lease and acknowledgement rule of the [`protocol`](super::protocol) that keep every replica from
+//! answering a false `ABSENT`.
+//!
+//! ```text
+//!  write RPC ─▶ prepare (validate, REDUNDANT/THROTTLED here) ─▶ publish(Nats-Msg-Id) ─▶ stream seq N
+//!                                                                                       │
+//!  applier: follow the stream ─▶ gate.apply_streamed + protocol.apply (in order) ◀──────┘
+//!           └─▶ after each batch: report "incarnation I applied through N" on a core subject
+//!  write RPC answered when: applied here, and every member as of N reported N (or departed over a fallback
+//!                           ago) — or lease × (1 + ρ) + margin after the publish ack (Protocol::ack)
+//!  lease keeper: every lease/4 — report; every quarter lease while lookups asked for the lease in the last
+//!                30 s (or to catch up and join, or once a second as a probe) publish a barrier at t, stored
+//!                at B; once applied through B as a member, ABSENT may be answered until t + lease. Joins
+//!                once caught up; leaves at shutdown.
+//! ```
+//!
+//! The argument is in [`protocol`](super::protocol); this module feeds it real events and real time (the
+//! read lease's monotonic clock) and acts on its answers. Its parts, each a task or a path of the diagram:
+//!
+//! - this file: the replica's state, its options and what the server reads of it (members, applied seq,
+//!   who shares snapshots, a still cut of the state for a snapshot).
+//! - [`applier`]: following the stream and applying it in order; gaps explained.
+//! - [`lease_keeper`]: reports, barriers, join and leave.
+//! - [`peers`]: the other replicas' reports.
+//! - [`writes`]: `Add` and `RecordAbsent` published, applied and acknowledged under the safety rule.
+//! - [`health`]: whether the replica should take traffic ([`Lagging`]).
+
+mod applier;
+mod health;
+mod lease_keeper;
+mod peers;
+mod writes;
+
+pub use health::Lagging;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use tokio::sync::{oneshot, watch, Notify};
+
+use self::peers::Peers;
+use super::protocol::{Incarnation, MemberRecord, Protocol, Timing};
+use super::stream::{MutationStream, StreamError};
+use crate::core::gate::{Gate, GateError};
+use crate::core::lease::ReadLease;
+use crate::core::namespace::Applied;
+
+/// How long a replica waits for its own applier to reach a write it published before answering
+/// `UNAVAILABLE` (the write is stored and will apply; the replica is far behind or cut off).
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+/// The pause before the first retry of a publish; doubled up to `MAX_RETRY_PAUSE`.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(800);
+/// A replica whose report arrived within this many lease lengths shares snapshots and holds back purges.
+const RECENT_LEASES: u32 = 2;
+/// How often an idle replica (no lookup asked for the lease) still publishes a barrier: what keeps its
+/// health true while nobody asks it anything.
+const PROBE: Duration = Duration::from_secs(1);
+/// Added to the protocol's waits for clock granularity.
+const MARGIN: Duration = Duration::from_millis(1);
+
+/// How a replica takes part.
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    /// How it names itself in reports, metrics and logs.
+    pub id: String,
+    /// How long a sample of the stream's end lets it answer `ABSENT` (see the module docs).
+    pub read_lease: Duration,
+    /// Seqs behind the stream past which it reports itself lagging (not serving).
+    pub max_lag: u64,
+    /// ρ in parts per million: how much faster one replica's monotonic clock may run than another's.
+    pub max_clock_drift_ppm: u64,
+    /// Where this process runs (host and process id; the server adds its gRPC address): what a twin with
+    /// the same id is told.
+    pub origin: String,
+}
+
+/// A member as a replica sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    /// Its `--replica-id`.
+    pub id: String,
+    /// Its process's nonce.
+    pub nonce: u64,
+    /// The seq of its join.
+    pub joined: u64,
+    /// Where it runs.
+    pub origin: String,
+    /// The applied seq it last reported here.
+    pub reported: u64,
+    /// Whether it is this replica.
+    pub this_replica: bool,
+}
+
+/// The replica's series.
+struct ReplicaMetrics {
+    applied_seq: Gauge,
+    lag_seqs: Gauge,
+    lag_seconds: Gauge,
+    lease_held: Gauge,
+    peers: Gauge,
+    applied: Counter,
+    publish_ack: Histogram,
+    acked_by_lease: Counter,
+    publish_retries: Counter,
+    skipped: Counter,
+    read_failures: Counter,
+}
+
+impl ReplicaMetrics {
+    fn new() -> Self {
+        Self {
+            applied_seq: gauge!("existence_replica_applied_seq"),
+            lag_seqs: gauge!("existence_replica_lag_seqs"),
+            lag_seconds: gauge!("existence_replica_lag_seconds"),
+            lease_held: gauge!("existence_replica_lease_held"),
+            peers: gauge!("existence_replica_peers"),
+            applied: counter!("existence_replica_applied_total"),
+            publish_ack: histogram!("existence_replica_publish_ack_duration_seconds"),
+            acked_by_lease: counter!("existence_replica_acked_by_lease_total"),
+            publish_retries: counter!("existence_replica_publish_retries_total"),
+            skipped: counter!("existence_replica_skipped_messages_total"),
+            read_failures: counter!("existence_replica_stream_read_failures_total"),
+        }
+    }
+}
+
+/// One replica of the deployment.
+pub struct Replica {
+    stream: MutationStream,
+    gate: Arc<Gate>,
+    lease: Arc<ReadLease>,
+    options: ReplicaOptions,
+    /// The stream seq applied through (stream records included).
+    applied: watch::Sender<u64>,
+    /// The newest stream last seq fetched.
+    stream_seq: AtomicU64,
+    /// When the applier last had everything fetched applied: what lag in time is measured from.
+    caught_up_at: Mutex<Instant>,
+    /// The protocol's state: membership, reports, barriers, the lease it grants. Locked briefly, never
+    /// across an await; the lease it grants is copied into `lease` under the lock.
+    protocol: Mutex<Protocol>,
+    /// Woken when a report arrives or a batch is applied: writers waiting to acknowledge look again.
+    progress: Notify,
+    /// Woken by a lookup that found no lease: the keeper renews at once.
+    wanted: Arc<Notify>,
+    /// When the last barrier was acknowledged, and its seq: health's proof of freshness while no lookup
+    /// asks for the lease.
+    last_barrier: Mutex<Option<(Instant, u64)>>,
+    /// When the newest barrier this replica has applied through was acknowledged: health's proof that it
+    /// is caught up while no lookup keeps the lease renewed (a barrier acknowledged but not yet applied
+    /// does not take that proof away).
+    fresh_at: Mutex<Option<Instant>>,
+    /// When a lookup last asked for the lease (as the lease keeper saw it).
+    last_asked: Mutex<Option<Instant>>,
+    /// Writes published by this replica and not yet applied here, by message id.
+    waiting: Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+    peers: Peers,
+    /// Message ids: this process's random prefix, then a counter (a restarted replica must not reuse the
+    /// ids of its previous run within the stream's duplicate window, or its new writes would be dropped).
+    id_prefix: String,
+    next_id: AtomicU64,
+    stopped: Mutex<Option<String>>,
+    /// Since when the lease has not held (`None` while it holds).
+    lease_lost_at: Mutex<Option<Instant>>,
+    /// Held while a batch is applied: a snapshot holding it sees the state as of exactly the applied seq.
+    applying: Arc<tokio::sync::Mutex<()>>,
+    metrics: ReplicaMetrics,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("id", &self.options.id)
+            .field("applied", &self.applied_seq())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replica {
+    /// A replica of `stream` applying into `gate` (built with `lease`), having applied nothing yet (see
+    /// [`start_after`](Self::start_after)).
+    pub fn new(
+        stream: MutationStream,
+        gate: Arc<Gate>,
+        lease: Arc<ReadLease>,
+        options: ReplicaOptions,
+    ) -> Arc<Self> {
+        let applied_seq = 0;
+        let me = Incarnation {
+            id: options.id.clone(),
+            nonce: rand::random::<u64>(),
+        };
+        let timing = Timing {
+            lease: options.read_lease.as_nanos() as u64,
+            drift_ppm: options.max_clock_drift_ppm,
+            margin: MARGIN.as_nanos() as u64,
+        };
+        let wanted = Arc::new(Notify::new());
+        let wake = Arc::clone(&wanted);
+        lease.on_wanted(move || wake.notify_one());
+        Arc::new(Self {
+            protocol: Mutex::new(Protocol::new(me, timing)),
+            progress: Notify::new(),
+            wanted,
+            last_barrier: Mutex::new(None),
+            last_asked: Mutex::new(None),
+            fresh_at: Mutex::new(None),
+            stream,
+            gate,
+            lease,
+            id_prefix: format!("{}:{:016x}", options.id, rand::random::<u64>()),
+            options,
+            applied: watch::Sender::new(applied_seq),
+            stream_seq: AtomicU64::new(applied_seq),
+            caught_up_at: Mutex::new(Instant::now()),
+            waiting: Mutex::new(HashMap::new()),
+            peers: Peers::default(),
+            next_id: AtomicU64::new(0),
+            stopped: Mutex::new(None),
+            lease_lost_at: Mutex::new(None),
+            applying: Arc::default(),
+            metrics: ReplicaMetrics::new(),
+        })
+    }
+
+    /// Starts from a restored snapshot covering stream seq `seq` (before [`apply`](Self::apply) runs),
+    /// reading the membership as of `seq` from the stream (see `MutationStream::membership_through`).
+    pub async fn start_after(&self, seq: u64) -> Result<(), StreamError> {
+        let members = if seq == 0 {
+            Default::default()
+        } else {
+            let nonce = self.nonce();
+            self.stream
+                .membership_through(seq, &self.options.id, nonce)
+                .await?
+        };
+        self.protocol().start_after(seq, members);
+        self.applied.send_replace(seq);
+        self.stream_seq.fetch_max(seq, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn protocol(&self) -> std::sync::MutexGuard<'_, Protocol> {
+        self.protocol.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This process's nonce: what tells it apart from any other process using its replica id.
+    pub fn nonce(&self) -> u64 {
+        self.protocol().me().nonce
+    }
+
+    /// The members as of the applied seq, by id.
+    pub fn members(&self) -> Vec<MemberView> {
+        let protocol = self.protocol();
+        protocol
+            .members()
+            .iter()
+            .map(|(id, m)| MemberView {
+                id: id.clone(),
+                nonce: m.nonce,
+                joined: m.joined,
+                origin: m.origin.clone(),
+                reported: protocol.reported(m.nonce),
+                this_replica: m.nonce == protocol.me().nonce,
+            })
+            .collect()
+    }
+
+    /// Publishes an operator's removal of replica `id`; the seq it was stored at.
+    pub async fn remove_member(&self, id: &str) -> Result<u64, GateError> {
+        let record = MemberRecord::Remove { id: id.to_string() };
+        let seq = self
+            .stream
+            .publish_member(&record)
+            .await
+            .map_err(unavailable)?;
+        tracing::warn!(seq, replica = %id, "replica removed from the membership by an operator");
+        Ok(seq)
+    }
+
+    /// The least seq applied by every replica heard from within `within` (this one included); 0 until this
+    /// replica has listened to the others for that long (before, it may not have heard them all).
+    pub fn applied_everywhere(&self, within: Duration) -> u64 {
+        let listening = *self
+            .peers
+            .listening_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if listening.is_none_or(|since| since.elapsed() < within) {
+            return 0;
+        }
+        self.peers
+            .slowest(within)
+            .unwrap_or(0)
+            .min(self.applied_seq())
+    }
+
+    /// Whether this replica shares snapshots now: its id sorts first among the replicas heard from recently
+    /// (see `replica_snapshots`).
+    pub fn shares_snapshots(&self) -> bool {
+        let recent = self.options.read_lease * RECENT_LEASES;
+        self.peers
+            .first_recent(recent)
+            .is_none_or(|first| first >= self.options.id)
+    }
+
+    /// Runs `read` on the blocking pool while no mutation is applied, with the seq applied through: what it
+    /// reads of the gate is the state as of exactly that seq, in every namespace (writes wait meanwhile).
+    pub async fn while_still<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(u64) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let still = Arc::clone(&self.applying).lock_owned().await;
+        let applied = self.applied_seq();
+        let read = tokio::task::spawn_blocking(move || {
+            let _still = still;
+            read(applied)
+        });
+        read.await
+            .map_err(|panic| format!("reading the state failed: {panic}"))
+    }
+
+    /// The stream seq applied through.
+    pub fn applied_seq(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// The stream.
+    pub fn stream(&self) -> &MutationStream {
+        &self.stream
+    }
+
+    /// Waits until the replica has applied through `seq`, at most `bound`; whether it has.
+    pub async fn wait_applied(&self, seq: u64, bound: Duration) -> bool {
+        let mut applied = self.applied.subscribe();
+        tokio::time::timeout(bound, applied.wait_for(|applied| *applied >= seq))
+            .await
+            .is_ok_and(|reached| reached.is_ok())
+    }
+
+    /// The gate it applies into.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+}
+
+fn unavailable(error: StreamError) -> GateError {
+    GateError::Unavailable(format!("NATS: {error}"))
+}

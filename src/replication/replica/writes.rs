@@ -1,0 +1,223 @@
+//! A replica's writes: prepared against its gate, published under a message id no other write uses
+//! (retried under it, so stored once), applied here, then acknowledged as the protocol's safety rule
+//! requires.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::{unavailable, Replica, APPLY_WAIT, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use crate::core::gate::GateError;
+use crate::core::log::Mutation;
+use crate::core::namespace::{Absence, AbsenceReport, Added, Applied, RecordOutcome, Recorded};
+use crate::core::writes::{Pending, Writes};
+use crate::replication::protocol::Ack;
+use crate::replication::stream::StreamError;
+
+/// How long a publish is retried (with the same message id, so it is stored once) before the write is
+/// refused: covers a stream leader election (a few seconds on a LAN).
+const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(8);
+
+impl Replica {
+    /// `Add`: published, applied here, and acknowledged under the safety rule.
+    pub async fn add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Added, GateError> {
+        let mutation = self.gate.prepare_add(namespace, keys)?;
+        let (seq, applied) = self.publish_and_apply(mutation).await?;
+        let tombstones_cleared = match applied {
+            Some(Applied::Added { tombstones_cleared }) => tombstones_cleared,
+            _ => 0,
+        };
+        Ok(Added {
+            seq,
+            tombstones_cleared,
+        })
+    }
+
+    /// `RecordAbsent`: decided here where it can be (`REDUNDANT`, `SUPERSEDED`, `THROTTLED` publish
+    /// nothing), else published, and `RECORDED` or `SUPERSEDED` as applying it in stream order decides.
+    pub async fn record_absent(
+        &self,
+        namespace: &str,
+        report: AbsenceReport,
+    ) -> Result<Recorded, GateError> {
+        let mut latest_known = self.stream_seq.load(Ordering::Acquire);
+        if report.observed_seq > latest_known {
+            // Observed on a replica that sampled the stream more recently: ask the stream itself.
+            latest_known = self.stream.last_seq().await.map_err(unavailable)?;
+        }
+        let (mutation, recorded) =
+            match self.gate.prepare_absence(namespace, report, latest_known)? {
+                Absence::Answered(recorded) => return Ok(recorded),
+                Absence::Store { mutation, recorded } => (mutation, recorded),
+            };
+        let (seq, applied) = self.publish_and_apply(mutation).await?;
+        Ok(match applied {
+            Some(Applied::Superseded) => Recorded {
+                outcome: RecordOutcome::Superseded,
+                seq,
+                expires_in_ms: 0,
+            },
+            _ => Recorded { seq, ..recorded },
+        })
+    }
+
+    /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule; returns its
+    /// seq and what applying it did.
+    pub(in crate::replication) async fn publish_and_apply(
+        &self,
+        mutation: Mutation,
+    ) -> Result<(u64, Option<Applied>), GateError> {
+        let id = self.message_id()?;
+        let (applied_tx, applied_rx) = oneshot::channel();
+        let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
+        let published = self.publish_retrying(&mutation, &id).await?;
+        let acked = self.lease.now();
+        let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or_else(|| {
+                GateError::Unavailable(format!(
+                    "the write is stored in the JetStream stream {:?} at seq {} but this replica has not \
+                     applied it within {APPLY_WAIT:?} (it is behind or cut off from NATS); it will apply \
+                     everywhere, and retrying is safe",
+                    self.stream.name(),
+                    published
+                ))
+            })?;
+        drop(waiting);
+        self.wait_for_replicas(published, acked).await;
+        Ok((published, applied))
+    }
+
+    /// Publishes `mutation` without waiting for any replica to apply it: for a step of a larger write whose
+    /// last step is waited for.
+    pub(in crate::replication) async fn publish_unapplied(
+        &self,
+        mutation: &Mutation,
+    ) -> Result<(), GateError> {
+        let id = self.message_id()?;
+        self.publish_retrying(mutation, &id).await.map(drop)
+    }
+
+    /// A message id no other write of any replica uses, or `UNAVAILABLE` while NATS is unreachable.
+    fn message_id(&self) -> Result<String, GateError> {
+        if !self.stream.connected() {
+            return Err(GateError::Unavailable(format!(
+                "NATS is unreachable: the write was not published to the JetStream stream {:?}; retry \
+                 (lookups are still answered)",
+                self.stream.name()
+            )));
+        }
+        Ok(format!(
+            "{}:{}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    /// Publishes with retries under one message id (a retry of a publish that was stored is dropped as a
+    /// duplicate by the stream), for up to `PUBLISH_RETRY_FOR`.
+    async fn publish_retrying(&self, mutation: &Mutation, id: &str) -> Result<u64, GateError> {
+        let give_up = Instant::now() + PUBLISH_RETRY_FOR;
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            let started = Instant::now();
+            match self.stream.publish(mutation, id).await {
+                Ok(published) => {
+                    self.stream_seq.fetch_max(published.seq, Ordering::AcqRel);
+                    self.metrics
+                        .publish_ack
+                        .record(started.elapsed().as_secs_f64());
+                    return Ok(published.seq);
+                }
+                Err(StreamError::Publish(reason)) if Instant::now() + pause < give_up => {
+                    tracing::debug!(%reason, "publish failed; retrying");
+                    self.metrics.publish_retries.increment(1);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                }
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
+    }
+
+    /// Waits until the protocol lets the write at `seq` be acknowledged: every member reported it, or the
+    /// fallback passed since its publish was acknowledged at `published_at`.
+    async fn wait_for_replicas(&self, seq: u64, published_at: u64) {
+        loop {
+            let changed = self.progress.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            let now = self.lease.now();
+            let until = match self.protocol().ack(seq, published_at, now) {
+                Ack::Early => return,
+                Ack::ByFallback => {
+                    self.metrics.acked_by_lease.increment(1);
+                    return;
+                }
+                Ack::Wait(until) => until,
+            };
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep(Duration::from_nanos(until.saturating_sub(now))) => {}
+            }
+        }
+    }
+}
+
+/// A replica's writes are published to its stream and acknowledged as the replication protocol requires.
+impl Writes for Replica {
+    fn add<'a>(
+        &'a self,
+        namespace: &'a str,
+        keys: Vec<Bytes>,
+    ) -> Pending<'a, Result<Added, GateError>> {
+        Box::pin(Replica::add(self, namespace, keys))
+    }
+
+    fn record_absent<'a>(
+        &'a self,
+        namespace: &'a str,
+        report: AbsenceReport,
+    ) -> Pending<'a, Result<Recorded, GateError>> {
+        Box::pin(Replica::record_absent(self, namespace, report))
+    }
+
+    fn reach(&self, seq: u64, bound: Duration) -> Pending<'_, bool> {
+        Box::pin(self.wait_applied(seq, bound))
+    }
+}
+
+/// A write's place among those waiting to be applied, removed when the write stops waiting.
+struct Waiting<'a> {
+    waiting: &'a Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+    id: String,
+}
+
+impl<'a> Waiting<'a> {
+    fn register(
+        waiting: &'a Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+        id: String,
+        sender: oneshot::Sender<Option<Applied>>,
+    ) -> Self {
+        waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), sender);
+        Self { waiting, id }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
