@@ -34,6 +34,9 @@ if [ -z "${EXISTENCE_GATE_BIN:-}" ] || [ ! -x "${EXISTENCE_GATE_BIN}" ]; then
 fi
 EXISTENCE_GATE_BIN=$(cd "$(dirname "$EXISTENCE_GATE_BIN")" && pwd)/$(basename "$EXISTENCE_GATE_BIN")
 export EXISTENCE_GATE_BIN
+# The conformance cases (conformance_test.go), shared by every client library; the tests run in copies of
+# this directory, so they are named by path.
+export EXISTENCE_GATE_CONFORMANCE=$root/clients/conformance
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/existence-gate-go-client.XXXXXX")
 # The tests write the pid of every server they start here; whatever a killed test run left is stopped.
