@@ -31,6 +31,9 @@ if [ -z "${EXISTENCE_GATE_BIN:-}" ] || [ ! -x "$EXISTENCE_GATE_BIN" ]; then
 fi
 
 # build.sh prints its own SKIPPED line and exits 77 when java, protoc or the grpc-java jars are missing.
+# The conformance cases (ConformanceTest), shared by every client library.
+export EXISTENCE_GATE_CONFORMANCE=$here/../conformance
+
 timeout -k 10 "$step_timeout" "$here/build.sh"
 status=$?
 [ $status -ne 0 ] && exit $status

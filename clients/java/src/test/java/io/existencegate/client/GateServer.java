@@ -84,10 +84,6 @@ final class GateServer implements AutoCloseable {
 
   private static GateServer start(String token, List<String> extraArgs, ChannelCredentials reference,
       String... namespaces) throws Exception {
-    String bin = System.getenv("EXISTENCE_GATE_BIN");
-    if (bin == null || bin.isEmpty()) {
-      throw new IllegalStateException("EXISTENCE_GATE_BIN is not set");
-    }
     Path dir = Files.createTempDirectory("existence-gate-java-test");
     StringBuilder config = new StringBuilder();
     for (String namespace : namespaces) {
@@ -101,6 +97,20 @@ final class GateServer implements AutoCloseable {
       config.append("[[tokens]]\nname = \"tests\"\nsha256 = \"")
           .append(java.util.HexFormat.of().formatHex(digest))
           .append("\"\nroles = [\"read\", \"write\"]\nnamespaces = [\"*\"]\n");
+    }
+    return launch(dir, config.toString(), token, extraArgs, reference);
+  }
+
+  /** Starts a server with the configuration {@code config} (a TOML text), waiting until it answers warm. */
+  static GateServer startWithConfig(String config) throws Exception {
+    return launch(Files.createTempDirectory("existence-gate-java-test"), config, null, List.of(), null);
+  }
+
+  private static GateServer launch(Path dir, String config, String token, List<String> extraArgs,
+      ChannelCredentials reference) throws Exception {
+    String bin = System.getenv("EXISTENCE_GATE_BIN");
+    if (bin == null || bin.isEmpty()) {
+      throw new IllegalStateException("EXISTENCE_GATE_BIN is not set");
     }
     Path configFile = dir.resolve("gate.toml");
     Files.writeString(configFile, config);
