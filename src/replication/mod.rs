@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  protocol/            the rules, pure: membership, read lease, acknowledgement (simulated in tests)
-//!  stream.rs            the JetStream stream: publish, follow, the stream's own records, reports
+//!  stream/              the JetStream stream: publish, follow, the stream's own records, reports
 //!  replica/             the applier, lease keeper, peers, writes and health, driving the protocol with
 //!                       real time and NATS
 //!  replica_snapshots.rs where a replica's state starts from, and the snapshots it shares

@@ -1,0 +1,184 @@
+//! The log itself: mutations published under a message id and acknowledged with their seq, followed in
+//! stream order from any seq by an ordered consumer, and purged below a shared snapshot.
+
+use async_nats::jetstream::{self, consumer};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+
+use super::membership::parse_member;
+use super::{MutationStream, Published, StreamError, Streamed, BARRIER, MEMBER};
+use crate::core::log::Mutation;
+use crate::replication::protocol::MemberRecord;
+use crate::storage::codec;
+
+impl MutationStream {
+    /// Publishes `mutation` (its seq is ignored: the stream assigns it) with message id `id`, and waits for
+    /// the stream's acknowledgement.
+    pub async fn publish(&self, mutation: &Mutation, id: &str) -> Result<Published, StreamError> {
+        let mut payload = Vec::new();
+        codec::encode(&mutation.clone().with_seq(0), &mut payload);
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Publish(format!(
+                "publishing to the JetStream stream {:?} failed: {e}; the write may or may not be stored, \
+                 and retrying it is safe",
+                self.name
+            ))
+        };
+        let message = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .message_id(id);
+        let ack = self
+            .jetstream
+            .send_publish(self.subject(mutation.namespace()), message)
+            .await
+            .map_err(|e| failed(&e))?
+            .await
+            .map_err(|e| failed(&e))?;
+        // The acknowledgement lost after the stream stored the mutation: the caller cannot tell this from a
+        // publish that never arrived, which is why the message id makes its retry a duplicate.
+        fail::fail_point!("stream-publish-ack", |_| Err(failed(
+            &"injected by fault point stream-publish-ack (stored, acknowledgement lost)"
+        )));
+        Ok(Published {
+            seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Every message stored after `after_seq`, in stream order, each mutation with its stream sequence as
+    /// seq; it waits for new ones at the end. An ordered consumer: the server keeps no state for it, and the
+    /// client recreates it from the last sequence seen if it misses a message, so nothing is skipped or
+    /// repeated.
+    pub async fn follow(
+        &self,
+        after_seq: u64,
+    ) -> Result<impl Stream<Item = Result<Streamed, StreamError>> + Send + 'static, StreamError>
+    {
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Read(format!(
+                "cannot read the JetStream stream {:?} after seq {after_seq}: {e}",
+                self.name
+            ))
+        };
+        let consumer = self
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: after_seq + 1,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let messages = consumer.messages().await.map_err(|e| failed(&e))?;
+        let name = self.name.clone();
+        let control = format!("{}.$", self.name);
+        Ok(messages.map(move |message| {
+            fail::fail_point!("stream-consumer", |_| Err(StreamError::Read(format!(
+                "the consumer of the JetStream stream {name:?} failed: injected by fault point stream-consumer"
+            ))));
+            decode(&name, &control, message)
+        }))
+    }
+
+    /// Removes the lease barriers below `seq` (they carry no state; a retained snapshot is past them).
+    pub async fn purge_barriers_below(&self, seq: u64) -> Result<u64, StreamError> {
+        self.purge_subject_below(&format!("{}.{BARRIER}", self.name), seq)
+            .await
+    }
+
+    /// Removes `namespace`'s mutations below `seq` from the stream (a retained snapshot covers them). The
+    /// stream's own records (identity, sizing, membership) stay.
+    pub async fn purge_below(&self, namespace: &str, seq: u64) -> Result<u64, StreamError> {
+        self.purge_subject_below(&self.subject(namespace), seq)
+            .await
+    }
+
+    pub(super) async fn purge_subject_below(
+        &self,
+        subject: &str,
+        seq: u64,
+    ) -> Result<u64, StreamError> {
+        if seq <= 1 {
+            // Nothing is below seq 1 — and the server reads a purge "below" 0 or 1 as no bound at all, and
+            // would remove every message on the subject.
+            return Ok(0);
+        }
+        let purged = self
+            .stream
+            .purge()
+            .filter(subject)
+            .sequence(seq)
+            .await
+            .map_err(|e| {
+                StreamError::Publish(format!(
+                    "cannot purge {subject} below seq {seq} from the JetStream stream {:?}: {e}",
+                    self.name
+                ))
+            })?;
+        Ok(purged.purged)
+    }
+}
+
+/// A message read from the stream: a mutation at its stream sequence, or one of the stream's own records
+/// (subjects under `control`).
+fn decode(
+    name: &str,
+    control: &str,
+    message: Result<jetstream::Message, impl std::fmt::Display>,
+) -> Result<Streamed, StreamError> {
+    let message = message.map_err(|e| {
+        StreamError::Read(format!("reading the JetStream stream {name:?} failed: {e}"))
+    })?;
+    let seq = message
+        .info()
+        .map_err(|e| StreamError::Read(format!("a message of stream {name:?} has no info: {e}")))?
+        .stream_sequence;
+    let id = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|id| id.as_str().to_string());
+    let subject = message.subject.as_str();
+    let passed_over = |member: Option<MemberRecord>, junk: Option<String>| Streamed {
+        seq,
+        mutation: None,
+        member,
+        junk,
+        id: id.clone(),
+    };
+    if let Some(record) = subject.strip_prefix(control) {
+        return Ok(match record {
+            _ if record == &MEMBER[1..] => match parse_member(&message.payload) {
+                Ok(Some(member)) => passed_over(Some(member), None),
+                Ok(None) => passed_over(None, None),
+                Err(why) => passed_over(None, Some(format!("subject {subject}: {why}"))),
+            },
+            _ => passed_over(None, None),
+        });
+    }
+    match codec::decode_shared(&message.payload) {
+        Ok(mutation) if format!("{name}.{}", mutation.namespace()) == subject => Ok(Streamed {
+            seq,
+            mutation: Some(mutation.with_seq(seq)),
+            member: None,
+            junk: None,
+            id,
+        }),
+        Ok(mutation) => Ok(passed_over(
+            None,
+            Some(format!(
+                "subject {subject}: a mutation of namespace {:?}, which belongs on {name}.{}",
+                mutation.namespace(),
+                mutation.namespace()
+            )),
+        )),
+        Err(malformed) => Ok(passed_over(
+            None,
+            Some(format!(
+                "subject {subject}: not a mutation: {}",
+                malformed.0
+            )),
+        )),
+    }
+}

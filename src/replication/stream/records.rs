@@ -1,0 +1,274 @@
+//! The stream's own records every replica must agree on, each on a subject no namespace can have: the
+//! deployment's identity (hash seed) at seq 1 and each namespace's sizing, written with an expected last
+//! sequence so exactly one of several starting replicas wins; read past junk to the last valid one.
+
+use std::time::Duration;
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::{self, consumer};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::{MutationStream, StreamError};
+use crate::core::filter::FilterSpec;
+use crate::core::hashing::KeyHasher;
+
+/// The subject token of the deployment identity.
+const IDENTITY: &str = "$identity";
+/// The subject token before a namespace's sizing record.
+const SIZING: &str = "$sizing";
+/// The start of an identity message, then a u32 format and the 32-byte seed.
+const IDENTITY_MAGIC: &[u8; 8] = b"EXGIDNT1";
+/// The identity format this build writes and reads.
+const IDENTITY_FORMAT: u32 = 1;
+/// How long reading one of the stream's record subjects from its start may take (the membership at start,
+/// a record's history past junk).
+const SUBJECT_READ: Duration = Duration::from_secs(10);
+
+impl MutationStream {
+    /// Reads the identity, publishing one (at seq 1) into an empty stream.
+    pub(super) async fn identity(&self) -> Result<[u8; 32], StreamError> {
+        let subject = format!("{}.{IDENTITY}", self.name);
+        // The stream's length first: an identity is always seq 1, so if the stream held anything when its
+        // length was read, an identity read after that is there — unless the stream is not ours.
+        let stored = self.last_seq().await?;
+        if let Some(found) = self.first_on(&subject).await? {
+            return self.parse_identity(&found);
+        }
+        if stored > 0 {
+            return Err(StreamError::Setup(format!(
+                "the JetStream stream {:?} holds messages but no existence-gate identity: it was written by \
+                 something else. Pick another name with --nats-stream, or remove that stream",
+                self.name
+            )));
+        }
+        let mut payload = IDENTITY_MAGIC.to_vec();
+        payload.extend_from_slice(&IDENTITY_FORMAT.to_le_bytes());
+        payload.extend_from_slice(&KeyHasher::random().seed());
+        let first = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .expected_last_sequence(0);
+        let found = self.write_first(&subject, first).await?;
+        self.parse_identity(&found)
+    }
+
+    fn parse_identity(&self, message: &StreamMessage) -> Result<[u8; 32], StreamError> {
+        let payload = &message.payload;
+        let format = payload
+            .get(8..12)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        match (payload.get(..8), format) {
+            (Some(magic), Some(IDENTITY_FORMAT)) if magic == IDENTITY_MAGIC && payload.len() == 44 => {
+                Ok(payload[12..].try_into().expect("32 bytes"))
+            }
+            (Some(magic), Some(format)) if magic == IDENTITY_MAGIC => Err(StreamError::Setup(format!(
+                "the JetStream stream {:?} was set up by a newer existence-gate (identity format {format}; \
+                 this build reads {IDENTITY_FORMAT}): run that version or a newer one",
+                self.name
+            ))),
+            _ => Err(StreamError::Setup(format!(
+                "message {} of the JetStream stream {:?} is not an existence-gate identity: something else \
+                 writes to {}",
+                message.sequence, self.name, message.subject
+            ))),
+        }
+    }
+
+    /// Checks that this replica sizes `namespace` as the deployment does, recording `spec` if it is the
+    /// first to serve it. Refused with both sizings when they differ.
+    pub async fn agree_sizing(
+        &self,
+        namespace: &str,
+        spec: &FilterSpec,
+    ) -> Result<(), StreamError> {
+        let subject = format!("{}.{SIZING}.{namespace}", self.name);
+        let mine = spec.describe();
+        let recorded = match self.first_on(&subject).await? {
+            Some(found) => found,
+            None => {
+                let first = jetstream::message::PublishMessage::build()
+                    .payload(Bytes::from(mine.clone()))
+                    .expected_last_subject_sequence(0);
+                self.write_first(&subject, first).await?
+            }
+        };
+        let theirs = String::from_utf8_lossy(&recorded.payload);
+        if theirs != mine {
+            return Err(StreamError::Setup(format!(
+                "namespace {namespace:?} is sized differently here ({mine}) than in the JetStream stream {:?} \
+                 ({theirs}): every replica must size a namespace alike, or they would set different bits. \
+                 Use the stream's sizing, or give the new sizing another namespace (or stream) and rebuild",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The stream's own record `name` (subject `NAME.$name`), replaced over time: the stream seq of the last
+    /// message on the subject (0: none; what a replacement must expect), and the newest payload `valid`
+    /// accepts — a message that is not one (junk published there) is passed over in favour of the one before.
+    pub async fn record(
+        &self,
+        name: &str,
+        valid: impl Fn(&[u8]) -> bool,
+    ) -> Result<(u64, Option<Bytes>), StreamError> {
+        let subject = format!("{}.${name}", self.name);
+        let Some(last) = self.last_on(&subject).await? else {
+            return Ok((0, None));
+        };
+        if valid(&last.payload) {
+            return Ok((last.sequence, Some(last.payload)));
+        }
+        tracing::error!(seq = last.sequence, %subject, "the newest record is junk; reading the ones before it");
+        let mut newest_valid = None;
+        self.read_subject_before(&subject, last.sequence, |_, payload| {
+            if valid(payload) {
+                newest_valid = Some(payload.clone());
+            }
+        })
+        .await?;
+        Ok((last.sequence, newest_valid))
+    }
+
+    /// Calls `each(seq, payload)` for every message on `subject` below stream seq `end`, in order, where the
+    /// message at `end` is known to be on `subject`: reading until it comes back proves none before it was
+    /// missed (an ordered consumer, served by the stream's leader). Bounded by [`SUBJECT_READ`].
+    pub(super) async fn read_subject_before(
+        &self,
+        subject: &str,
+        end: u64,
+        mut each: impl FnMut(u64, &Bytes),
+    ) -> Result<(), StreamError> {
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Read(format!(
+                "cannot read {subject} from the JetStream stream {:?}: {e}",
+                self.name
+            ))
+        };
+        let consumer = self
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: subject.to_string(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
+        let read = async {
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(|e| failed(&e))?;
+                let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
+                if at >= end {
+                    return Ok(());
+                }
+                each(at, &message.payload);
+            }
+            Err(failed(&"the consumer ended"))
+        };
+        tokio::time::timeout(SUBJECT_READ, read)
+            .await
+            .map_err(|_| {
+                failed(&format!(
+                    "seq {end} did not come back within {SUBJECT_READ:?}"
+                ))
+            })?
+    }
+
+    /// Removes the messages of record `name` below stream seq `seq` (the replaced ones).
+    pub async fn purge_record_below(&self, name: &str, seq: u64) -> Result<u64, StreamError> {
+        self.purge_subject_below(&format!("{}.${name}", self.name), seq)
+            .await
+    }
+
+    /// Replaces record `name` with `payload` if the last message on its subject is still the one at stream seq
+    /// `expected` (0: none yet): the seq it was stored at, or `None` if another replica replaced it first
+    /// (read it again and retry).
+    pub async fn replace_record(
+        &self,
+        name: &str,
+        payload: Bytes,
+        expected: u64,
+    ) -> Result<Option<u64>, StreamError> {
+        let subject = format!("{}.${name}", self.name);
+        let message = jetstream::message::PublishMessage::build()
+            .payload(payload)
+            .expected_last_subject_sequence(expected);
+        let acked = match self.jetstream.send_publish(subject.clone(), message).await {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(ack) => Ok(Some(ack.sequence)),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(None),
+            Err(e) => Err(StreamError::Publish(format!(
+                "cannot write {subject} into the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
+    }
+
+    /// The first message on `subject`, if there is one: for the records written once, by the first writer
+    /// (an expected sequence lets only it store), the one that counts — anything published on the subject
+    /// later is junk and changes nothing.
+    async fn first_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
+        match self
+            .stream
+            .get_first_raw_message_by_subject(subject, 1)
+            .await
+        {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(StreamError::Read(format!(
+                "cannot read {subject} from the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
+    }
+
+    /// The last message on `subject`, if there is one.
+    async fn last_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
+        match self.stream.get_last_raw_message_by_subject(subject).await {
+            Ok(message) => Ok(Some(message)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(StreamError::Read(format!(
+                "cannot read {subject} from the JetStream stream {:?}: {e}",
+                self.name
+            ))),
+        }
+    }
+
+    /// Publishes a message that only the first writer may store (its expected sequence says so), then
+    /// returns the first message stored on `subject`: this one, or the one that won the race.
+    async fn write_first(
+        &self,
+        subject: &str,
+        message: jetstream::message::PublishMessage,
+    ) -> Result<StreamMessage, StreamError> {
+        let acked = match self
+            .jetstream
+            .send_publish(subject.to_string(), message)
+            .await
+        {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(_) => {}
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {}
+            Err(e) => {
+                return Err(StreamError::Setup(format!(
+                    "cannot write {subject} into the JetStream stream {:?}: {e}",
+                    self.name
+                )))
+            }
+        }
+        self.first_on(subject).await?.ok_or_else(|| {
+            StreamError::Setup(format!(
+                "{subject} vanished from the JetStream stream {:?} right after it was written",
+                self.name
+            ))
+        })
+    }
+}

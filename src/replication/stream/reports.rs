@@ -1,0 +1,89 @@
+//! Applied-seq reports: each replica says how far it has applied on a core NATS subject outside the
+//! stream (lossy, unordered across replicas; the protocol counts on neither).
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+
+use super::{MutationStream, StreamError};
+
+/// The start of an applied-seq report: then the seq and the nonce (u64 LE each) and the replica id.
+const REPORT_MAGIC: &[u8; 8] = b"EXGREPT2";
+
+/// A replica's word that it has applied the stream up to a seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedReport {
+    /// The replica's id (`--replica-id`).
+    pub replica: String,
+    /// The reporting process's nonce: which incarnation of the id says so.
+    pub nonce: u64,
+    /// The last stream seq it applied.
+    pub seq: u64,
+}
+
+impl MutationStream {
+    /// The core-NATS subject replicas report their applied seqs on: outside the stream (reports are
+    /// liveness, not history, and must not take stream sequences).
+    fn reports_subject(&self) -> String {
+        format!("_existence.{}.applied", self.name)
+    }
+
+    /// Tells every replica watching [`applied_reports`](Self::applied_reports) that `replica` has applied
+    /// the stream up to `seq`. Flushed before it returns (the client would otherwise hold it in its write
+    /// buffer while idle): a report only helps if it leaves now. Not acknowledged: a report lost in a
+    /// reconnect is followed by the next one.
+    pub async fn report_applied(
+        &self,
+        replica: &str,
+        nonce: u64,
+        seq: u64,
+    ) -> Result<(), StreamError> {
+        let mut payload = REPORT_MAGIC.to_vec();
+        payload.extend_from_slice(&seq.to_le_bytes());
+        payload.extend_from_slice(&nonce.to_le_bytes());
+        payload.extend_from_slice(replica.as_bytes());
+        let client = self.jetstream.client();
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Publish(format!(
+                "reporting the applied seq of replica {replica:?} to NATS failed: {e}"
+            ))
+        };
+        client
+            .publish(self.reports_subject(), Bytes::from(payload))
+            .await
+            .map_err(|e| failed(&e))?;
+        client.flush().await.map_err(|e| failed(&e))
+    }
+
+    /// Every replica's applied-seq reports from now on, as they arrive (this replica's own included). The
+    /// subscription is live once this returns: a report sent after that is seen.
+    pub async fn applied_reports(
+        &self,
+    ) -> Result<impl Stream<Item = AppliedReport> + Send + 'static, StreamError> {
+        let client = self.jetstream.client();
+        let reports = client
+            .subscribe(self.reports_subject())
+            .await
+            .map_err(|e| {
+                StreamError::Read(format!(
+                    "cannot watch the replicas' applied seqs on NATS: {e}"
+                ))
+            })?;
+        // The server has the subscription once it has answered a request sent after it on the same
+        // connection (it reads a connection's commands in order; a flush only empties the client's buffer).
+        self.last_seq().await?;
+        Ok(reports.filter_map(|message| std::future::ready(parse_report(&message.payload))))
+    }
+}
+
+/// A report's payload, or `None` for one this build does not read (another version's, or junk).
+fn parse_report(payload: &[u8]) -> Option<AppliedReport> {
+    let rest = payload.strip_prefix(REPORT_MAGIC.as_slice())?;
+    let seq = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
+    let nonce = u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?);
+    let replica = std::str::from_utf8(rest.get(16..)?).ok()?.to_string();
+    Some(AppliedReport {
+        replica,
+        nonce,
+        seq,
+    })
+}
