@@ -5,7 +5,8 @@
 //! list and never one below (`tests/suite/layering.rs` checks it):
 //!
 //! - [`core`]: the deterministic state machine — filters, tombstones, namespaces, the gate — fed by an
-//!   ordered log it knows only as a trait. No files, no network, no tonic, no clock but the ones it is
+//!   ordered log it knows only as a trait. A crate of its own (`crates/core`), so that it cannot reach
+//!   upward is a compile error. No files, no network, no tonic, no clock but the ones it is
 //!   given (`core::clock`): it can be driven from a test, a replay or a fuzzer alike.
 //! - [`storage`]: the data directory — write-ahead log, snapshots, recovery — which implements the core's
 //!   `Log` and encodes its state.
@@ -27,7 +28,9 @@
 
 pub mod cli;
 pub mod client;
-pub mod core;
+/// The core, a crate of its own (`crates/core`, `existence-gate-core`): the compiler keeps it below every
+/// layer here, since it depends on none of them.
+pub use existence_gate_core as core;
 pub mod feed;
 pub mod replication;
 pub mod server;

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::core::filter::Retention;
+use crate::filter::Retention;
 
 /// Parses `500ms`, `90s`, `10m`, `2h`, `7d` or `1w`.
 ///
 /// ```
-/// use existence_gate::core::config::parse_duration;
+/// use existence_gate_core::config::parse_duration;
 /// assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
 /// assert_eq!(parse_duration("7d").unwrap().as_secs(), 7 * 86_400);
 /// assert!(parse_duration("7 days").is_err());

@@ -4,11 +4,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::*;
-use crate::core::filter::WindowedFilter;
-use crate::core::hashing::KeyHash;
-use crate::core::invalidations::Invalidation;
-use crate::core::log::{Mutation, RebuildStep};
-use crate::core::tombstones::{self, TombstoneKey};
+use crate::filter::WindowedFilter;
+use crate::hashing::KeyHash;
+use crate::invalidations::Invalidation;
+use crate::log::{Mutation, RebuildStep};
+use crate::tombstones::{self, TombstoneKey};
 
 impl Namespace {
     /// Applies a mutation from the log (replay, or a replica's feed). Mutations must arrive in seq order.

@@ -8,7 +8,7 @@
 
 use metrics::{counter, gauge, Counter, Gauge};
 
-use crate::core::answer::{Answer, Basis, Lookup, NamespaceStats};
+use crate::answer::{Answer, Basis, Lookup, NamespaceStats};
 
 /// The metric handles of one namespace.
 #[derive(Debug)]

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::core::gate::GateError;
-use crate::core::namespace::{AbsenceReport, Added, Recorded};
+use crate::gate::GateError;
+use crate::namespace::{AbsenceReport, Added, Recorded};
 
 /// A write (or a wait) in progress.
 pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::core::filter::FilterStats;
+use crate::filter::FilterStats;
 
 /// The answer to "can this key exist?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,7 +84,7 @@ pub struct NamespaceStats {
     pub subscribers: usize,
 }
 
-/// A namespace's [`state_digest`](crate::core::namespace::Namespace::state_digest) and the seq it was taken at.
+/// A namespace's [`state_digest`](crate::namespace::Namespace::state_digest) and the seq it was taken at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateDigest {
     /// The latest applied seq when it was taken.

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::core::clock::MonotonicClock;
+use crate::clock::MonotonicClock;
 
 /// Until when this replica may answer `ABSENT`: the end the replication protocol last granted, read by every
 /// lookup (one atomic load), and whether lookups have asked since the replica last looked, so it renews the
@@ -104,7 +104,7 @@ impl ReadLease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::clock::ManualClock;
+    use crate::clock::ManualClock;
 
     fn lease_at(clock: &Arc<ManualClock>) -> ReadLease {
         ReadLease::new(Arc::clone(clock) as Arc<dyn MonotonicClock>)

@@ -13,7 +13,7 @@
 //! needs both cells of a key overwritten by the `A` keys added since the caller's lookup (each writes two
 //! cells): probability about `(1 - e^(-2A/2¹⁷))²` — 0.02% for A = 1,000, 0.35% for A = 4,000.
 
-use crate::core::hashing::KeyHash;
+use crate::hashing::KeyHash;
 
 /// Number of cells (a power of two); 1 MiB of seqs per namespace, of address space: the cells start zeroed
 /// (pages the allocator maps lazily), so a namespace costs memory only for the cells its `Add`s touched.
@@ -112,7 +112,7 @@ impl RecentAdds {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::hashing::KeyHasher;
+    use crate::hashing::KeyHasher;
 
     #[test]
     fn an_add_after_the_observation_is_always_seen() {

@@ -28,16 +28,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
 
-use crate::core::answer::{Lookup, NamespaceStats};
-use crate::core::config::NamespaceSettings;
-use crate::core::filter::WindowedFilter;
-use crate::core::hashing::{KeyHash, KeyHasher};
-use crate::core::invalidations::{Hub, Subscription};
-use crate::core::log::GENESIS_SEQ;
-use crate::core::metrics::NamespaceMetrics;
-use crate::core::rate_limit::TokenBucket;
-use crate::core::recent_adds::RecentAdds;
-use crate::core::tombstones::TombstoneStore;
+use crate::answer::{Lookup, NamespaceStats};
+use crate::config::NamespaceSettings;
+use crate::filter::WindowedFilter;
+use crate::hashing::{KeyHash, KeyHasher};
+use crate::invalidations::{Hub, Subscription};
+use crate::log::GENESIS_SEQ;
+use crate::metrics::NamespaceMetrics;
+use crate::rate_limit::TokenBucket;
+use crate::recent_adds::RecentAdds;
+use crate::tombstones::TombstoneStore;
 
 pub use decide::Absence;
 pub use image::*;
@@ -225,7 +225,7 @@ impl Namespace {
     }
 
     /// Fraction of the live filter's bits that are set (a scan of every filter word: see
-    /// [`crate::core::filter::WindowedFilter::fill_ratio`]).
+    /// [`crate::filter::WindowedFilter::fill_ratio`]).
     pub fn fill_ratio(&self, now_ms: u64) -> f64 {
         self.filter.load().fill_ratio(now_ms)
     }

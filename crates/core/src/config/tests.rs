@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::core::filter::{Retention, MAX_LAYER_BYTES};
+use crate::filter::{Retention, MAX_LAYER_BYTES};
 
 #[test]
 fn empty_config_has_the_default_namespace_with_documented_defaults() {

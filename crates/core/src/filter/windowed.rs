@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 
 use super::bloom::{BloomLayer, Geometry};
-use crate::core::hashing::KeyHash;
-use crate::core::prefetch::{prefetched_ahead, visit_prefetched_ahead};
+use crate::hashing::KeyHash;
+use crate::prefetch::{prefetched_ahead, visit_prefetched_ahead};
 
 /// How long keys stay in the filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,7 +326,7 @@ impl WindowedFilter {
     }
 
     /// Adds every hash as of time `at_ms`: one epoch pin and one window lookup for the batch, and each key's
-    /// blocks prefetched [`LOOKAHEAD`](crate::core::prefetch::LOOKAHEAD) keys ahead, so the cache misses of a
+    /// blocks prefetched [`LOOKAHEAD`](crate::prefetch::LOOKAHEAD) keys ahead, so the cache misses of a
     /// 1,000-key `Add` overlap instead of queueing (an epoch pin per key was 8% of a replica's CPU applying
     /// 1,000-key Adds, and the misses taken one at a time most of the rest of its filter time).
     pub fn insert_many(&self, hashes: &[KeyHash], at_ms: u64) {
@@ -520,7 +520,7 @@ impl WindowedFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::hashing::KeyHasher;
+    use crate::hashing::KeyHasher;
 
     const HOUR: u64 = 3_600_000;
 

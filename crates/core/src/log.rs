@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::core::tombstones::AbsenceKind;
+use crate::tombstones::AbsenceKind;
 
 /// The seq of every namespace before its first mutation. Seqs count from 1, not 0, so that every
 /// `observed_seq` an answer carries differs from 0, which in a request means "not observed": a client that

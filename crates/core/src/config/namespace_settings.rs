@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::core::filter::{FilterSpec, Retention, MAX_LAYER_BYTES};
-use crate::core::tombstones::{BUCKET_BYTES, WAYS};
+use crate::filter::{FilterSpec, Retention, MAX_LAYER_BYTES};
+use crate::tombstones::{BUCKET_BYTES, WAYS};
 
 use super::duration::{duration, retention};
 use super::ConfigError;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
-use crate::core::log::LogError;
-use crate::core::tombstones::AbsenceKind;
+use crate::log::LogError;
+use crate::tombstones::AbsenceKind;
 
 /// The result of an `Add`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

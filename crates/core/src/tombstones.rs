@@ -15,7 +15,7 @@
 //! - **tags**: the 16 tags (upper 32 bits of the key's fast hash), 64 bytes, one cache line. A lookup of a key
 //!   the store does not hold — most lookups — compares its tag with the 16 and stops: one cache miss, no
 //!   strong hash, since two keys' tags are equal with probability 2⁻³² per slot;
-//! - **entries**: per slot, the key's strong 128-bit keyed hash (its identity, see [`crate::core::hashing`]) and
+//! - **entries**: per slot, the key's strong 128-bit keyed hash (its identity, see [`crate::hashing`]) and
 //!   its absolute expiry, 24 bytes; read only when a tag matches, and the strong hash is computed then;
 //! - **meta**: per slot a hit counter (atomic, bumped under the read lock) and a bit for the kind.
 //!
@@ -45,8 +45,8 @@
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use crate::core::hashing::{KeyHash, StrongKey};
-use crate::core::prefetch::prefetched_ahead;
+use crate::hashing::{KeyHash, StrongKey};
+use crate::prefetch::prefetched_ahead;
 
 /// Why the source says a key does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -239,7 +239,7 @@ impl Shard {
     #[inline]
     fn prefetch(&self, tag: u32) {
         if let Some(tags) = self.tags.get(self.bucket(tag)) {
-            crate::core::prefetch::prefetch(tags);
+            crate::prefetch::prefetch(tags);
         }
     }
 
@@ -605,7 +605,7 @@ impl TombstoneStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::hashing::KeyHasher;
+    use crate::hashing::KeyHasher;
     use proptest::prelude::*;
     use std::collections::HashMap;
 

@@ -7,9 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::*;
-use crate::core::hashing::KeyHash;
-use crate::core::log::{Log, Mutation};
-use crate::core::tombstones::AbsenceKind;
+use crate::hashing::KeyHash;
+use crate::log::{Log, Mutation};
+use crate::tombstones::AbsenceKind;
 
 /// What a reported absence comes to before it is logged.
 #[derive(Debug, Clone, PartialEq, Eq)]

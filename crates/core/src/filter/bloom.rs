@@ -35,7 +35,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::core::hashing::KeyHash;
+use crate::hashing::KeyHash;
 
 /// Bits per block: one 64-byte cache line.
 pub const BLOCK_BITS: u32 = 512;
@@ -270,7 +270,7 @@ impl BloomLayer {
     /// cache: a batch issues all its prefetches first and overlaps the misses.
     #[inline]
     pub fn prefetch(&self, hash: KeyHash) {
-        crate::core::prefetch::prefetch(self.block(hash));
+        crate::prefetch::prefetch(self.block(hash));
     }
 
     /// A copy of this layer as it is now, which later inserts into this one do not change.
@@ -329,7 +329,7 @@ fn probe_positions(seed: u32, probes: u32) -> impl Iterator<Item = (usize, u32)>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::hashing::KeyHasher;
+    use crate::hashing::KeyHasher;
 
     #[test]
     fn the_classic_bound_is_approached_at_one_percent() {

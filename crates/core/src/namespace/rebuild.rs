@@ -7,9 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::*;
-use crate::core::filter::WindowedFilter;
-use crate::core::hashing::KeyHash;
-use crate::core::log::{Mutation, RebuildStep};
+use crate::filter::WindowedFilter;
+use crate::hashing::KeyHash;
+use crate::log::{Mutation, RebuildStep};
 
 /// A rebuild in progress: keys streamed from the source of truth fill a fresh filter, which replaces the
 /// live one on [`finish`](Self::finish). Dropped unfinished, it is abandoned and the live filter stays.

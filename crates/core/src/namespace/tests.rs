@@ -5,9 +5,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::*;
-use crate::core::answer::Answer;
-use crate::core::log::{MemoryLog, Mutation, RebuildStep};
-use crate::core::tombstones::AbsenceKind;
+use crate::answer::Answer;
+use crate::log::{MemoryLog, Mutation, RebuildStep};
+use crate::tombstones::AbsenceKind;
 
 fn namespace() -> Arc<Namespace> {
     let hasher = Arc::new(KeyHasher::from_seed([9; 32]));

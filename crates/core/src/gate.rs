@@ -11,14 +11,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use metrics::Counter;
 
-use crate::core::answer::{Answer, Lookup, NamespaceStats, Scan};
-use crate::core::clock::Clock;
-use crate::core::config::{GateConfig, Limits};
-use crate::core::hashing::KeyHasher;
-use crate::core::invalidations::Subscription;
-use crate::core::lease::ReadLease;
-use crate::core::log::{Log, LogError, Mutation, RebuildStep};
-use crate::core::namespace::{
+use crate::answer::{Answer, Lookup, NamespaceStats, Scan};
+use crate::clock::Clock;
+use crate::config::{GateConfig, Limits};
+use crate::hashing::KeyHasher;
+use crate::invalidations::Subscription;
+use crate::lease::ReadLease;
+use crate::log::{Log, LogError, Mutation, RebuildStep};
+use crate::namespace::{
     Absence, AbsenceReport, Added, Applied, Namespace, NamespaceImage, Rebuild, Recorded,
     WriteError, WritesStopped,
 };
@@ -133,8 +133,8 @@ impl Gate {
                 );
                 let entry = Entry {
                     namespace: Arc::new(namespace),
-                    warming_answers: crate::core::metrics::warming_answers(name),
-                    lease_fail_opens: crate::core::metrics::lease_fail_opens(name),
+                    warming_answers: crate::metrics::warming_answers(name),
+                    lease_fail_opens: crate::metrics::lease_fail_opens(name),
                 };
                 (name.clone(), entry)
             })

@@ -4,12 +4,12 @@ use std::hash::Hasher;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::core::answer::StateDigest;
-use crate::core::filter::{BloomLayer, WindowedFilter};
+use crate::answer::StateDigest;
+use crate::filter::{BloomLayer, WindowedFilter};
 
 use super::*;
-use crate::core::recent_adds::{RecentAdds, RecentAddsImage};
-use crate::core::tombstones::Tombstone;
+use crate::recent_adds::{RecentAdds, RecentAddsImage};
+use crate::tombstones::Tombstone;
 
 /// A filter window as a snapshot holds it: its id and its layers, oldest first.
 pub type WindowImage = (u64, Vec<Arc<BloomLayer>>);
@@ -20,7 +20,7 @@ pub type WindowImage = (u64, Vec<Arc<BloomLayer>>);
 pub struct NamespaceImage {
     /// The namespace's name.
     pub name: String,
-    /// The [fingerprint](crate::core::filter::FilterSpec::fingerprint) of the sizing its filter was built with.
+    /// The [fingerprint](crate::filter::FilterSpec::fingerprint) of the sizing its filter was built with.
     pub fingerprint: u64,
     /// The seq it is consistent from.
     pub seq: u64,
