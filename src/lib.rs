@@ -35,7 +35,8 @@ pub mod feed;
 pub mod replication;
 pub mod server;
 pub mod service;
-pub mod storage;
+/// Storage, a crate of its own (`crates/storage`, `existence-gate-storage`), depending on the core alone.
+pub use existence_gate_storage as storage;
 
 /// Types generated from `proto/existence/v1/existence.proto`.
 pub mod proto {

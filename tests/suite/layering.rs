@@ -1,6 +1,7 @@
 //! The tree is the architecture: the core (`crates/core`, the state machine: a crate of its own, so the
 //! compiler refuses any path from it to storage, replication, the service or the wiring) uses no network
-//! crate, opens no file or socket and reads no clock but the one it is given (`core/clock.rs`); `src/storage/` uses the core only; `src/replication/` the core and storage;
+//! crate, opens no file or socket and reads no clock but the one it is given (`core/clock.rs`); storage
+//! (`crates/storage`, a crate too) uses the core only; `src/replication/` the core and storage;
 //! `src/service/` those but not the wiring (`src/server/`). The operator commands (`src/cli/`) are clients:
 //! they use the generated contract and the core's pure helpers, of the service only the spec's status names,
 //! and nothing of storage or the wiring; no part of the server uses them.
@@ -190,12 +191,12 @@ const RULES: &[Rule] = &[
     },
 ];
 
-/// Where a layer's sources are: the core is a crate of its own (`crates/core/src`, where the compiler already
-/// refuses any path to the layers above it), the others are modules of `src/`.
+/// Where a layer's sources are: the core and storage are crates of their own (`crates/LAYER/src`, where the
+/// compiler already refuses any path to the layers above them), the others are modules of `src/`.
 fn layer_dir(layer: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     match layer {
-        "core" => root.join("crates/core/src"),
+        "core" | "storage" => root.join("crates").join(layer).join("src"),
         layer => root.join("src").join(layer),
     }
 }

@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use crate::core::hashing::KeyHasher;
-use crate::storage::{frame, wal, PersistenceError};
+use crate::{frame, wal, PersistenceError};
 
 /// Fsyncs a directory, making renames and new files in it durable.
 pub fn sync_dir(dir: &Path) -> Result<(), PersistenceError> {

@@ -7,9 +7,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use crate::core::log::{Log, LogError, Mutation, Ticket};
-use crate::storage::frame::{self};
-use crate::storage::segment_file::{SegmentFile, SegmentFiles};
-use crate::storage::{codec, sync_dir, PersistenceError};
+use crate::frame::{self};
+use crate::segment_file::{SegmentFile, SegmentFiles};
+use crate::{codec, sync_dir, PersistenceError};
 
 use super::format::{segment_path, segments, SegmentHeader, LOG_FORMAT, SEGMENT_BYTES};
 

@@ -1,5 +1,6 @@
 //! Storage: the data directory, its write-ahead log, its snapshots, and recovery. It implements the core's
-//! [`Log`](crate::core::log::Log) and encodes its state; it knows nothing of the service.
+//! [`Log`](crate::core::log::Log) and encodes its state; it knows nothing of the service. A crate of its own
+//! (`crates/storage`), depending on the core alone: that it reaches no layer above is a compile error.
 //!
 //! ```text
 //! DATA_DIR/
@@ -22,13 +23,16 @@
 /// [`PersistenceError::Io`] a failed `ACTION` on `PATH` would; otherwise (and in every release build) nothing.
 macro_rules! io_fault_point {
     ($name:literal, $path:expr, $action:literal) => {
-        fail::fail_point!($name, |_| Err($crate::storage::PersistenceError::io(
+        fail::fail_point!($name, |_| Err($crate::PersistenceError::io(
             $path,
             $action,
             std::io::Error::other(concat!("injected by fault point ", $name)),
         )))
     };
 }
+
+/// The core this crate stores, under the name the rest of the tree uses for it.
+use existence_gate_core as core;
 
 pub mod codec;
 mod data_dir;
@@ -45,6 +49,6 @@ pub mod wal;
 pub use data_dir::{sync_dir, DataDir};
 pub use error::PersistenceError;
 pub use recovery::{recover, recover_with_files, Persistence, Recovered};
-pub(crate) use snapshotter::remove_older_snapshots;
+pub use snapshotter::remove_older_snapshots;
 pub use snapshotter::{SnapshotTaken, Snapshotter};
 pub use wal::{SyncMode, Wal};

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::storage::snapshotter::log_reserve;
+use crate::snapshotter::log_reserve;
 
 /// Why the data directory cannot be used.
 #[derive(Debug)]

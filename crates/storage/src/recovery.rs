@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::core::gate::Gate;
-use crate::storage::segment_file::{RealFiles, SegmentFiles};
-use crate::storage::{snapshot, wal, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
+use crate::segment_file::{RealFiles, SegmentFiles};
+use crate::{snapshot, wal, DataDir, PersistenceError, Snapshotter, SyncMode, Wal};
 
 /// What recovery did, for the startup log.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,8 +6,8 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use crate::core::log::Mutation;
-use crate::storage::frame::{self, Next};
-use crate::storage::{codec, PersistenceError};
+use crate::frame::{self, Next};
+use crate::{codec, PersistenceError};
 
 use super::format::{segment_path, segments, upgrade, SegmentHeader, LOG_FORMAT};
 

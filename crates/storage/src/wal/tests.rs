@@ -7,11 +7,11 @@ use bytes::Bytes;
 
 use super::*;
 use crate::core::log::{Log, Mutation};
-use crate::storage::faulty_files::FaultyFiles;
-use crate::storage::frame::{self, Next};
-use crate::storage::segment_file::RealFiles;
-use crate::storage::segment_file::SegmentFiles;
-use crate::storage::{codec, PersistenceError};
+use crate::faulty_files::FaultyFiles;
+use crate::frame::{self, Next};
+use crate::segment_file::RealFiles;
+use crate::segment_file::SegmentFiles;
+use crate::{codec, PersistenceError};
 
 const FINGERPRINT: u64 = 0x5eed;
 const EIO: i32 = 5;

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::core::log::Mutation;
-use crate::storage::frame::{self};
-use crate::storage::PersistenceError;
+use crate::frame::{self};
+use crate::PersistenceError;
 
 /// A segment is closed and a new one begun past this size, so no single file grows without bound.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
@@ -13,7 +13,7 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// The log format this build writes. Format 1 segments had no header and counted each namespace's seqs from
 /// 0; format 2 segments begin with a [header](SegmentHeader) and count from 1 (see
 /// [`crate::core::log::GENESIS_SEQ`]); format 3 records carry a `RecordAbsent`'s `observed_seq` (a new
-/// record type, see [`crate::storage::codec`]), which an older build would take for damage. All three are read.
+/// record type, see [`crate::codec`]), which an older build would take for damage. All three are read.
 pub const LOG_FORMAT: u32 = 3;
 
 /// The first frame of every segment since format 2: this magic, then `u32 format`, `u64 seed fingerprint`.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::core::gate::Gate;
-use crate::storage::{snapshot, sync_dir, wal, DataDir, PersistenceError, Wal};
+use crate::{snapshot, sync_dir, wal, DataDir, PersistenceError, Wal};
 
 /// The least free space a snapshot leaves the log, and the most it asks for: see [`log_reserve`].
 const MIN_LOG_RESERVE_BYTES: u64 = 16 << 20;
@@ -109,7 +109,8 @@ impl Snapshotter {
     }
 }
 
-pub(crate) fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), PersistenceError> {
+/// Removes the snapshots in `dir` older than the one covering `covered`, and fsyncs the directory.
+pub fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), PersistenceError> {
     for entry in std::fs::read_dir(dir)
         .map_err(|e| PersistenceError::io(dir, "list", e))?
         .flatten()
