@@ -32,7 +32,9 @@ pub mod client;
 /// layer here, since it depends on none of them.
 pub use existence_gate_core as core;
 pub mod feed;
-pub mod replication;
+/// The replicated mode, a crate of its own (`crates/replication`, `existence-gate-replication`), depending
+/// on the core and storage alone.
+pub use existence_gate_replication as replication;
 pub mod server;
 pub mod service;
 /// Storage, a crate of its own (`crates/storage`, `existence-gate-storage`), depending on the core alone.

@@ -1,7 +1,7 @@
 //! The tree is the architecture: the core (`crates/core`, the state machine: a crate of its own, so the
 //! compiler refuses any path from it to storage, replication, the service or the wiring) uses no network
 //! crate, opens no file or socket and reads no clock but the one it is given (`core/clock.rs`); storage
-//! (`crates/storage`, a crate too) uses the core only; `src/replication/` the core and storage;
+//! (`crates/storage`, a crate too) uses the core only; replication (`crates/replication`) the core and storage;
 //! `src/service/` those but not the wiring (`src/server/`). The operator commands (`src/cli/`) are clients:
 //! they use the generated contract and the core's pure helpers, of the service only the spec's status names,
 //! and nothing of storage or the wiring; no part of the server uses them.
@@ -191,13 +191,19 @@ const RULES: &[Rule] = &[
     },
 ];
 
-/// Where a layer's sources are: the core and storage are crates of their own (`crates/LAYER/src`, where the
-/// compiler already refuses any path to the layers above them), the others are modules of `src/`.
+/// The layers that are crates of their own (`crates/LAYER`, `existence_gate_LAYER`).
+const LAYER_CRATES: &[&str] = &["core", "storage", "replication"];
+
+/// Where a layer's sources are: the core, storage and replication are crates of their own
+/// (`crates/LAYER/src`, where the compiler already refuses any path to the layers above them), the others
+/// are modules of `src/`.
 fn layer_dir(layer: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    match layer {
-        "core" | "storage" => root.join("crates").join(layer).join("src"),
-        layer => root.join("src").join(layer),
+    let (top, within) = layer.split_once('/').unwrap_or((layer, ""));
+    if LAYER_CRATES.contains(&top) {
+        root.join("crates").join(top).join("src").join(within)
+    } else {
+        root.join("src").join(layer)
     }
 }
 
@@ -251,7 +257,7 @@ impl Paths {
             return Some(segments.to_vec());
         }
         let mut resolved = match first.as_str() {
-            "crate" => vec!["crate".to_string()],
+            "crate" => return Some(self.from_crate_root(rest)),
             "self" => self.module.clone(),
             "super" => {
                 let mut module = self.module.clone();
@@ -265,14 +271,38 @@ impl Paths {
                 return Some(module);
             }
             "Self" => return None,
-            name => self
-                .imported
-                .get(name)
-                .cloned()
-                .unwrap_or_else(|| vec![name.to_string()]),
+            name => match name.strip_prefix("existence_gate_") {
+                Some(layer) if LAYER_CRATES.contains(&layer) => {
+                    vec!["crate".to_string(), layer.to_string()]
+                }
+                _ => self
+                    .imported
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| vec![name.to_string()]),
+            },
         };
         resolved.extend(rest.iter().cloned());
         Some(resolved)
+    }
+
+    /// `crate::rest` as the one tree the rules speak of: in a layer that is a crate of its own, `crate` is
+    /// that layer (`crate::stream` in the replication crate is `crate::replication::stream`), except where
+    /// `rest` names a layer — the crates beneath, which each crate's root imports under their layer's name
+    /// (`use existence_gate_core as core;`), or one above, which the compiler refuses anyway.
+    fn from_crate_root(&self, rest: &[String]) -> Vec<String> {
+        let mut resolved = vec!["crate".to_string()];
+        let names_a_layer = rest
+            .first()
+            .is_some_and(|s| RULES.iter().any(|rule| rule.layer == s.as_str()));
+        match self.module.get(1) {
+            Some(layer) if LAYER_CRATES.contains(&layer.as_str()) && !names_a_layer => {
+                resolved.push(layer.clone())
+            }
+            _ => {}
+        }
+        resolved.extend(rest.iter().cloned());
+        resolved
     }
 
     fn reach(&mut self, line: usize, absolute: bool, segments: &[String]) {

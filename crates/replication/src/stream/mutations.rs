@@ -8,7 +8,7 @@ use futures_util::{Stream, StreamExt};
 use super::membership::parse_member;
 use super::{MutationStream, Published, StreamError, Streamed, BARRIER, MEMBER};
 use crate::core::log::Mutation;
-use crate::replication::protocol::MemberRecord;
+use crate::protocol::MemberRecord;
 use crate::storage::codec;
 
 impl MutationStream {

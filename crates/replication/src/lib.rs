@@ -14,6 +14,10 @@
 //! The safety rule — once an `Add` is acknowledged, no replica answers `ABSENT` for its keys — is argued
 //! in [`protocol`] and checked there by a deterministic simulation under the fault model it states.
 
+/// The layers beneath, under the names the rest of the tree uses for them.
+use existence_gate_core as core;
+use existence_gate_storage as storage;
+
 pub mod protocol;
 pub mod replica;
 pub mod replica_snapshots;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::{Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
-use crate::replication::snapshot_store::oldest_retained;
-use crate::replication::stream::{StreamError, Streamed};
+use crate::snapshot_store::oldest_retained;
+use crate::stream::{StreamError, Streamed};
 
 /// How long the applier waits for a message, while the stream is known to hold more, before it follows
 /// the stream again with a new consumer. A replica paused longer than the server keeps an idle ordered

@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 
 use super::{Replica, MAX_RETRY_PAUSE};
-use crate::replication::stream::AppliedReport;
+use crate::stream::AppliedReport;
 
 /// A replica not heard from for this long is forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);

@@ -5,7 +5,7 @@ use async_nats::jetstream;
 use bytes::Bytes;
 
 use super::{MutationStream, StreamError, BARRIER, MEMBER};
-use crate::replication::protocol::{MemberRecord, Membership};
+use crate::protocol::{MemberRecord, Membership};
 
 /// The start of a membership record: then a kind byte, the nonce (u64 LE), the id's length (u16 LE), the
 /// id, and for a join the origin.

@@ -15,8 +15,8 @@ use crate::core::gate::GateError;
 use crate::core::log::Mutation;
 use crate::core::namespace::{Absence, AbsenceReport, Added, Applied, RecordOutcome, Recorded};
 use crate::core::writes::{Pending, Writes};
-use crate::replication::protocol::Ack;
-use crate::replication::stream::StreamError;
+use crate::protocol::Ack;
+use crate::stream::StreamError;
 
 /// How long a publish is retried (with the same message id, so it is stored once) before the write is
 /// refused: covers a stream leader election (a few seconds on a LAN).
@@ -67,7 +67,7 @@ impl Replica {
 
     /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule; returns its
     /// seq and what applying it did.
-    pub(in crate::replication) async fn publish_and_apply(
+    pub(crate) async fn publish_and_apply(
         &self,
         mutation: Mutation,
     ) -> Result<(u64, Option<Applied>), GateError> {
@@ -96,10 +96,7 @@ impl Replica {
 
     /// Publishes `mutation` without waiting for any replica to apply it: for a step of a larger write whose
     /// last step is waited for.
-    pub(in crate::replication) async fn publish_unapplied(
-        &self,
-        mutation: &Mutation,
-    ) -> Result<(), GateError> {
+    pub(crate) async fn publish_unapplied(&self, mutation: &Mutation) -> Result<(), GateError> {
         let id = self.message_id()?;
         self.publish_retrying(mutation, &id).await.map(drop)
     }

@@ -736,7 +736,7 @@ fn run_seeds(first: u64, seeds: u64) -> Result<Outcome, String> {
                     let mut total = Outcome::default();
                     for seed in (first + t..first + seeds).step_by(threads as usize) {
                         let outcome = run_seed(seed, false).0.map_err(|e| {
-                            format!("seed {seed}: {e}\nreplay: EXISTENCE_GATE_SIM_SEED={seed} cargo test --lib simulation")
+                            format!("seed {seed}: {e}\nreplay: EXISTENCE_GATE_SIM_SEED={seed} cargo test -p existence-gate-replication simulation")
                         })?;
                         total.acked += outcome.acked;
                         total.by_fallback += outcome.by_fallback;

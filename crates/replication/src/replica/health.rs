@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{Replica, PROBE};
-use crate::replication::protocol::{Cause, Standing};
+use crate::protocol::{Cause, Standing};
 
 /// Why a replica should not be sent traffic now.
 #[derive(Debug, Clone, PartialEq, Eq)]
