@@ -36,16 +36,11 @@ pub mod feed;
 /// on the core and storage alone.
 pub use existence_gate_replication as replication;
 pub mod server;
-pub mod service;
+/// The service, a crate of its own (`crates/service`, `existence-gate-service`), depending on the layers
+/// beneath and the contract.
+pub use existence_gate_service as service;
 /// Storage, a crate of its own (`crates/storage`, `existence-gate-storage`), depending on the core alone.
 pub use existence_gate_storage as storage;
 
-/// Types generated from `proto/existence/v1/existence.proto`.
-pub mod proto {
-    #![allow(missing_docs, clippy::all)]
-    tonic::include_proto!("existence.v1");
-
-    /// The encoded descriptor set of the contract, served by reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
-        tonic::include_file_descriptor_set!("existence_descriptor");
-}
+/// Types generated from `proto/existence/v1/existence.proto`, a crate of its own (`crates/proto`).
+pub use existence_gate_proto as proto;

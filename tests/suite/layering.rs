@@ -2,7 +2,7 @@
 //! compiler refuses any path from it to storage, replication, the service or the wiring) uses no network
 //! crate, opens no file or socket and reads no clock but the one it is given (`core/clock.rs`); storage
 //! (`crates/storage`, a crate too) uses the core only; replication (`crates/replication`) the core and storage;
-//! `src/service/` those but not the wiring (`src/server/`). The operator commands (`src/cli/`) are clients:
+//! the service (`crates/service`) those but not the wiring (`src/server/`). The operator commands (`src/cli/`) are clients:
 //! they use the generated contract and the core's pure helpers, of the service only the spec's status names,
 //! and nothing of storage or the wiring; no part of the server uses them.
 //!
@@ -192,9 +192,9 @@ const RULES: &[Rule] = &[
 ];
 
 /// The layers that are crates of their own (`crates/LAYER`, `existence_gate_LAYER`).
-const LAYER_CRATES: &[&str] = &["core", "storage", "replication"];
+const LAYER_CRATES: &[&str] = &["core", "storage", "replication", "service"];
 
-/// Where a layer's sources are: the core, storage and replication are crates of their own
+/// Where a layer's sources are: the core, storage, replication and the service are crates of their own
 /// (`crates/LAYER/src`, where the compiler already refuses any path to the layers above them), the others
 /// are modules of `src/`.
 fn layer_dir(layer: &str) -> PathBuf {

@@ -6,7 +6,7 @@
 //!   a task for ever. [`Incoming`] hands a gRPC connection to tonic only once it has completed its TLS
 //!   handshake (if any) and sent the 24-byte preface within the handshake timeout of being accepted, and
 //!   closes it otherwise. From then on keepalive pings close peers that stop answering. (The HTTP port uses
-//!   hyper's header read timeout instead, see [`crate::service::http::serve`].)
+//!   hyper's header read timeout instead, see [`crate::http::serve`].)
 //! - **The descriptor limit.** There `accept` fails with `EMFILE` but the connection stays queued, so the
 //!   listener stays readable and a loop that retries at once spins a core (tonic's did: ~95% of one, with
 //!   nothing to serve). [`Acceptor`] counts such errors in `existence_accept_errors_total`, warns at most once
@@ -95,7 +95,7 @@ impl Acceptor {
     }
 
     fn back_off(&mut self, reason: &'static str, error: &io::Error) {
-        crate::service::metrics::accept_errors(self.port, reason).increment(1);
+        crate::metrics::accept_errors(self.port, reason).increment(1);
         self.unreported += 1;
         let now = Instant::now();
         if self
@@ -262,7 +262,7 @@ async fn handshake<S: Setup>(
             "timeout"
         }
     };
-    crate::service::metrics::failed_handshakes(failure).increment(1);
+    crate::metrics::failed_handshakes(failure).increment(1);
     None
 }
 

@@ -18,8 +18,8 @@ use tonic::codegen::http;
 use tonic::{Request, Status};
 use tower::{Layer, Service};
 
-use crate::service::auth::{Authorizer, Denied, Role, Scope};
-use crate::service::shutdown::Shutdown;
+use crate::auth::{Authorizer, Denied, Role, Scope};
+use crate::shutdown::Shutdown;
 
 /// The shared admission state of a server: tokens and the shutdown signal.
 #[derive(Debug)]
@@ -139,7 +139,7 @@ impl InFlightLimitLayer {
             in_flight: Arc::new(InFlight {
                 count: AtomicUsize::new(0),
                 max: max_in_flight,
-                shed: crate::service::metrics::shed_calls(),
+                shed: crate::metrics::shed_calls(),
             }),
         }
     }
@@ -164,7 +164,7 @@ pub struct InFlightLimit<S> {
 }
 
 /// A response as the gRPC server's layers see it.
-pub(crate) type GrpcResponse = http::Response<tonic::body::Body>;
+pub type GrpcResponse = http::Response<tonic::body::Body>;
 
 impl<S, B> Service<http::Request<B>> for InFlightLimit<S>
 where

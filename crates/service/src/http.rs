@@ -11,9 +11,9 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::core::gate::Gate;
-use crate::service::lifecycle::{Lifecycle, Phase};
-use crate::service::listener::Acceptor;
-use crate::service::shutdown::Shutdown;
+use crate::lifecycle::{Lifecycle, Phase};
+use crate::listener::Acceptor;
+use crate::shutdown::Shutdown;
 
 /// What the handlers read.
 #[derive(Clone)]

@@ -10,6 +10,12 @@
 //! - [`shutdown`]: the signal every part watches.
 //! - [`writes`]: the single server's writes, to the local gate through its log (a replica's go to its stream).
 
+/// The layers beneath and the contract, under the names the rest of the tree uses for them.
+use existence_gate_core as core;
+use existence_gate_proto as proto;
+use existence_gate_replication as replication;
+use existence_gate_storage as storage;
+
 pub mod access;
 pub mod admin;
 pub mod auth;

@@ -23,7 +23,7 @@ use tonic_health::ServingStatus;
 
 use crate::core::gate::Gate;
 use crate::core::log::Log;
-use crate::service::shutdown::Shutdown;
+use crate::shutdown::Shutdown;
 use crate::storage::Persistence;
 
 /// Where the server is in its life.

@@ -4,7 +4,7 @@
 use std::{env, path::PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/existence/v1/existence.proto";
+    let proto = "../../proto/existence/v1/existence.proto";
     println!("cargo:rerun-if-changed={proto}");
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
 
@@ -15,6 +15,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("existence_descriptor.bin"))
-        .compile_with_config(config, &[proto], &["proto"])?;
+        .compile_with_config(config, &[proto], &["../../proto"])?;
     Ok(())
 }

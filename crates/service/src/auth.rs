@@ -27,7 +27,7 @@ struct Grant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope<'a> {
     /// On this namespace, by its configured name: the gRPC layer has already resolved "" to `default`
-    /// ([`crate::service::grpc::resolve_namespace`]).
+    /// ([`crate::grpc::resolve_namespace`]).
     Namespace(&'a str),
     /// On every namespace (`*`), e.g. a snapshot of the whole gate.
     All,

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::access::Access;
+use crate::auth::{Role, Scope};
 use crate::core::answer::{Answer, Basis, Lookup};
 use crate::core::config::DEFAULT_NAMESPACE;
 use crate::core::gate::{Gate, GateError};
@@ -15,12 +17,10 @@ use crate::core::invalidations::Delivery;
 use crate::core::namespace::{self, AbsenceReport};
 use crate::core::tombstones::AbsenceKind;
 use crate::core::writes::Writes;
+use crate::metrics::{Rpc, RpcMetrics};
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
-use crate::service::access::Access;
-use crate::service::auth::{Role, Scope};
-use crate::service::metrics::{Rpc, RpcMetrics};
-use crate::service::writes::LocalWrites;
+use crate::writes::LocalWrites;
 
 /// The `ExistenceGate` service.
 #[derive(Debug, Clone)]

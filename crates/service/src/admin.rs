@@ -6,16 +6,16 @@ use std::sync::Arc;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::{self, Access};
+use crate::auth::{Role, Scope};
 use crate::core::gate::{Gate, GateError};
 use crate::core::namespace::{Rebuilt, WriteError};
+use crate::grpc::{self, status};
+use crate::lifecycle::{Lifecycle, NotDurable};
 use crate::proto;
 use crate::proto::admin_server::Admin;
 use crate::replication::replica::Replica;
 use crate::replication::replicated_rebuild::ReplicatedRebuild;
-use crate::service::access::{self, Access};
-use crate::service::auth::{Role, Scope};
-use crate::service::grpc::{self, status};
-use crate::service::lifecycle::{Lifecycle, NotDurable};
 use crate::storage::Persistence;
 
 /// The `Admin` service.
