@@ -628,4 +628,18 @@ fn the_scanner_catches_every_form_of_crossing_and_only_those() {
         ),
         ["replication/protocol/rules.rs:1: crate::replication::stream::Reports"]
     );
+    // In a layer that is a crate of its own, `crate::` is that layer, and the crates beneath are named by
+    // their layer (through the root's `use existence_gate_storage as storage;` or the crate's own name).
+    assert_eq!(
+        violations(
+            protocol,
+            "replication/protocol/rules.rs",
+            "use crate::stream::Reports;\nfn f() { crate::storage::sync_dir(); existence_gate_storage::wal::open(); }"
+        ),
+        [
+            "replication/protocol/rules.rs:1: crate::replication::stream::Reports",
+            "replication/protocol/rules.rs:2: crate::storage::sync_dir",
+            "replication/protocol/rules.rs:2: crate::storage::wal::open",
+        ]
+    );
 }

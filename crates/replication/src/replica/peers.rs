@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use tokio::sync::Notify;
 
 use super::{Replica, MAX_RETRY_PAUSE};
 use crate::stream::AppliedReport;
@@ -18,7 +17,6 @@ const FORGET_AFTER: Duration = Duration::from_secs(3600);
 #[derive(Debug, Default)]
 pub(super) struct Peers {
     heard: Mutex<HashMap<String, (u64, Instant)>>,
-    changed: Notify,
     /// Since when the reports have been heard without a break.
     pub(super) listening_since: Mutex<Option<Instant>>,
 }
@@ -31,8 +29,6 @@ impl Peers {
         // from where it starts again (0 while it loads, which must hold back purges).
         heard.insert(report.replica, (report.seq, now));
         heard.retain(|_, (_, at)| now.duration_since(*at) < FORGET_AFTER);
-        drop(heard);
-        self.changed.notify_waiters();
     }
 
     /// Records since when reports are heard without a break (`None`: they are not).
