@@ -88,7 +88,7 @@ EOF
 # Starts a gate on an empty data directory and waits until it is SERVING.
 start_gate() {
     rm -rf "$dir/gate-data"
-    "$gate" serve --listen "127.0.0.1:$grpc_port" --http-listen "127.0.0.1:$http_port" \
+    "$gate" serve --listen "127.0.0.1:$grpc_port" --http-listen "127.0.0.1:$http_port" --resp-listen off \
         --config "$dir/gate.toml" --data-dir "$dir/gate-data" > "$dir/gate.log" 2>&1 &
     gate_pid=$!
     for _ in $(seq 1 300); do

@@ -124,7 +124,7 @@ serving() { grep -q 'grpc_addr=.*http_addr=' "$1"; }
 
 start_replica() {
     RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$gate" serve \
-        --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --config "$dir/config.toml" \
+        --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --resp-listen 127.0.0.1:0 --config "$dir/config.toml" \
         --nats "$nats_urls" --nats-replicas 3 --replica-id "r$1" \
         >"$dir/r$1.log" 2>&1 &
     replica_pids+=($!)

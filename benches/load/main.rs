@@ -24,6 +24,7 @@ mod keys;
 mod overload;
 mod procs;
 mod report;
+mod resp;
 mod text;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -759,6 +760,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "callers") {
         return runtime.block_on(callers::run());
+    }
+    if args.iter().any(|a| a == "resp") {
+        return runtime.block_on(resp::run());
     }
     runtime.block_on(run());
 }

@@ -20,6 +20,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// Where its HTTP port (`/metrics`) listens, if it has one.
     pub http_addr: Option<SocketAddr>,
+    /// Where its RESP port listens, if it has one.
+    pub resp_addr: Option<SocketAddr>,
     child: Child,
 }
 
@@ -111,14 +113,14 @@ fn address_field(line: &str, name: &str) -> Option<SocketAddr> {
 }
 
 /// Waits for a line of `child`'s stdout containing every one of `markers` and returns the values of
-/// `grpc_addr=` and `http_addr=` (seen on that or an earlier line); the rest of the output is drained in the
-/// background so the child never blocks on a full pipe. Every line goes to `log` if given.
+/// `grpc_addr=`, `http_addr=` and `resp_addr=` (seen on that or an earlier line); the rest of the output is
+/// drained in the background so the child never blocks on a full pipe. Every line goes to `log` if given.
 fn wait_for_address(
     child: &mut Child,
     markers: &[&str],
     what: &str,
     mut log: Option<File>,
-) -> (SocketAddr, Option<SocketAddr>) {
+) -> (SocketAddr, Option<SocketAddr>, Option<SocketAddr>) {
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut lines = BufReader::new(stdout).lines();
     let mut keep = move |line: &str| {
@@ -126,12 +128,13 @@ fn wait_for_address(
             let _ = writeln!(log, "{line}");
         }
     };
-    let (mut addr, mut http_addr) = (None, None);
+    let (mut addr, mut http_addr, mut resp_addr) = (None, None, None);
     for line in lines.by_ref() {
         let line = line.unwrap_or_else(|e| panic!("reading {what}'s output: {e}"));
         keep(&line);
         addr = address_field(&line, "grpc_addr").or(addr);
         http_addr = address_field(&line, "http_addr").or(http_addr);
+        resp_addr = address_field(&line, "resp_addr").or(resp_addr);
         if let Some(addr) = addr.filter(|_| markers.iter().all(|m| line.contains(m))) {
             std::thread::spawn(move || {
                 lines.for_each(|line| {
@@ -140,7 +143,7 @@ fn wait_for_address(
                     }
                 })
             });
-            return (addr, http_addr);
+            return (addr, http_addr, resp_addr);
         }
     }
     let status = child.wait().ok();
@@ -161,11 +164,12 @@ pub fn start_serving(
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {name} ({command:?}): {e}"));
-    let (addr, http_addr) = wait_for_address(&mut child, markers, name, log);
+    let (addr, http_addr, resp_addr) = wait_for_address(&mut child, markers, name, log);
     Server {
         name,
         addr,
         http_addr,
+        resp_addr,
         child,
     }
 }
@@ -202,6 +206,8 @@ pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
             "--listen",
             "127.0.0.1:0",
             "--http-listen",
+            "127.0.0.1:0",
+            "--resp-listen",
             "127.0.0.1:0",
             "--in-memory",
             "--config",
@@ -245,12 +251,18 @@ pub fn start_on_port(name: &'static str, mut command: Command, port: u16) -> Opt
         name,
         addr,
         http_addr: None,
+        resp_addr: Some(addr),
         child,
     })
 }
 
 /// Starts `redis-server` on a loopback port without persistence; `None` when it is not installed.
 pub fn start_redis() -> Option<Server> {
+    start_redis_with(&[])
+}
+
+/// [`start_redis`] with more arguments (`--loadmodule PATH`).
+pub fn start_redis_with(extra: &[&str]) -> Option<Server> {
     let port = free_port();
     let mut command = Command::new("redis-server");
     command
@@ -268,6 +280,7 @@ pub fn start_redis() -> Option<Server> {
             "--loglevel",
             "warning",
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     start_on_port("redis", command, port)

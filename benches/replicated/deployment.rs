@@ -423,6 +423,8 @@ impl Launch {
                 "127.0.0.1:0",
                 "--http-listen",
                 "127.0.0.1:0",
+                "--resp-listen",
+                "127.0.0.1:0",
             ])
             .args(["--nats", &self.urls, "--nats-stream", STREAM])
             .args(["--nats-replicas", &self.stream_replicas.to_string()])

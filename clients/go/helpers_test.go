@@ -89,7 +89,7 @@ func startGate(config string, args ...string) (*gateServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+	cmd := exec.Command(bin, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
 		"--config", configPath)
 	cmd.Args = append(cmd.Args, args...)
 	cmd.Env = append(os.Environ(), "NO_COLOR=1")

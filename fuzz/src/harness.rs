@@ -1161,12 +1161,13 @@ impl<'a> Input<'a> {
 // Seeds: realistic inputs for each target, made by the code paths the server uses.
 
 /// The fuzz targets, as named under `fuzz/fuzz_targets/` and `fuzz/corpus/`.
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 6] = [
     "log_record",
     "log_segment",
     "snapshot",
     "config",
     "requests",
+    "resp_request",
 ];
 
 /// Runs the check of `target` on `data`.
@@ -1177,6 +1178,7 @@ pub fn check(target: &str, data: &[u8]) {
         "snapshot" => snapshot(data),
         "config" => config(data),
         "requests" => requests(data),
+        "resp_request" => resp_request(data),
         other => panic!("no target {other}"),
     }
 }
@@ -1212,7 +1214,65 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     for (i, program) in sample_programs().into_iter().enumerate() {
         seeds.push(("requests", format!("program-{i}"), program));
     }
+    for (i, request) in sample_resp_requests().into_iter().enumerate() {
+        seeds.push(("resp_request", format!("pipeline-{i}"), request));
+    }
     seeds
+}
+
+/// What Redis clients send: a pipeline of arrays (what redis-py, node-redis and redis-benchmark write)
+/// and inline commands (what a person types into telnet).
+fn sample_resp_requests() -> Vec<Vec<u8>> {
+    vec![
+        b"*3\r\n$9\r\nBF.EXISTS\r\n$5\r\nusers\r\n$6\r\nuser:1\r\n\
+          *4\r\n$7\r\nBF.MADD\r\n$5\r\nusers\r\n$1\r\na\r\n$1\r\nb\r\n\
+          *2\r\n$4\r\nAUTH\r\n$5\r\ntoken\r\n"
+            .to_vec(),
+        b"PING\r\nHELLO 3\r\nBF.EXISTS users  key\n*1\r\n$4\r\nQUIT\r\n".to_vec(),
+    ]
+}
+
+/// The RESP port's request limits in the checks: small, so that inputs reach them.
+const RESP_LIMITS: existence_gate::service::resp::RequestLimits =
+    existence_gate::service::resp::RequestLimits {
+        max_args: 16,
+        max_arg_bytes: 64,
+        max_inline_bytes: 128,
+    };
+
+/// The RESP request reader on arbitrary bytes, as a connection reads them: each command taken is within the
+/// limits and consumed its bytes; an array command written back out reads back the same; a prefix of the
+/// input yields a prefix of its commands (bytes arriving in two reads change nothing).
+pub fn resp_request(data: &[u8]) {
+    use existence_gate::service::resp::request::take_command;
+    let read_all = |bytes: &[u8]| {
+        let mut buffer = bytes::BytesMut::from(bytes);
+        let mut commands = Vec::new();
+        while let Ok(Some(command)) = take_command(&mut buffer, &RESP_LIMITS) {
+            assert!(command.len() <= RESP_LIMITS.max_args);
+            commands.push(command);
+            if commands.len() > bytes.len() {
+                panic!("more commands than bytes: the reader consumed nothing");
+            }
+        }
+        commands
+    };
+    let commands = read_all(data);
+    for command in &commands {
+        let mut encoded = format!("*{}\r\n", command.len()).into_bytes();
+        for arg in command {
+            assert!(arg.len() <= RESP_LIMITS.max_arg_bytes);
+            encoded.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            encoded.extend_from_slice(arg);
+            encoded.extend_from_slice(b"\r\n");
+        }
+        let mut buffer = bytes::BytesMut::from(&encoded[..]);
+        let again = take_command(&mut buffer, &RESP_LIMITS).expect("a written command reads back");
+        assert_eq!(again.as_ref(), Some(command));
+    }
+    let half = read_all(&data[..data.len() / 2]);
+    assert!(half.len() <= commands.len());
+    assert_eq!(&commands[..half.len()], &half[..]);
 }
 
 fn sample_mutations() -> Vec<Mutation> {

@@ -29,17 +29,16 @@ pub(super) type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;
 pub(super) fn serve(
     options: &ServeOptions,
     gate: &Arc<Gate>,
+    (access, writes): (&Arc<Access>, &Arc<dyn Writes>),
     replica: Option<&Arc<Replica>>,
     lifecycle: &Arc<Lifecycle>,
     health_service: HealthServer<impl Health>,
     listener: TcpListener,
 ) -> Result<GrpcTask, ServerError> {
     let tls = options.tls.as_ref().map(TlsOptions::acceptor).transpose()?;
-    let access = Access::new(authorizer(options)?, lifecycle.shutdown().clone());
-    let mut contract = GateService::new(Arc::clone(gate), Arc::clone(&access));
-    if let Some(replica) = replica {
-        contract = contract.with_writes(Arc::clone(replica) as Arc<dyn Writes>);
-    }
+    let access = Arc::clone(access);
+    let contract =
+        GateService::new(Arc::clone(gate), Arc::clone(&access)).with_writes(Arc::clone(writes));
     let gate_service = ExistenceGateServer::new(contract)
         .max_decoding_message_size(options.max_message_bytes)
         .max_encoding_message_size(options.max_message_bytes);
@@ -86,12 +85,27 @@ pub(super) fn serve(
     })
 }
 
-/// The bearer-token check from the configuration, with a warning when the port is open to anyone.
+/// Admission for every port: the configuration's tokens and the shutdown signal.
+pub(super) fn access(
+    options: &ServeOptions,
+    lifecycle: &Lifecycle,
+) -> Result<Arc<Access>, ServerError> {
+    Ok(Access::new(
+        authorizer(options)?,
+        lifecycle.shutdown().clone(),
+    ))
+}
+
+/// The bearer-token check from the configuration, with a warning when a port is open to anyone.
 fn authorizer(options: &ServeOptions) -> Result<Authorizer, ServerError> {
     let authorizer = Authorizer::new(&options.config.tokens).map_err(ServerError::Config)?;
-    if !authorizer.is_enabled() && !options.listen.ip().is_loopback() {
+    let resp = options.resp.as_ref().map(|resp| resp.listen);
+    let beyond_loopback = std::iter::once(options.listen)
+        .chain(resp)
+        .find(|address| !address.ip().is_loopback());
+    if let (false, Some(listen)) = (authorizer.is_enabled(), beyond_loopback) {
         tracing::warn!(
-            listen = %options.listen,
+            %listen,
             "no [[tokens]] configured and listening beyond loopback: anyone who can reach the port can read \
              and write every namespace"
         );

@@ -14,6 +14,7 @@ mod background;
 mod grpc_port;
 mod loading;
 mod replicated;
+mod resp_port;
 mod tls;
 
 use std::net::SocketAddr;
@@ -27,17 +28,22 @@ use tokio::task::JoinHandle;
 pub use replicated::ReplicationOptions;
 pub use tls::TlsOptions;
 
+pub use crate::service::resp::RespOptions;
+
 use crate::core::clock::{Clock, SystemMonotonicClock};
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::core::hashing::KeyHasher;
 use crate::core::lease::ReadLease;
 use crate::core::log::VolatileLog;
+use crate::core::writes::Writes;
 use crate::replication::replica::Replica;
 use crate::replication::replica_snapshots::ReplicaSnapshots;
 use crate::service::lifecycle::{Lifecycle, Phase};
 use crate::service::listener::Acceptor;
+use crate::service::resp::Port;
 use crate::service::shutdown::Shutdown;
+use crate::service::writes::LocalWrites;
 use crate::storage::segment_file::{RealFiles, SegmentFiles};
 use crate::storage::{self, DataDir, PersistenceError, SyncMode};
 use background::{final_snapshot, maintenance, Background};
@@ -92,6 +98,9 @@ pub struct ServeOptions {
     pub tls: Option<TlsOptions>,
     /// `Some`: a replica of a shared NATS JetStream stream, which is then the log (no local one).
     pub replication: Option<ReplicationOptions>,
+    /// `Some`: the RESP port (RedisBloom's commands for Redis clients). `existence-gate serve` opens it on
+    /// `127.0.0.1:6380` unless told `--resp-listen off`; an embedding program asks for it.
+    pub resp: Option<RespOptions>,
 }
 
 impl Default for ServeOptions {
@@ -105,6 +114,7 @@ impl Default for ServeOptions {
             durability: None,
             tls: None,
             replication: None,
+            resp: None,
         }
     }
 }
@@ -153,12 +163,15 @@ pub struct RunningServer {
     pub grpc_addr: SocketAddr,
     /// Where HTTP is served.
     pub http_addr: SocketAddr,
+    /// Where the RESP port is served, if it is.
+    pub resp_addr: Option<SocketAddr>,
     /// The gate it serves.
     pub gate: Arc<Gate>,
     lifecycle: Arc<Lifecycle>,
     drain_timeout: Duration,
     grpc: GrpcTask,
     http: JoinHandle<()>,
+    resp: Option<JoinHandle<()>>,
     /// Maintenance, snapshots, log sync and watch, health reporting: each ends at shutdown.
     background: Background,
 }
@@ -201,6 +214,11 @@ pub async fn start(
     let prometheus = crate::service::metrics::install_recorder();
     let (grpc_listener, grpc_addr) = bind(options.listen).await?;
     let (http_listener, http_addr) = bind(options.http_listen).await?;
+    let resp_listener = match &options.resp {
+        Some(resp) => Some(bind(resp.listen).await?),
+        None => None,
+    };
+    let resp_addr = resp_listener.as_ref().map(|(_, address)| *address);
     let joined = match &options.replication {
         Some(replication) => Some(replicated::join(replication, &options.config).await?),
         None => None,
@@ -239,14 +257,29 @@ pub async fn start(
     };
     let (health, health_service) = tonic_health::server::health_reporter();
     let lifecycle = Lifecycle::new(Shutdown::default(), data_dir.is_some(), health).await;
+    let access = grpc_port::access(&options, &lifecycle)?;
+    let writes: Arc<dyn Writes> = match &replicated {
+        Some(replicated) => Arc::clone(&replicated.replica) as Arc<dyn Writes>,
+        None => Arc::new(LocalWrites::new(Arc::clone(&gate))),
+    };
     let grpc = grpc_port::serve(
         &options,
         &gate,
+        (&access, &writes),
         replicated.as_ref().map(|r| &r.replica),
         &lifecycle,
         health_service,
         grpc_listener,
     )?;
+    let resp = match (resp_listener, &options.resp) {
+        (Some((listener, _)), Some(resp)) => Some(resp_port::serve(
+            &options,
+            resp,
+            Port::new(Arc::clone(&gate), writes, access, resp.clone()),
+            listener,
+        )?),
+        _ => None,
+    };
     let http = tokio::spawn(crate::service::http::serve(
         Acceptor::new(http_listener, "http"),
         crate::service::http::router(
@@ -277,15 +310,20 @@ pub async fn start(
         (None, Some(dir), Some(durability)) => background.spawn(load.recover(dir, durability)),
         _ => lifecycle.ready(&gate, Arc::new(VolatileLog), None).await,
     }
-    tracing::info!(%grpc_addr, %http_addr, "serving");
+    match resp_addr {
+        Some(resp_addr) => tracing::info!(%grpc_addr, %http_addr, %resp_addr, "serving"),
+        None => tracing::info!(%grpc_addr, %http_addr, "serving"),
+    }
     Ok(RunningServer {
         grpc_addr,
         http_addr,
+        resp_addr,
         gate,
         lifecycle,
         drain_timeout: options.drain_timeout,
         grpc,
         http,
+        resp,
         background,
     })
 }
@@ -346,12 +384,18 @@ impl RunningServer {
             drain_timeout,
             mut grpc,
             mut http,
+            resp,
             background,
             ..
         } = self;
         lifecycle.shutdown().wait().await;
         lifecycle.drain().await;
         tracing::info!(?drain_timeout, "shutting down");
+        // The RESP port stops accepting at shutdown, and each of its connections closes after the replies
+        // it is writing: nothing there to wait for.
+        if let Some(resp) = resp {
+            resp.abort();
+        }
         let drained = tokio::time::timeout(drain_timeout, async {
             let served = (&mut grpc).await;
             let _ = (&mut http).await;

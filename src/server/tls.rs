@@ -22,6 +22,16 @@ impl TlsOptions {
     /// certificates required and checked against `client_ca` when it is set — as tonic's own TLS does, but
     /// terminated by [`crate::service::listener`], so the handshake timeout covers the TLS handshake too.
     pub(super) fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
+        self.config(vec![b"h2".to_vec()])
+    }
+
+    /// The acceptor for the RESP port: the same certificates and client checks, no ALPN (Redis clients
+    /// offer none).
+    pub(super) fn resp_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
+        self.config(Vec::new())
+    }
+
+    fn config(&self, alpn: Vec<Vec<u8>>) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
         use tokio_rustls::rustls::pki_types::pem::PemObject;
         use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
         use tokio_rustls::rustls::server::WebPkiClientVerifier;
@@ -71,7 +81,7 @@ impl TlsOptions {
         let mut config = builder
             .with_single_cert(certificates(&self.cert, "certificate")?, key)
             .map_err(|e| invalid("certificate", &self.cert, &e))?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = alpn;
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     }
 }

@@ -94,7 +94,7 @@ done
 
 # A data directory of its own (in the work directory, which is also its working directory): durable, as in
 # production, and never state left by an earlier run.
-(cd "$work" && NO_COLOR=1 RUST_LOG=info exec "$bin" serve --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+(cd "$work" && NO_COLOR=1 RUST_LOG=info exec "$bin" serve --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --resp-listen 127.0.0.1:0 \
     --config "$config" --data-dir "$work/data" >"$work/server.log" 2>&1) &
 server_pid=$!
 grpc_addr=

@@ -120,6 +120,7 @@ async fn snapshot_on_demand_is_published_and_reported() {
         }),
         tls: None,
         replication: None,
+        resp: None,
     };
     let server = server::start(options, Arc::new(SystemClock)).await.unwrap();
     server.loaded().await.unwrap();

@@ -276,7 +276,7 @@ impl Limited {
             .arg(format!("ulimit -n {descriptors} && exec \"$0\" \"$@\""))
             .arg(env!("CARGO_BIN_EXE_existence-gate"))
             .args(["serve", "--in-memory", "--listen", "127.0.0.1:0"])
-            .args(["--http-listen", "127.0.0.1:0"])
+            .args(["--http-listen", "127.0.0.1:0", "--resp-listen", "off"])
             // Long enough that the connections opened here stay until the test closes them.
             .args(["--handshake-timeout", "10m"])
             .env("RUST_LOG", "info")

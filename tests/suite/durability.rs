@@ -39,6 +39,7 @@ fn options(dir: &Path, config: &str) -> ServeOptions {
         }),
         tls: None,
         replication: None,
+        resp: None,
     }
 }
 

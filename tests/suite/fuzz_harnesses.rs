@@ -222,6 +222,11 @@ proptest! {
     fn requests_from_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
         harness::requests(&bytes);
     }
+
+    #[test]
+    fn resp_requests_from_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        harness::resp_request(&bytes);
+    }
 }
 
 proptest! {
@@ -235,6 +240,11 @@ proptest! {
     #[test]
     fn requests_from_mutated_programs(bytes in mutated("requests")) {
         harness::requests(&bytes);
+    }
+
+    #[test]
+    fn resp_requests_from_mutated_pipelines(bytes in mutated("resp_request")) {
+        harness::resp_request(&bytes);
     }
 
     #[test]

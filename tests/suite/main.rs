@@ -32,6 +32,9 @@ mod grpc;
 mod operations;
 mod security;
 
+// The RESP port with Redis clients: RedisBloom's commands on the gate's rules.
+mod resp;
+
 // The replicated mode against real nats-servers: the stream, replicas, failover under partitions.
 mod failover;
 mod replicas;

@@ -103,7 +103,7 @@ async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', ext
   fs.writeFileSync(config, extraConfig + '\n' + namespaces.map((name) => `[namespaces.${name}]${NAMESPACE}`).join('\n'));
   const child = spawn(
     bin,
-    ['serve', '--in-memory', '--listen', listen, '--http-listen', '127.0.0.1:0', '--config', config, ...extraArgs],
+    ['serve', '--in-memory', '--listen', listen, '--http-listen', '127.0.0.1:0', '--resp-listen', '127.0.0.1:0', '--config', config, ...extraArgs],
     { env: { ...process.env, NO_COLOR: '1' }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   running.add(child);

@@ -75,7 +75,7 @@ class Gate:
         self._log = open(self.log_path, "wb")
         env = dict(os.environ, NO_COLOR="1")
         self.process = subprocess.Popen(
-            [binary, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config", config, *extra_args],
+            [binary, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0", "--config", config, *extra_args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -46,6 +46,7 @@ async fn start_with_tls(
         durability: data_dir.map(|dir| DurabilityOptions::new(dir.to_path_buf())),
         tls,
         replication: None,
+        resp: None,
     };
     let server = server::start(options, Arc::new(SystemClock))
         .await

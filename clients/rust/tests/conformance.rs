@@ -306,6 +306,7 @@ async fn every_conformance_case_holds() {
         durability: None,
         tls: None,
         replication: None,
+        resp: None,
     };
     let server = server::start(options, Arc::new(SystemClock))
         .await

@@ -118,6 +118,12 @@ impl Authorizer {
         }
     }
 
+    /// The name of the token in `authorization`, or why it is not one of the configured tokens (a RESP
+    /// `AUTH` checks the token when it is sent, and the roles at each command).
+    pub fn token_name(&self, authorization: Option<&str>) -> Result<&str, Denied> {
+        self.grant(authorization).map(|grant| grant.name.as_str())
+    }
+
     /// Whether the token in `authorization` may use `role` on `namespace` (for filtering lists).
     pub fn allows(&self, authorization: Option<&str>, role: Role, namespace: &str) -> bool {
         self.check(authorization, role, Scope::Namespace(namespace))

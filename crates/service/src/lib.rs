@@ -7,6 +7,7 @@
 //! - [`listener`]: accepting connections — backoff at the descriptor limit, a deadline for the handshake.
 //! - [`lifecycle`]: the one state (loading, ready, failed, draining) that health, `/readyz` and admin read.
 //! - [`metrics`]: the Prometheus recorder and the service's own series.
+//! - [`resp`]: the RESP port — RedisBloom's commands for Redis clients, on the same gate and rules.
 //! - [`shutdown`]: the signal every part watches.
 //! - [`writes`]: the single server's writes, to the local gate through its log (a replica's go to its stream).
 
@@ -24,5 +25,6 @@ pub mod http;
 pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
+pub mod resp;
 pub mod shutdown;
 pub mod writes;

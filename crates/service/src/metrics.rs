@@ -82,6 +82,14 @@ fn describe() {
         "existence_handshakes_failed_total",
         "gRPC connections closed before their HTTP/2 preface, by reason (timeout, closed, tls, error)."
     );
+    describe_counter!(
+        "existence_resp_commands_total",
+        "RESP port commands by command and outcome (ok, error)."
+    );
+    describe_counter!(
+        "existence_resp_connections_refused_total",
+        "RESP port connections refused at --resp-max-connections."
+    );
     describe_histogram!(
         "existence_request_duration_seconds",
         Unit::Seconds,
@@ -130,6 +138,17 @@ pub fn shed_calls() -> Counter {
 /// rare, and the registry lookup is nothing beside the backoff that follows.
 pub fn accept_errors(port: &'static str, reason: &'static str) -> Counter {
     counter!("existence_accept_errors_total", "port" => port, "reason" => reason)
+}
+
+/// Counter of RESP commands called `command` that ended with `outcome` (`ok` or `error`); a pipelined run
+/// of `BF.EXISTS` counts each command.
+pub fn resp_commands(command: &'static str, outcome: &'static str) -> Counter {
+    counter!("existence_resp_commands_total", "command" => command, "outcome" => outcome)
+}
+
+/// Counter of RESP connections refused at the connection limit.
+pub fn resp_refused_connections() -> Counter {
+    counter!("existence_resp_connections_refused_total")
 }
 
 /// Counter of gRPC connections closed before their HTTP/2 preface, for `reason`.

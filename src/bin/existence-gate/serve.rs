@@ -9,7 +9,7 @@ use clap::{Args, Parser};
 
 use existence_gate::core::clock::SystemClock;
 use existence_gate::core::config::{parse_duration, GateConfig};
-use existence_gate::server::{self, DurabilityOptions, ServeOptions, TlsOptions};
+use existence_gate::server::{self, DurabilityOptions, RespOptions, ServeOptions, TlsOptions};
 use existence_gate::storage::SyncMode;
 
 use crate::replication_flags::ReplicationArgs;
@@ -27,6 +27,24 @@ pub(crate) struct ServeArgs {
         default_value = "127.0.0.1:9464"
     )]
     http_listen: SocketAddr,
+    /// RESP listen address for Redis clients (RedisBloom's BF.* commands), or `off`.
+    #[arg(
+        long,
+        env = "EXISTENCE_GATE_RESP_LISTEN",
+        default_value = "127.0.0.1:6380",
+        value_parser = parse_resp_listen
+    )]
+    resp_listen: RespListen,
+    /// RESP connections open at once; more are told `max number of clients reached` and closed.
+    #[arg(
+        long,
+        env = "EXISTENCE_GATE_RESP_MAX_CONNECTIONS",
+        default_value_t = 1_024
+    )]
+    resp_max_connections: usize,
+    /// A RESP connection that sends nothing, or does not read its replies, for this long is closed.
+    #[arg(long, env = "EXISTENCE_GATE_RESP_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    resp_idle_timeout: std::time::Duration,
     /// TOML file with [limits] and [namespaces.NAME] tables; defaults apply without it.
     #[arg(long, env = "EXISTENCE_GATE_CONFIG")]
     config: Option<PathBuf>,
@@ -75,6 +93,20 @@ pub(crate) struct ServeArgs {
     tls_client_ca: Option<PathBuf>,
     #[command(flatten)]
     replication: ReplicationArgs,
+}
+
+/// `--resp-listen`: an address, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct RespListen(Option<SocketAddr>);
+
+fn parse_resp_listen(value: &str) -> Result<RespListen, String> {
+    if value.eq_ignore_ascii_case("off") {
+        return Ok(RespListen(None));
+    }
+    value
+        .parse()
+        .map(|address| RespListen(Some(address)))
+        .map_err(|e| format!("{e}: give an address such as 127.0.0.1:6380, or off"))
 }
 
 /// `--sync` values.
@@ -127,8 +159,14 @@ impl ServeArgs {
             })?;
         }
         let replication = self.replication.options(self.listen)?;
+        let resp = self.resp_listen.0.map(|listen| RespOptions {
+            max_connections: self.resp_max_connections,
+            idle_timeout: self.resp_idle_timeout,
+            ..RespOptions::new(listen)
+        });
         Ok(ServeOptions {
             replication,
+            resp,
             listen: self.listen,
             http_listen: self.http_listen,
             config,
@@ -150,7 +188,12 @@ impl ServeArgs {
 
 /// Logs every setting the server runs with, once, so a log shows what an incident ran under.
 fn log_settings(options: &ServeOptions) {
-    tracing::info!(listen = %options.listen, http_listen = %options.http_listen, "listen addresses");
+    tracing::info!(
+        listen = %options.listen,
+        http_listen = %options.http_listen,
+        resp_listen = ?options.resp.as_ref().map(|r| r.listen),
+        "listen addresses"
+    );
     tracing::info!(
         max_message_bytes = options.max_message_bytes,
         drain_timeout = ?options.drain_timeout,

@@ -23,6 +23,8 @@ pub fn serve() -> tokio::process::Command {
             "127.0.0.1:0",
             "--http-listen",
             "127.0.0.1:0",
+            "--resp-listen",
+            "127.0.0.1:0",
         ])
         .env(
             "RUST_LOG",

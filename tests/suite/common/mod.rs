@@ -80,6 +80,7 @@ pub fn options(config: &str, max_message_bytes: usize) -> ServeOptions {
         durability: None,
         tls: None,
         replication: None,
+        resp: None,
     }
 }
 

@@ -116,7 +116,7 @@ final class GateServer implements AutoCloseable {
     Files.writeString(configFile, config);
     Path log = dir.resolve("server.log");
     List<String> command = new java.util.ArrayList<>(List.of(bin, "serve", "--in-memory", "--listen",
-        "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config", configFile.toString()));
+        "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0", "--config", configFile.toString()));
     command.addAll(extraArgs);
     ProcessBuilder builder =
         new ProcessBuilder(command)

@@ -1,0 +1,300 @@
+//! The RESP port beside RedisBloom, both driven by `redis-benchmark`: the gate's bench-profile binary and
+//! Debian's `redis-server` with RedisBloom 2.6.9 loaded (`benches/redisbloom/build.sh` builds the module;
+//! without it this mode says how and stops). Each holds the same 10M keys in a filter sized for them at 1%
+//! (`default` in the gate, `BF.RESERVE default 0.01 10000000` in Redis), the keys `redis-benchmark` draws
+//! for `__rand_int__` (12 digits) below 10M, so that lookups drawn below 20M are half present.
+//!
+//! Every workload runs in `ROUNDS` alternating stretches (gate, RedisBloom, gate, ...), each a
+//! `redis-benchmark` run of a fixed number of commands; server CPU is the user + system time of the server
+//! process from `/proc/<pid>/stat` across the stretch, divided by the commands (or keys) it answered.
+//!
+//! Run with `cargo bench --bench load -- resp`; writes `benches/results/resp.md`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use crate::procs::{self, Server};
+
+/// Stretches per side of each workload.
+const ROUNDS: usize = 4;
+/// Keys in each filter.
+const FILLED: u64 = 10_000_000;
+/// Keys per `BF.MADD` while filling.
+const FILL_BATCH: u64 = 1_000;
+/// Keys in a `BF.MEXISTS`.
+const MEXISTS_KEYS: usize = 100;
+
+/// One workload: `redis-benchmark` arguments besides host and port, commands per stretch, keys per command.
+struct Workload {
+    name: &'static str,
+    args: Vec<String>,
+    commands: u64,
+    keys_per_command: u64,
+}
+
+fn workloads() -> Vec<Workload> {
+    let exists = |clients: u32, pipeline: u32| {
+        vec![
+            "-c".to_string(),
+            clients.to_string(),
+            "-P".to_string(),
+            pipeline.to_string(),
+            "BF.EXISTS".to_string(),
+            "default".to_string(),
+            "__rand_int__".to_string(),
+        ]
+    };
+    let mut mexists = vec!["-c", "8", "-P", "1", "BF.MEXISTS", "default"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    mexists.extend(std::iter::repeat_n(
+        "__rand_int__".to_string(),
+        MEXISTS_KEYS,
+    ));
+    vec![
+        Workload {
+            name: "BF.EXISTS, unpipelined, 8 connections",
+            args: exists(8, 1),
+            commands: 200_000,
+            keys_per_command: 1,
+        },
+        Workload {
+            name: "BF.EXISTS, pipelined 16 deep, 8 connections",
+            args: exists(8, 16),
+            commands: 1_000_000,
+            keys_per_command: 1,
+        },
+        Workload {
+            name: "BF.MEXISTS of 100 keys, 8 connections",
+            args: mexists,
+            commands: 40_000,
+            keys_per_command: MEXISTS_KEYS as u64,
+        },
+        Workload {
+            name: "saturation: BF.EXISTS pipelined 16 deep, 32 connections, 2 client threads",
+            args: [
+                vec!["--threads".to_string(), "2".to_string()],
+                exists(32, 16),
+            ]
+            .concat(),
+            commands: 2_000_000,
+            keys_per_command: 1,
+        },
+    ]
+}
+
+/// A stretch's figures.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stretch {
+    seconds: f64,
+    cpu_seconds: f64,
+    commands: u64,
+}
+
+/// Runs `redis-benchmark` against `server` for one stretch of `workload`.
+fn stretch(server: &Server, workload: &Workload) -> Stretch {
+    let addr = server.resp_addr.expect("a RESP address");
+    let cpu = server.cpu_seconds();
+    let started = Instant::now();
+    let output = Command::new("redis-benchmark")
+        .args(["-h", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+        .args([
+            "-n",
+            &workload.commands.to_string(),
+            "-r",
+            &(2 * FILLED).to_string(),
+            "-q",
+        ])
+        .args(&workload.args)
+        .output()
+        .expect("redis-benchmark runs (apt-get install redis-tools)");
+    let seconds = started.elapsed().as_secs_f64();
+    assert!(
+        output.status.success(),
+        "redis-benchmark failed against {}: {}",
+        server.name,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("requests per second") && !text.contains("ERR"),
+        "redis-benchmark against {}: {text}",
+        server.name
+    );
+    Stretch {
+        seconds,
+        cpu_seconds: server.cpu_seconds() - cpu,
+        commands: workload.commands,
+    }
+}
+
+/// A connection to `server`'s RESP port.
+async fn connect(server: &Server) -> redis::aio::MultiplexedConnection {
+    let addr = server.resp_addr.expect("a RESP address");
+    redis::Client::open(format!("redis://{addr}/"))
+        .expect("a redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", server.name))
+}
+
+/// Fills `server`'s `default` with the keys below `FILLED`, as `redis-benchmark` spells them.
+async fn fill(server: &Server) {
+    let mut connection = connect(server).await;
+    for start in (0..FILLED).step_by(FILL_BATCH as usize * 100) {
+        let mut pipeline = redis::pipe();
+        for batch in (start..(start + FILL_BATCH * 100).min(FILLED)).step_by(FILL_BATCH as usize) {
+            let keys: Vec<String> = (batch..batch + FILL_BATCH)
+                .map(|k| format!("{k:012}"))
+                .collect();
+            pipeline.cmd("BF.MADD").arg("default").arg(keys).ignore();
+        }
+        let () = pipeline
+            .query_async(&mut connection)
+            .await
+            .unwrap_or_else(|e| panic!("filling {}: {e}", server.name));
+    }
+}
+
+pub async fn run() {
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/redisbloom/redisbloom.so");
+    if !module.exists() {
+        eprintln!(
+            "{} is missing: build RedisBloom 2.6.9 with benches/redisbloom/build.sh (it says how)",
+            module.display()
+        );
+        return;
+    }
+    let config = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(
+        config.path(),
+        format!("[namespaces.default]\nexpected_keys = {FILLED}\nfalse_positive_rate = 0.01\n"),
+    )
+    .expect("writing the configuration");
+    let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
+    let module_path = module.to_string_lossy().to_string();
+    let redisbloom = procs::start_redis_with(&["--loadmodule", &module_path])
+        .expect("redis-server starts (apt-get install redis-server)");
+    let () = redis::cmd("BF.RESERVE")
+        .arg(&["default", "0.01", &FILLED.to_string()])
+        .query_async(&mut connect(&redisbloom).await)
+        .await
+        .expect("BF.RESERVE");
+    println!("filling both with {FILLED} keys...");
+    let filling = Instant::now();
+    fill(&gate).await;
+    fill(&redisbloom).await;
+    println!("filled in {:.1} s", filling.elapsed().as_secs_f64());
+
+    let started = Instant::now();
+    let load_at_start = crate::text::load_average();
+    let mut rows = Vec::new();
+    for workload in workloads() {
+        println!("{}...", workload.name);
+        let mut sides = [Vec::new(), Vec::new()];
+        // One unmeasured stretch each: connections and pages warm.
+        stretch(
+            &gate,
+            &Workload {
+                commands: workload.commands / 10,
+                ..clone(&workload)
+            },
+        );
+        stretch(
+            &redisbloom,
+            &Workload {
+                commands: workload.commands / 10,
+                ..clone(&workload)
+            },
+        );
+        for _ in 0..ROUNDS {
+            sides[0].push(stretch(&gate, &workload));
+            sides[1].push(stretch(&redisbloom, &workload));
+        }
+        rows.push((workload, sides));
+    }
+    let markdown = report(&rows, &load_at_start, started.elapsed().as_secs_f64());
+    println!("\n{markdown}");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results/resp.md");
+    std::fs::write(&path, markdown).expect("writing the results");
+    println!("written: {}", path.display());
+}
+
+fn clone(workload: &Workload) -> Workload {
+    Workload {
+        name: workload.name,
+        args: workload.args.clone(),
+        commands: workload.commands,
+        keys_per_command: workload.keys_per_command,
+    }
+}
+
+/// The median of `values`.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len() % 2 == 0 {
+        (values[middle - 1] + values[middle]) / 2.0
+    } else {
+        values[middle]
+    }
+}
+
+fn report(rows: &[(Workload, [Vec<Stretch>; 2])], load: &str, seconds: f64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# The RESP port beside RedisBloom\n\n`cargo bench --bench load -- resp`, {} on {}; load average {load} at \
+         the start; {seconds:.0} s of stretches. The gate's bench-profile binary (`--in-memory`) and `{}` with \
+         RedisBloom 2.6.9 (`benches/redisbloom/build.sh`), each holding the same {FILLED} keys at 1%, driven by \
+         `redis-benchmark` on the same machine (2 cores shared by client and server). Lookups draw keys below \
+         {} (half present). {ROUNDS} alternating stretches per side; figures are medians over the stretches; \
+         server CPU is user + system time of the server process per command (per key for `BF.MEXISTS`).\n",
+        crate::text::today(),
+        crate::text::machine(),
+        procs::redis_version(),
+        2 * FILLED,
+    );
+    let _ = writeln!(
+        out,
+        "| workload | server | commands/s | keys/s | server CPU µs per key | gate ÷ RedisBloom |\n|---|---|---:|---:|---:|---:|"
+    );
+    for (workload, [gate, redisbloom]) in rows {
+        let cpu = |side: &[Stretch]| {
+            median(
+                side.iter()
+                    .map(|s| s.cpu_seconds * 1e6 / (s.commands * workload.keys_per_command) as f64)
+                    .collect(),
+            )
+        };
+        let rate =
+            |side: &[Stretch]| median(side.iter().map(|s| s.commands as f64 / s.seconds).collect());
+        let (gate_cpu, redisbloom_cpu) = (cpu(gate), cpu(redisbloom));
+        let (gate_rate, redisbloom_rate) = (rate(gate), rate(redisbloom));
+        for (server, side_cpu, side_rate) in [
+            ("gate", gate_cpu, gate_rate),
+            ("RedisBloom", redisbloom_cpu, redisbloom_rate),
+        ] {
+            let ratio = if server == "gate" {
+                format!(
+                    "CPU {:.2}×, throughput {:.2}×",
+                    gate_cpu / redisbloom_cpu,
+                    gate_rate / redisbloom_rate
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {server} | {:.0} | {:.0} | {side_cpu:.3} | {ratio} |",
+                workload.name,
+                side_rate,
+                side_rate * workload.keys_per_command as f64
+            );
+        }
+    }
+    out
+}

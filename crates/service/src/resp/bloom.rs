@@ -1,0 +1,310 @@
+//! RedisBloom's commands, and the gate's own, on the gate's namespaces: the Redis key is the namespace.
+//!
+//! Answers are RedisBloom's wherever that keeps the gate's guarantees: `BF.EXISTS` is `0` only where gRPC
+//! would answer `ABSENT` (the filter, a live tombstone, and on a replica only under its read lease); an
+//! `ADD` is acknowledged under the same rule as gRPC's `Add`. Where the models differ (namespaces are
+//! configured, capacity and error rate too, keys expire by windows) README's table says what a RedisBloom
+//! user sees instead.
+
+use bytes::Bytes;
+
+use super::reply::Replies;
+use super::session::{Outcome, Refusal};
+use super::Port;
+use crate::core::answer::{Answer, Basis, Lookup};
+use crate::core::gate::GateError;
+use crate::core::namespace::{AbsenceReport, RecordOutcome};
+use crate::core::tombstones::AbsenceKind;
+
+/// The namespace a command names: UTF-8, `""` meaning `default` (as in gRPC).
+pub fn namespace(key: &[u8]) -> Result<String, Refusal> {
+    let mut name = std::str::from_utf8(key)
+        .map_err(|_| Refusal::err("a namespace name must be UTF-8"))?
+        .to_string();
+    crate::grpc::resolve_namespace(&mut name);
+    Ok(name)
+}
+
+/// The RESP error for a refused call: retryable ones as Redis's `TRYAGAIN`, the rest as `ERR`.
+pub fn refusal(error: GateError) -> Refusal {
+    let kind = match error {
+        GateError::Unavailable(_) => "TRYAGAIN",
+        _ => "ERR",
+    };
+    Refusal {
+        kind,
+        message: match error {
+            GateError::UnknownNamespace(name) => format!(
+                "namespace {name:?} is not configured: the gate's namespaces are [namespaces.NAME] tables of \
+                 its configuration, not created by BF.RESERVE or BF.ADD"
+            ),
+            other => other.to_string(),
+        },
+    }
+}
+
+/// `BF.EXISTS` answers for `keys`, one lookup pass (a pipelined run of them lands here).
+pub fn exists_many(port: &Port, namespace: &str, keys: &[&[u8]]) -> Result<Vec<bool>, Refusal> {
+    let mut lookups = Vec::with_capacity(keys.len());
+    port.gate
+        .batch_may_exist(namespace, keys, &mut lookups)
+        .map_err(refusal)?;
+    Ok(lookups
+        .iter()
+        .map(|l| l.answer == Answer::MayExist)
+        .collect())
+}
+
+/// `BF.EXISTS namespace item`: 1 = may exist, 0 = definitely absent (`true`/`false` in RESP3, as
+/// RedisBloom answers there).
+pub fn exists(port: &Port, namespace: &str, key: &[u8], replies: &mut Replies<'_>) -> Outcome {
+    let (lookup, _) = port.gate.may_exist(namespace, key).map_err(refusal)?;
+    replies.boolean(lookup.answer == Answer::MayExist);
+    Ok(())
+}
+
+/// `BF.MEXISTS namespace item ...`.
+pub fn mexists(port: &Port, namespace: &str, keys: &[Bytes], replies: &mut Replies<'_>) -> Outcome {
+    let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let answers = exists_many(port, namespace, &keys)?;
+    replies.array(answers.len());
+    for may_exist in answers {
+        replies.boolean(may_exist);
+    }
+    Ok(())
+}
+
+/// `BF.ADD namespace item` (one integer) and `BF.MADD namespace item ...` (an array): 1 for an item the
+/// gate answered absent for just before the add, as RedisBloom answers 1 for an item not yet present; 0
+/// for one it could already exist. All items go in one `Add`, under one seq.
+pub async fn add(
+    port: &Port,
+    namespace: &str,
+    keys: &[Bytes],
+    as_array: bool,
+    replies: &mut Replies<'_>,
+) -> Outcome {
+    let mut before = Vec::with_capacity(keys.len());
+    port.gate
+        .batch_may_exist(namespace, keys, &mut before)
+        .map_err(refusal)?;
+    port.writes
+        .add(namespace, keys.to_vec())
+        .await
+        .map_err(refusal)?;
+    let new = |lookup: &Lookup| lookup.answer == Answer::Absent;
+    if as_array {
+        replies.array(before.len());
+        before.iter().for_each(|l| replies.boolean(new(l)));
+    } else {
+        replies.boolean(new(&before[0]));
+    }
+    Ok(())
+}
+
+/// `BF.INSERT namespace [CAPACITY n] [ERROR rate] [EXPANSION n] [NOCREATE] [NONSCALING] ITEMS item ...`:
+/// `BF.MADD` of the items. The creation options are checked as RedisBloom checks them and then left to
+/// the namespace's configuration, as RedisBloom ignores them for a filter that exists.
+pub async fn insert(
+    port: &Port,
+    namespace: &str,
+    args: &[Bytes],
+    replies: &mut Replies<'_>,
+) -> Outcome {
+    let mut options = args.iter();
+    let items = loop {
+        let Some(option) = options.next() else {
+            return Err(Refusal::err(
+                "syntax error: BF.INSERT needs ITEMS followed by at least one item",
+            ));
+        };
+        match option.to_ascii_uppercase().as_slice() {
+            b"ITEMS" => break options.as_slice(),
+            b"NOCREATE" | b"NONSCALING" => {}
+            b"CAPACITY" => positive(options.next(), "bad capacity")?,
+            b"EXPANSION" => positive(options.next(), "bad expansion")?,
+            b"ERROR" => error_rate(options.next())?,
+            _ => {
+                return Err(Refusal::err(format!(
+                    "syntax error: unknown BF.INSERT option '{}'",
+                    String::from_utf8_lossy(option)
+                )))
+            }
+        }
+    };
+    if items.is_empty() {
+        return Err(Refusal::err(
+            "syntax error: BF.INSERT needs at least one item after ITEMS",
+        ));
+    }
+    if port.gate.namespace(namespace).is_err()
+        && args.iter().any(|a| a.eq_ignore_ascii_case(b"nocreate"))
+    {
+        return Err(Refusal::err("not found"));
+    }
+    add(port, namespace, items, true, replies).await
+}
+
+/// `BF.RESERVE namespace error_rate capacity [EXPANSION n] [NONSCALING]`: a configured namespace exists
+/// already (`item exists`, RedisBloom's answer for a key that exists); any other is refused with how to
+/// configure it.
+pub fn reserve(port: &Port, namespace: &str, args: &[Bytes]) -> Outcome {
+    error_rate(args.first())?;
+    positive(args.get(1), "bad capacity")?;
+    port.gate.namespace(namespace).map_err(refusal)?;
+    Err(Refusal::err("item exists"))
+}
+
+fn positive(value: Option<&Bytes>, error: &str) -> Outcome {
+    match value.and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok()) {
+        Some(n) if n > 0 => Ok(()),
+        _ => Err(Refusal::err(error)),
+    }
+}
+
+fn error_rate(value: Option<&Bytes>) -> Outcome {
+    match value.and_then(|v| std::str::from_utf8(v).ok()?.parse::<f64>().ok()) {
+        Some(rate) if rate > 0.0 && rate < 1.0 => Ok(()),
+        _ => Err(Refusal::err("bad error rate")),
+    }
+}
+
+/// `BF.INFO namespace [CAPACITY | SIZE | FILTERS | ITEMS | EXPANSION]`: RedisBloom's fields from the
+/// namespace's configuration and filter (filters = live layers across windows; items = the estimated
+/// distinct keys they hold; no expansion rate, as for a non-scaling filter: growth is by configuration).
+pub fn info(port: &Port, namespace: &str, field: &[Bytes], replies: &mut Replies<'_>) -> Outcome {
+    let stats = port
+        .gate
+        .namespace(namespace)
+        .map_err(refusal)?
+        .stats(port.gate.now_ms());
+    let capacity = port
+        .gate
+        .namespace(namespace)
+        .map_err(refusal)?
+        .settings()
+        .expected_keys;
+    let fields: [(&str, &str, Option<u64>); 5] = [
+        ("CAPACITY", "Capacity", Some(capacity)),
+        ("SIZE", "Size", Some(stats.filter.bytes)),
+        (
+            "FILTERS",
+            "Number of filters",
+            Some(stats.filter.layers as u64),
+        ),
+        ("ITEMS", "Number of items inserted", Some(stats.filter.keys)),
+        ("EXPANSION", "Expansion rate", None),
+    ];
+    let value = |replies: &mut Replies<'_>, value: Option<u64>| match value {
+        Some(n) => replies.integer(n as i64),
+        None => replies.null(),
+    };
+    match field {
+        [] => {
+            replies.map(fields.len());
+            for (_, label, n) in fields {
+                replies.simple(label);
+                value(replies, n);
+            }
+        }
+        [name] => {
+            let (_, _, n) = fields
+                .iter()
+                .find(|(key, _, _)| name.eq_ignore_ascii_case(key.as_bytes()))
+                .ok_or_else(|| Refusal::err("Invalid information value"))?;
+            replies.array(1);
+            value(replies, *n);
+        }
+        _ => {
+            return Err(Refusal::err(
+                "wrong number of arguments for 'bf.info' command",
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// `BF.CARD namespace`: the estimated distinct items in the live windows.
+pub fn card(port: &Port, namespace: &str, replies: &mut Replies<'_>) -> Outcome {
+    let stats = port
+        .gate
+        .namespace(namespace)
+        .map_err(refusal)?
+        .stats(port.gate.now_ms());
+    replies.integer(stats.filter.keys as i64);
+    Ok(())
+}
+
+/// `GATE.LOOKUP namespace item`: `[answer, basis, observed_seq]`, what gRPC's `MayExist` returns
+/// (`MAY_EXIST`/`ABSENT`, `FILTER`/`TOMBSTONE`/`WARMING`), for the read path that records absences.
+pub fn lookup(port: &Port, namespace: &str, key: &[u8], replies: &mut Replies<'_>) -> Outcome {
+    let (lookup, observed_seq) = port.gate.may_exist(namespace, key).map_err(refusal)?;
+    replies.array(3);
+    replies.bulk(match lookup.answer {
+        Answer::MayExist => b"MAY_EXIST",
+        Answer::Absent => b"ABSENT",
+    });
+    replies.bulk(match lookup.basis {
+        Basis::Filter => b"FILTER".as_slice(),
+        Basis::Tombstone => b"TOMBSTONE",
+        Basis::Warming => b"WARMING",
+    });
+    replies.integer(observed_seq as i64);
+    Ok(())
+}
+
+/// `GATE.ABSENT namespace item [MISSING | DELETED] [SEQ observed_seq] [TTL seconds]`: `RecordAbsent`,
+/// answered `[outcome, seq, expires_in_ms]` (`RECORDED`, `REDUNDANT`, `SUPERSEDED`, `THROTTLED`).
+pub async fn absent(
+    port: &Port,
+    namespace: &str,
+    args: &[Bytes],
+    replies: &mut Replies<'_>,
+) -> Outcome {
+    let mut report = AbsenceReport {
+        key: args[0].clone(),
+        kind: AbsenceKind::Missing,
+        observed_seq: 0,
+        ttl_seconds: 0,
+    };
+    let mut options = args[1..].iter();
+    while let Some(option) = options.next() {
+        let number = |value: Option<&Bytes>, what: &str| {
+            value
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+                .ok_or_else(|| Refusal::err(format!("{what} needs a non-negative integer")))
+        };
+        match option.to_ascii_uppercase().as_slice() {
+            b"MISSING" => report.kind = AbsenceKind::Missing,
+            b"DELETED" => report.kind = AbsenceKind::Deleted,
+            b"SEQ" => report.observed_seq = number(options.next(), "SEQ")?,
+            b"TTL" => {
+                let seconds = number(options.next(), "TTL")?;
+                report.ttl_seconds = u32::try_from(seconds).map_err(|_| {
+                    Refusal::err(format!("TTL {seconds} is past the limit of {} seconds", u32::MAX))
+                })?;
+            }
+            _ => {
+                return Err(Refusal::err(format!(
+                    "syntax error: unknown GATE.ABSENT option '{}' (MISSING, DELETED, SEQ n, TTL seconds)",
+                    String::from_utf8_lossy(option)
+                )))
+            }
+        }
+    }
+    let recorded = port
+        .writes
+        .record_absent(namespace, report)
+        .await
+        .map_err(refusal)?;
+    replies.array(3);
+    replies.bulk(match recorded.outcome {
+        RecordOutcome::Recorded => b"RECORDED".as_slice(),
+        RecordOutcome::Redundant => b"REDUNDANT",
+        RecordOutcome::Superseded => b"SUPERSEDED",
+        RecordOutcome::Throttled => b"THROTTLED",
+    });
+    replies.integer(recorded.seq as i64);
+    replies.integer(recorded.expires_in_ms as i64);
+    Ok(())
+}

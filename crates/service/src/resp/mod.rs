@@ -1,0 +1,332 @@
+//! The RESP port: RedisBloom's commands over the Redis protocol, so a service with a Redis client (and any
+//! Redis tool) can use the gate by changing an address.
+//!
+//! - [`request`]: reading requests (arrays of bulk strings, inline commands) within limits.
+//! - [`reply`]: writing replies in RESP2 or RESP3.
+//! - [`commands`]: the command table (arity, permissions, `COMMAND` docs).
+//! - [`session`]: a connection's state and its commands; pipelined `BF.EXISTS` as one batch.
+//! - [`bloom`]: `BF.*` and the gate's `GATE.*` on namespaces.
+//!
+//! A connection is served by one task that reads, runs every whole command the read brought (in order),
+//! and writes all their replies at once. It reads nothing more until those replies are written, so a
+//! client that pipelines without reading its replies stalls itself, not the server's memory: what one
+//! connection holds is at most one request (bounded by [`RequestLimits`]) and its replies. The number of
+//! connections is capped (`-ERR max number of clients reached`, as Redis says), and one that sends
+//! nothing for the idle timeout, or does not take its replies within it, is closed.
+
+pub mod bloom;
+pub mod commands;
+pub mod reply;
+pub mod request;
+pub mod session;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use metrics::Counter;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::access::Access;
+use crate::core::gate::Gate;
+use crate::core::writes::Writes;
+use crate::listener::Acceptor;
+use commands::{Spec, COMMANDS};
+pub use request::RequestLimits;
+use request::{take_command, ProtocolError};
+use session::{Push, Session};
+
+/// How the RESP port is served.
+#[derive(Debug, Clone)]
+pub struct RespOptions {
+    /// Where it listens (`existence-gate serve --resp-listen`, default `127.0.0.1:6380`).
+    pub listen: SocketAddr,
+    /// Connections open at once; more are told `-ERR max number of clients reached` and closed.
+    pub max_connections: usize,
+    /// A connection that sends nothing, or does not read its replies, for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl RespOptions {
+    /// The defaults of `existence-gate serve` on `listen`.
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            max_connections: 1_024,
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Pushes queued per connection before its subscriptions wait (a subscriber that falls further behind the
+/// namespace's replay buffer is sent `resync`, as gRPC subscribers are).
+const PUSH_QUEUE: usize = 64;
+/// Commands run per read at most, so that one read of many tiny commands cannot hold replies back
+/// without bound (the rest stay in the buffer for the next round).
+const MAX_PIPELINE: usize = 4_096;
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What every connection of the port shares.
+#[derive(Debug)]
+pub struct Port {
+    gate: Arc<Gate>,
+    writes: Arc<dyn Writes>,
+    access: Arc<Access>,
+    limits: RequestLimits,
+    options: RespOptions,
+    next_id: AtomicU64,
+    open: AtomicUsize,
+    metrics: CommandMetrics,
+}
+
+impl Port {
+    /// The port for `gate`, its writes going to `writes`, behind `access`; requests bounded by the gate's
+    /// limits (a key's length, a batch's keys).
+    pub fn new(
+        gate: Arc<Gate>,
+        writes: Arc<dyn Writes>,
+        access: Arc<Access>,
+        options: RespOptions,
+    ) -> Arc<Self> {
+        let limits = gate.limits();
+        let limits = RequestLimits {
+            // The name, the namespace and BF.INSERT's options besides the keys.
+            max_args: limits.max_batch_keys + 16,
+            max_arg_bytes: limits.max_key_bytes.max(4_096),
+            max_inline_bytes: 64 * 1024,
+        };
+        Arc::new(Self {
+            gate,
+            writes,
+            access,
+            limits,
+            options,
+            next_id: AtomicU64::new(1),
+            open: AtomicUsize::new(0),
+            metrics: CommandMetrics::new(),
+        })
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+}
+
+/// How an accepted TCP stream becomes the byte stream RESP runs on: itself, or TLS over it.
+pub trait Transport: Clone + Send + Sync + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn setup(
+        &self,
+        tcp: TcpStream,
+    ) -> impl std::future::Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Transport for crate::listener::Plaintext {
+    type Io = TcpStream;
+    async fn setup(&self, tcp: TcpStream) -> std::io::Result<TcpStream> {
+        Ok(tcp)
+    }
+}
+
+impl Transport for tokio_rustls::TlsAcceptor {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    async fn setup(&self, tcp: TcpStream) -> std::io::Result<Self::Io> {
+        self.accept(tcp).await
+    }
+}
+
+/// Accepts connections on `listener` until shutdown, each set up by `transport` within `handshake_timeout`
+/// and then served by its own task.
+pub async fn serve<T: Transport>(
+    port: Arc<Port>,
+    listener: TcpListener,
+    transport: T,
+    handshake_timeout: Duration,
+) {
+    let mut acceptor = Acceptor::new(listener, "resp");
+    let shutdown = port.access.shutdown().clone();
+    loop {
+        let tcp = tokio::select! {
+            () = shutdown.wait() => return,
+            tcp = acceptor.accept() => tcp,
+        };
+        let _ = tcp.set_nodelay(true);
+        let port = Arc::clone(&port);
+        let transport = transport.clone();
+        tokio::spawn(async move {
+            let Some(guard) = Open::claim(&port) else {
+                refuse(tcp).await;
+                return;
+            };
+            match tokio::time::timeout(handshake_timeout, transport.setup(tcp)).await {
+                Ok(Ok(io)) => serve_connection(&port, io).await,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "RESP connection failed its TLS handshake")
+                }
+                Err(_) => tracing::debug!(
+                    ?handshake_timeout,
+                    "RESP connection's TLS handshake timed out"
+                ),
+            }
+            drop(guard);
+        });
+    }
+}
+
+/// One open connection's place in the count.
+struct Open<'a>(&'a Port);
+
+impl<'a> Open<'a> {
+    fn claim(port: &'a Port) -> Option<Self> {
+        let max = port.options.max_connections;
+        port.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(port))
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection past the limit: told so (in plaintext, as Redis does before any handshake) and closed.
+async fn refuse(mut tcp: TcpStream) {
+    crate::metrics::resp_refused_connections().increment(1);
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        tcp.write_all(b"-ERR max number of clients reached\r\n"),
+    )
+    .await;
+}
+
+/// Serves one connection until the peer closes it, `QUIT`, a protocol error, the idle timeout or shutdown.
+async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite + Unpin) {
+    let (pushes_tx, mut pushes) = mpsc::channel::<Push>(PUSH_QUEUE);
+    let mut session = Session::new(Arc::clone(port), pushes_tx);
+    let mut input = BytesMut::with_capacity(READ_CHUNK);
+    let mut output = BytesMut::with_capacity(READ_CHUNK);
+    let shutdown = port.access.shutdown().clone();
+    let idle = port.options.idle_timeout;
+    loop {
+        let commands = match take_commands(&mut input, &port.limits) {
+            Ok(commands) => commands,
+            Err(ProtocolError(message)) => {
+                session.replies(&mut output).error("ERR", &message);
+                close_after(&mut io, &output).await;
+                return;
+            }
+        };
+        if !commands.is_empty() {
+            session.run(&commands, &mut output).await;
+        }
+        if !output.is_empty() {
+            match tokio::time::timeout(idle, io.write_all(&output)).await {
+                Ok(Ok(())) => output.clear(),
+                _ => return,
+            }
+        }
+        if session.closing {
+            return;
+        }
+        if !commands.is_empty() {
+            // More may be buffered already (more than one round's worth of commands arrived at once).
+            continue;
+        }
+        input.reserve(READ_CHUNK);
+        tokio::select! {
+            read = tokio::time::timeout(idle, io.read_buf(&mut input)) => match read {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(_)) => {}
+                Err(_) => {
+                    tracing::debug!(?idle, "closing an idle RESP connection");
+                    return;
+                }
+            },
+            Some(push) = pushes.recv() => session.write_push(&push, &mut output),
+            () = shutdown.wait() => return,
+        }
+    }
+}
+
+/// How long, and how many unread bytes, a connection closed for a protocol error is drained for.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1 << 20;
+
+/// Writes `last` and closes the connection so that the peer reads it: the write side is shut first (FIN),
+/// then what the peer still sends is read and dropped for a moment, since closing a socket with unread
+/// input sends a reset, which can destroy the reply before the peer reads it.
+async fn close_after(io: &mut (impl AsyncRead + AsyncWrite + Unpin), last: &[u8]) {
+    let _ = tokio::time::timeout(LINGER, async {
+        io.write_all(last).await?;
+        io.shutdown().await?;
+        let mut sink = [0u8; 8192];
+        let mut drained = 0;
+        while drained < LINGER_BYTES {
+            match io.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+/// Every whole command at the front of `input`, up to [`MAX_PIPELINE`].
+fn take_commands(
+    input: &mut BytesMut,
+    limits: &RequestLimits,
+) -> Result<Vec<Vec<bytes::Bytes>>, ProtocolError> {
+    let mut commands = Vec::new();
+    while commands.len() < MAX_PIPELINE {
+        match take_command(input, limits)? {
+            Some(command) => commands.push(command),
+            None => break,
+        }
+    }
+    Ok(commands)
+}
+
+/// Commands by name and outcome (`existence_resp_commands_total`), the handles resolved once.
+#[derive(Debug)]
+struct CommandMetrics {
+    /// Per command of [`COMMANDS`], in its order: (ok, error).
+    counters: Vec<(Counter, Counter)>,
+}
+
+impl CommandMetrics {
+    fn new() -> Self {
+        Self {
+            counters: COMMANDS
+                .iter()
+                .map(|spec| {
+                    (
+                        crate::metrics::resp_commands(spec.name, "ok"),
+                        crate::metrics::resp_commands(spec.name, "error"),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Counts `count` runs of `spec` that succeeded or not.
+    fn record(&self, spec: &Spec, count: u64, ok: bool) {
+        let index = COMMANDS
+            .iter()
+            .position(|s| s.name == spec.name)
+            .expect("specs come from the table");
+        let (succeeded, failed) = &self.counters[index];
+        if ok { succeeded } else { failed }.increment(count);
+    }
+}

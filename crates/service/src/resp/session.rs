@@ -1,0 +1,670 @@
+//! One connection's state and its commands: the protocol it chose, who it authenticated as, its name, its
+//! subscriptions. Commands of one read are run in order and their replies written in order into one buffer;
+//! consecutive `BF.EXISTS` of one namespace (what a pipelining client sends) are answered in one pass over
+//! the filter, the batch path that prefetches.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use super::bloom;
+use super::commands::{self, Needs, Spec, COMMANDS};
+use super::reply::{Protocol, Replies};
+use super::Port;
+use crate::auth::{Denied, Role, Scope};
+use crate::core::invalidations::Delivery;
+
+/// The channel prefix of a namespace's invalidations.
+pub const INVALIDATIONS: &str = "invalidations:";
+
+/// An invalidation for a subscribed channel, on its way to the connection.
+#[derive(Debug)]
+pub struct Push {
+    pub channel: Arc<str>,
+    pub delivery: Delivery,
+}
+
+/// Why a command was refused: Redis's error prefix and the message.
+#[derive(Debug)]
+pub struct Refusal {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn err(message: impl Into<String>) -> Self {
+        Self {
+            kind: "ERR",
+            message: message.into(),
+        }
+    }
+}
+
+pub type Outcome = Result<(), Refusal>;
+
+/// A connection's state.
+#[derive(Debug)]
+pub struct Session {
+    pub(super) port: Arc<Port>,
+    pub(super) id: u64,
+    pub(super) protocol: Protocol,
+    /// `Bearer <token>` once `AUTH` or `HELLO ... AUTH` accepted it.
+    authorization: Option<String>,
+    name: Option<Bytes>,
+    subscriptions: HashMap<Arc<str>, AbortHandle>,
+    pushes: mpsc::Sender<Push>,
+    /// Set by `QUIT`: the replies written so far are sent, then the connection closed.
+    pub closing: bool,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        for (_, forwarder) in self.subscriptions.drain() {
+            forwarder.abort();
+        }
+    }
+}
+
+impl Session {
+    pub fn new(port: Arc<Port>, pushes: mpsc::Sender<Push>) -> Self {
+        let id = port.next_id.fetch_add(1, Ordering::Relaxed);
+        Self {
+            port,
+            id,
+            protocol: Protocol::Resp2,
+            authorization: None,
+            name: None,
+            subscriptions: HashMap::new(),
+            pushes,
+            closing: false,
+        }
+    }
+
+    /// Runs `commands` in order, writing their replies into `out`.
+    pub async fn run(&mut self, commands: &[Vec<Bytes>], out: &mut BytesMut) {
+        let mut at = 0;
+        while at < commands.len() && !self.closing {
+            let run = self.exists_run(&commands[at..]);
+            if run > 1 {
+                self.exists_batch(&commands[at..at + run], out);
+                at += run;
+            } else {
+                self.execute(&commands[at], out).await;
+                at += 1;
+            }
+        }
+    }
+
+    /// Writes `push` as a Pub/Sub message for each key (`added <seq> <key>`) or one `resync <seq>`.
+    pub fn write_push(&self, push: &Push, out: &mut BytesMut) {
+        let mut replies = self.replies(out);
+        let mut message = |payload: &[u8]| {
+            replies.push(3);
+            replies.bulk(b"message");
+            replies.bulk(push.channel.as_bytes());
+            replies.bulk(payload);
+        };
+        match &push.delivery {
+            Delivery::Added(event) => {
+                for key in &event.keys {
+                    let mut payload = format!("added {} ", event.seq).into_bytes();
+                    payload.extend_from_slice(key);
+                    message(&payload);
+                }
+            }
+            Delivery::Resync { seq } => message(format!("resync {seq}").as_bytes()),
+        }
+    }
+
+    pub(super) fn replies<'a>(&self, out: &'a mut BytesMut) -> Replies<'a> {
+        Replies {
+            out,
+            protocol: self.protocol,
+        }
+    }
+
+    /// How many commands from the front of `commands` are `BF.EXISTS` of the same namespace (0 or 1 when
+    /// batching does not apply).
+    fn exists_run(&self, commands: &[Vec<Bytes>]) -> usize {
+        let is_exists =
+            |args: &Vec<Bytes>| args.len() == 3 && args[0].eq_ignore_ascii_case(b"bf.exists");
+        if !self.subscriptions.is_empty() || !commands.first().is_some_and(is_exists) {
+            return 0;
+        }
+        let namespace = &commands[0][1];
+        commands
+            .iter()
+            .take_while(|args| is_exists(args) && args[1] == *namespace)
+            .count()
+    }
+
+    /// Answers a run of `BF.EXISTS` of one namespace with one batch lookup.
+    fn exists_batch(&mut self, run: &[Vec<Bytes>], out: &mut BytesMut) {
+        let spec = commands::find(b"bf.exists").expect("in the table");
+        let keys: Vec<&[u8]> = run.iter().map(|args| &args[2][..]).collect();
+        let outcome = self
+            .admit(spec, &run[0])
+            .and_then(|namespace| bloom::exists_many(&self.port, &namespace, &keys));
+        self.port
+            .metrics
+            .record(spec, run.len() as u64, outcome.is_ok());
+        match outcome {
+            Ok(answers) => {
+                let mut replies = self.replies(out);
+                for may_exist in answers {
+                    replies.boolean(may_exist);
+                }
+            }
+            Err(refusal) => {
+                let mut replies = self.replies(out);
+                for _ in run {
+                    replies.error(refusal.kind, &refusal.message);
+                }
+            }
+        }
+    }
+
+    /// Runs one command.
+    async fn execute(&mut self, args: &[Bytes], out: &mut BytesMut) {
+        let Some(name) = args.first() else {
+            return; // An empty request (`*0`, a blank line) is nothing, as in Redis.
+        };
+        let Some(spec) = commands::find(name) else {
+            let mut error = format!(
+                "unknown command '{}', with args beginning with: ",
+                String::from_utf8_lossy(&name[..name.len().min(128)])
+            );
+            for arg in args.iter().skip(1).take(8) {
+                error.push_str(&format!(
+                    "'{}' ",
+                    String::from_utf8_lossy(&arg[..arg.len().min(64)])
+                ));
+            }
+            self.replies(out).error("ERR", &error);
+            return;
+        };
+        let outcome = match self.admit(spec, args) {
+            Ok(namespace) => self.dispatch(spec, namespace, args, out).await,
+            Err(refusal) => Err(refusal),
+        };
+        self.port.metrics.record(spec, 1, outcome.is_ok());
+        if let Err(refusal) = outcome {
+            self.replies(out).error(refusal.kind, &refusal.message);
+        }
+    }
+
+    /// Checks arity, the subscribed context and permissions; returns the namespace a namespaced command
+    /// names (resolved: `""` is `default`).
+    fn admit(&self, spec: &Spec, args: &[Bytes]) -> Result<String, Refusal> {
+        if !spec.fits(args.len()) {
+            return Err(Refusal::err(format!(
+                "wrong number of arguments for '{}' command",
+                spec.name
+            )));
+        }
+        if !self.subscriptions.is_empty()
+            && self.protocol == Protocol::Resp2
+            && !matches!(
+                spec.name,
+                "subscribe" | "unsubscribe" | "ping" | "quit" | "reset"
+            )
+        {
+            return Err(Refusal::err(format!(
+                "Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are \
+                 allowed in this context",
+                spec.name
+            )));
+        }
+        let role = match spec.needs {
+            Needs::Nothing => return Ok(String::new()),
+            Needs::Connection => return self.authenticated().map(|()| String::new()),
+            Needs::Read => Role::Read,
+            Needs::Write => Role::Write,
+        };
+        let namespace = bloom::namespace(&args[1])?;
+        self.check(role, &namespace)?;
+        Ok(namespace)
+    }
+
+    /// Whether the connection may run commands: the gate has no tokens, or `AUTH` accepted one.
+    fn authenticated(&self) -> Outcome {
+        if self.port.access.authorizer().is_enabled() && self.authorization.is_none() {
+            return Err(Refusal {
+                kind: "NOAUTH",
+                message: "Authentication required.".to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the connection's token grants `role` on `namespace`, and the server is not shutting down.
+    pub(super) fn check(&self, role: Role, namespace: &str) -> Outcome {
+        self.authenticated()?;
+        if self.port.access.shutdown().is_triggered() {
+            return Err(Refusal {
+                kind: "TRYAGAIN",
+                message: "the server is shutting down; retry on another replica".to_string(),
+            });
+        }
+        let scope = Scope::Namespace(namespace);
+        match self
+            .port
+            .access
+            .authorizer()
+            .check(self.authorization.as_deref(), role, scope)
+        {
+            Ok(_) => Ok(()),
+            Err(Denied::Unauthenticated(reason)) => Err(Refusal {
+                kind: "NOAUTH",
+                message: reason.to_string(),
+            }),
+            Err(Denied::PermissionDenied(reason)) => Err(Refusal {
+                kind: "NOPERM",
+                message: reason,
+            }),
+        }
+    }
+
+    async fn dispatch(
+        &mut self,
+        spec: &Spec,
+        namespace: String,
+        args: &[Bytes],
+        out: &mut BytesMut,
+    ) -> Outcome {
+        let port = Arc::clone(&self.port);
+        let mut replies = self.replies(out);
+        match spec.name {
+            "bf.exists" => bloom::exists(&port, &namespace, &args[2], &mut replies),
+            "bf.mexists" => bloom::mexists(&port, &namespace, &args[2..], &mut replies),
+            "bf.add" => bloom::add(&port, &namespace, &args[2..], false, &mut replies).await,
+            "bf.madd" => bloom::add(&port, &namespace, &args[2..], true, &mut replies).await,
+            "bf.insert" => bloom::insert(&port, &namespace, &args[2..], &mut replies).await,
+            "bf.reserve" => bloom::reserve(&port, &namespace, &args[2..]),
+            "bf.info" => bloom::info(&port, &namespace, &args[2..], &mut replies),
+            "bf.card" => bloom::card(&port, &namespace, &mut replies),
+            "gate.lookup" => bloom::lookup(&port, &namespace, &args[2], &mut replies),
+            "gate.absent" => bloom::absent(&port, &namespace, &args[2..], &mut replies).await,
+            "subscribe" => self.subscribe(&args[1..], out),
+            "unsubscribe" => {
+                self.unsubscribe(&args[1..], out);
+                Ok(())
+            }
+            "ping" => {
+                self.ping(args.get(1), out);
+                Ok(())
+            }
+            "echo" => {
+                replies.bulk(&args[1]);
+                Ok(())
+            }
+            "hello" => self.hello(&args[1..], out),
+            "auth" => {
+                self.auth(&args[1..])?;
+                self.replies(out).simple("OK");
+                Ok(())
+            }
+            "select" if &args[1][..] == b"0" => {
+                replies.simple("OK");
+                Ok(())
+            }
+            "select" => Err(Refusal::err("DB index is out of range")),
+            "client" => self.client(&args[1..], out),
+            "command" => command(&args[1..], &mut replies),
+            "info" => {
+                replies.bulk(self.info().as_bytes());
+                Ok(())
+            }
+            "quit" => {
+                self.closing = true;
+                replies.simple("OK");
+                Ok(())
+            }
+            "reset" => {
+                self.reset();
+                self.replies(out).simple("RESET");
+                Ok(())
+            }
+            other => unreachable!("{other} is in the command table but not dispatched"),
+        }
+    }
+
+    fn ping(&self, message: Option<&Bytes>, out: &mut BytesMut) {
+        let mut replies = self.replies(out);
+        if !self.subscriptions.is_empty() && self.protocol == Protocol::Resp2 {
+            // Redis's form for a subscribed RESP2 connection.
+            replies.array(2);
+            replies.bulk(b"pong");
+            replies.bulk(message.map_or(&b""[..], |m| &m[..]));
+            return;
+        }
+        match message {
+            Some(message) => replies.bulk(message),
+            None => replies.simple("PONG"),
+        }
+    }
+
+    /// `HELLO [protover [AUTH name token] [SETNAME name]]`.
+    fn hello(&mut self, args: &[Bytes], out: &mut BytesMut) -> Outcome {
+        let protocol = match args.first().map(|v| &v[..]) {
+            None => self.protocol,
+            Some(b"2") => Protocol::Resp2,
+            Some(b"3") => Protocol::Resp3,
+            Some(_) => {
+                return Err(Refusal {
+                    kind: "NOPROTO",
+                    message: "unsupported protocol version".to_string(),
+                })
+            }
+        };
+        let mut name = None;
+        let mut rest = args.iter().skip(1);
+        while let Some(option) = rest.next() {
+            if option.eq_ignore_ascii_case(b"auth") {
+                let (Some(user), Some(token)) = (rest.next(), rest.next()) else {
+                    return Err(Refusal::err("Syntax error in HELLO option 'auth'"));
+                };
+                self.auth(&[user.clone(), token.clone()])?;
+            } else if option.eq_ignore_ascii_case(b"setname") {
+                let Some(value) = rest.next() else {
+                    return Err(Refusal::err("Syntax error in HELLO option 'setname'"));
+                };
+                name = Some(client_name(value)?);
+            } else {
+                return Err(Refusal::err(format!(
+                    "Syntax error in HELLO option '{}'",
+                    String::from_utf8_lossy(option)
+                )));
+            }
+        }
+        if self.authenticated().is_err() {
+            return Err(Refusal {
+                kind: "NOAUTH",
+                message: "HELLO must be called with the client already authenticated, otherwise the HELLO \
+                          <proto> AUTH <user> <pass> option can be used to authenticate the client and select \
+                          the RESP protocol version at the same time"
+                    .to_string(),
+            });
+        }
+        if name.is_some() {
+            self.name = name;
+        }
+        self.protocol = protocol;
+        let mut replies = self.replies(out);
+        replies.map(7);
+        replies.bulk(b"server");
+        replies.bulk(b"existence-gate");
+        replies.bulk(b"version");
+        replies.bulk(env!("CARGO_PKG_VERSION").as_bytes());
+        replies.bulk(b"proto");
+        replies.integer(if protocol == Protocol::Resp3 { 3 } else { 2 });
+        replies.bulk(b"id");
+        replies.integer(self.id as i64);
+        replies.bulk(b"mode");
+        replies.bulk(b"standalone");
+        replies.bulk(b"role");
+        replies.bulk(b"master");
+        replies.bulk(b"modules");
+        replies.array(0);
+        Ok(())
+    }
+
+    /// `AUTH token` or `AUTH name token`: the token must be one of the gate's `[[tokens]]`; a name, when
+    /// given, must be that token's `name` (or `default`, what clients send for a password alone).
+    fn auth(&mut self, args: &[Bytes]) -> Outcome {
+        let (user, token) = match args {
+            [token] => (None, token),
+            [user, token] => (Some(user), token),
+            _ => return Err(Refusal::err("syntax error")),
+        };
+        let authorizer = self.port.access.authorizer();
+        if !authorizer.is_enabled() {
+            return Err(Refusal::err(
+                "AUTH <password> called without any password configured for the default user. Are you sure \
+                 your configuration is correct?",
+            ));
+        }
+        let wrong = || Refusal {
+            kind: "WRONGPASS",
+            message: "invalid username-password pair or user is disabled.".to_string(),
+        };
+        let token = std::str::from_utf8(token).map_err(|_| wrong())?;
+        let authorization = format!("Bearer {token}");
+        let name = authorizer
+            .token_name(Some(&authorization))
+            .map_err(|_| wrong())?;
+        if let Some(user) = user {
+            if &user[..] != b"default" && user[..] != *name.as_bytes() {
+                return Err(wrong());
+            }
+        }
+        self.authorization = Some(authorization);
+        Ok(())
+    }
+
+    /// `CLIENT ID | SETNAME name | GETNAME | SETINFO LIB-NAME|LIB-VER value`.
+    fn client(&mut self, args: &[Bytes], out: &mut BytesMut) -> Outcome {
+        let subcommand = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+        let mut replies = Replies {
+            out,
+            protocol: self.protocol,
+        };
+        match (subcommand.as_str(), &args[1..]) {
+            ("id", []) => replies.integer(self.id as i64),
+            ("setname", [name]) => {
+                self.name = Some(client_name(name)?).filter(|n| !n.is_empty());
+                replies.simple("OK");
+            }
+            ("getname", []) => match &self.name {
+                Some(name) => replies.bulk(name),
+                None => replies.null(),
+            },
+            ("setinfo", [attribute, _value])
+                if attribute.eq_ignore_ascii_case(b"lib-name")
+                    || attribute.eq_ignore_ascii_case(b"lib-ver") =>
+            {
+                replies.simple("OK")
+            }
+            ("id" | "setname" | "getname" | "setinfo", _) => {
+                return Err(Refusal::err(format!(
+                    "wrong number of arguments for 'client|{subcommand}' command"
+                )))
+            }
+            _ => {
+                return Err(Refusal::err(format!(
+                    "unknown subcommand '{subcommand}'. Try CLIENT HELP."
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// `SUBSCRIBE invalidations:<namespace> ...`: one confirmation per channel, then its invalidations.
+    fn subscribe(&mut self, channels: &[Bytes], out: &mut BytesMut) -> Outcome {
+        for channel in channels {
+            let name = std::str::from_utf8(channel)
+                .ok()
+                .and_then(|c| c.strip_prefix(INVALIDATIONS))
+                .ok_or_else(|| {
+                    Refusal::err(format!(
+                        "cannot subscribe to {:?}: the gate publishes only the channels \
+                         {INVALIDATIONS}<namespace>",
+                        String::from_utf8_lossy(channel)
+                    ))
+                })?;
+            let namespace = bloom::namespace(name.as_bytes())?;
+            self.check(Role::Read, &namespace)?;
+            let channel: Arc<str> = Arc::from(format!("{INVALIDATIONS}{name}"));
+            if !self.subscriptions.contains_key(&channel) {
+                let (_, mut subscription) = self
+                    .port
+                    .gate
+                    .subscribe(&namespace, 0)
+                    .map_err(bloom::refusal)?;
+                let pushes = self.pushes.clone();
+                let forwarded = Arc::clone(&channel);
+                let forwarder = tokio::spawn(async move {
+                    loop {
+                        let delivery = subscription.next().await;
+                        let push = Push {
+                            channel: Arc::clone(&forwarded),
+                            delivery,
+                        };
+                        if pushes.send(push).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                self.subscriptions
+                    .insert(Arc::clone(&channel), forwarder.abort_handle());
+            }
+            let count = self.subscriptions.len();
+            let mut replies = self.replies(out);
+            replies.push(3);
+            replies.bulk(b"subscribe");
+            replies.bulk(channel.as_bytes());
+            replies.integer(count as i64);
+        }
+        Ok(())
+    }
+
+    /// `UNSUBSCRIBE [channel ...]`: the channels named, or all.
+    fn unsubscribe(&mut self, channels: &[Bytes], out: &mut BytesMut) {
+        let channels: Vec<Bytes> = if channels.is_empty() {
+            self.subscriptions
+                .keys()
+                .map(|c| Bytes::copy_from_slice(c.as_bytes()))
+                .collect()
+        } else {
+            channels.to_vec()
+        };
+        if channels.is_empty() {
+            let mut replies = self.replies(out);
+            replies.push(3);
+            replies.bulk(b"unsubscribe");
+            replies.null();
+            replies.integer(0);
+            return;
+        }
+        for channel in channels {
+            let key: Arc<str> = Arc::from(String::from_utf8_lossy(&channel).as_ref());
+            if let Some(forwarder) = self.subscriptions.remove(&key) {
+                forwarder.abort();
+            }
+            let count = self.subscriptions.len();
+            let mut replies = self.replies(out);
+            replies.push(3);
+            replies.bulk(b"unsubscribe");
+            replies.bulk(&channel);
+            replies.integer(count as i64);
+        }
+    }
+
+    fn reset(&mut self) {
+        for (_, forwarder) in self.subscriptions.drain() {
+            forwarder.abort();
+        }
+        self.protocol = Protocol::Resp2;
+        self.authorization = None;
+        self.name = None;
+    }
+
+    fn info(&self) -> String {
+        let namespaces: Vec<String> = self
+            .port
+            .gate
+            .namespaces()
+            .iter()
+            .map(|n| n.name().to_string())
+            .collect();
+        format!(
+            "# Server\r\n\
+             existence_gate_version:{}\r\n\
+             redis_version:7.2.0\r\n\
+             redis_mode:standalone\r\n\
+             # Clients\r\n\
+             connected_clients:{}\r\n\
+             # Connection\r\n\
+             client_id:{}\r\n\
+             protocol:{}\r\n\
+             # Namespaces\r\n\
+             namespaces:{}\r\n",
+            env!("CARGO_PKG_VERSION"),
+            self.port.connections(),
+            self.id,
+            if self.protocol == Protocol::Resp3 {
+                3
+            } else {
+                2
+            },
+            namespaces.join(",")
+        )
+    }
+}
+
+/// A connection name as Redis allows it: no spaces, newlines or other special characters.
+fn client_name(name: &Bytes) -> Result<Bytes, Refusal> {
+    if name.iter().any(|&b| b <= b' ' || b > b'~') {
+        return Err(Refusal::err(
+            "Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    Ok(name.clone())
+}
+
+/// `COMMAND [COUNT | LIST | INFO name ... | DOCS [name ...]]`.
+fn command(args: &[Bytes], replies: &mut Replies<'_>) -> Outcome {
+    let Some(subcommand) = args.first() else {
+        replies.array(COMMANDS.len());
+        for spec in COMMANDS {
+            commands::write_info(replies, spec);
+        }
+        return Ok(());
+    };
+    let named = |names: &[Bytes]| -> Vec<Option<&'static Spec>> {
+        if names.is_empty() {
+            COMMANDS.iter().map(Some).collect()
+        } else {
+            names.iter().map(|n| commands::find(n)).collect()
+        }
+    };
+    match String::from_utf8_lossy(subcommand)
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "count" => replies.integer(COMMANDS.len() as i64),
+        "list" => {
+            replies.array(COMMANDS.len());
+            for spec in COMMANDS {
+                replies.bulk(spec.name.as_bytes());
+            }
+        }
+        "info" => {
+            let specs = named(&args[1..]);
+            replies.array(specs.len());
+            for spec in specs {
+                match spec {
+                    Some(spec) => commands::write_info(replies, spec),
+                    None => replies.null(),
+                }
+            }
+        }
+        "docs" => {
+            let specs: Vec<&Spec> = named(&args[1..]).into_iter().flatten().collect();
+            replies.map(specs.len());
+            for spec in specs {
+                commands::write_docs(replies, spec);
+            }
+        }
+        other => {
+            return Err(Refusal::err(format!(
+                "unknown subcommand '{other}'. Try COMMAND HELP."
+            )))
+        }
+    }
+    Ok(())
+}

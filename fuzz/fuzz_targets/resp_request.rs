@@ -1,0 +1,7 @@
+//! Bytes from a Redis client, as the RESP port reads them.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| existence_gate_fuzz::harness::resp_request(data));

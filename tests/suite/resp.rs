@@ -1,0 +1,485 @@
+//! The RESP port with a real Redis client (redis-rs) against a gate started here: RedisBloom's commands
+//! answer as gRPC does for the same keys, pipelines come back in order, tokens and roles hold, invalidations
+//! arrive as Pub/Sub messages, and bad input gets Redis's errors within bounded memory. redis-cli,
+//! redis-py and node-redis run the same ground from `tests/resp/run.sh` (the last test here).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use existence_gate::core::clock::SystemClock;
+use existence_gate::proto::{Answer, BatchMayExistRequest};
+use existence_gate::server::{RespOptions, RunningServer};
+use existence_gate::service::auth::hash_token;
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::polyglot::run_suite;
+use crate::common::{client, options, start_options, wait_until, PATIENCE};
+
+const NAMESPACES: &str = "[namespaces.users]\nexpected_keys = 10000\n";
+
+async fn start_resp(config: &str, tune: impl FnOnce(&mut RespOptions)) -> RunningServer {
+    let mut options = options(config, 16 << 20);
+    let mut resp = RespOptions::new("127.0.0.1:0".parse().unwrap());
+    tune(&mut resp);
+    options.resp = Some(resp);
+    start_options(options, Arc::new(SystemClock)).await
+}
+
+async fn connection(server: &RunningServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://{}/", server.resp_addr.unwrap()))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Sends `request` raw and reads until `done` holds of what came back (or the peer closed).
+async fn raw(stream: &mut TcpStream, request: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    stream.write_all(request).await.unwrap();
+    let mut reply = Vec::new();
+    while !done(&reply) {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .expect("a reply within 10 s")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    reply
+}
+
+fn ends_line(reply: &[u8]) -> bool {
+    reply.ends_with(b"\r\n")
+}
+
+#[tokio::test]
+async fn redisbloom_commands_answer_as_grpc_does() {
+    let server = start_resp(NAMESPACES, |_| {}).await;
+    let mut redis = connection(&server).await;
+    let cmd = |name: &str| redis::cmd(name);
+
+    let added: i64 = cmd("BF.ADD")
+        .arg("users")
+        .arg("u1")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(added, 1, "a new item");
+    let again: i64 = cmd("BF.ADD")
+        .arg("users")
+        .arg("u1")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(again, 0, "an item already present");
+    let madd: Vec<i64> = cmd("BF.MADD")
+        .arg("users")
+        .arg(&["u2", "u1", "u3"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(madd, vec![1, 0, 1]);
+    let inserted: Vec<i64> = cmd("BF.INSERT")
+        .arg(&["users", "CAPACITY", "1000", "ERROR", "0.01", "ITEMS", "u4"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(inserted, vec![1]);
+
+    // The same keys through gRPC and through BF.MEXISTS: the same answers.
+    let keys: Vec<String> = (0..200).map(|i| format!("u{i}")).collect();
+    let over_resp: Vec<i64> = cmd("BF.MEXISTS")
+        .arg("users")
+        .arg(&keys)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let over_grpc = client(&server)
+        .await
+        .batch_may_exist(BatchMayExistRequest {
+            namespace: "users".into(),
+            keys: keys.iter().map(|k| k.clone().into()).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .answers;
+    let as_grpc: Vec<i64> = over_grpc
+        .iter()
+        .map(|&a| i64::from(a == Answer::MayExist as i32))
+        .collect();
+    assert_eq!(over_resp, as_grpc);
+    assert_eq!(&over_resp[..5], &[0, 1, 1, 1, 1], "u0 was never added");
+    assert!(
+        over_resp.iter().filter(|&&a| a == 0).count() > 150,
+        "most never-added keys are absent"
+    );
+
+    // The gate's own verbs: a recorded absence is a tombstone; an add clears it.
+    // `u1` was added: the source deleted it since.
+    let recorded: (String, i64, i64) = cmd("GATE.ABSENT")
+        .arg(&["users", "u1", "DELETED", "TTL", "60"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(recorded.0, "RECORDED");
+    assert!(recorded.2 > 0, "a TTL: {recorded:?}");
+    let looked_up: (String, String, i64) = cmd("GATE.LOOKUP")
+        .arg(&["users", "u1"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        (looked_up.0.as_str(), looked_up.1.as_str()),
+        ("ABSENT", "TOMBSTONE")
+    );
+    assert_eq!(
+        looked_up.2, recorded.1,
+        "observed_seq is the tombstone's seq"
+    );
+    let exists: i64 = cmd("BF.EXISTS")
+        .arg(&["users", "u1"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "a live tombstone answers 0");
+    let added: i64 = cmd("BF.ADD")
+        .arg(&["users", "u1"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        added, 1,
+        "the add clears the tombstone: new as RedisBloom counts it"
+    );
+    let exists: i64 = cmd("BF.EXISTS")
+        .arg(&["users", "u1"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(exists, 1);
+
+    // What the configuration decides instead of BF.RESERVE.
+    let reserve = cmd("BF.RESERVE")
+        .arg(&["users", "0.01", "1000"])
+        .query_async::<String>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(reserve.to_string().contains("item exists"), "{reserve}");
+    let unknown = cmd("BF.EXISTS")
+        .arg(&["nope", "k"])
+        .query_async::<i64>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(
+        unknown.to_string().contains("\"nope\" is not configured"),
+        "{unknown}"
+    );
+    let nocreate = cmd("BF.INSERT")
+        .arg(&["nope", "NOCREATE", "ITEMS", "k"])
+        .query_async::<Vec<i64>>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(nocreate.to_string().contains("not found"), "{nocreate}");
+    let info: Vec<redis::Value> = cmd("BF.INFO")
+        .arg("users")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(info.len(), 10, "five fields and their values: {info:?}");
+    let capacity: Vec<i64> = cmd("BF.INFO")
+        .arg(&["users", "CAPACITY"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(capacity, vec![10_000]);
+    let card: i64 = cmd("BF.CARD")
+        .arg("users")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        (4..=6).contains(&card),
+        "about the 5 distinct items added: {card}"
+    );
+
+    let wrong = cmd("BF.EXISTS")
+        .arg("users")
+        .query_async::<i64>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(
+        wrong
+            .to_string()
+            .contains("wrong number of arguments for 'bf.exists' command"),
+        "{wrong}"
+    );
+    let unknown = cmd("GET")
+        .arg("k")
+        .query_async::<String>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(
+        unknown.to_string().contains("unknown command 'GET'"),
+        "{unknown}"
+    );
+}
+
+#[tokio::test]
+async fn ten_thousand_pipelined_lookups_come_back_in_order_as_unary_answers() {
+    let server = start_resp(NAMESPACES, |_| {}).await;
+    let mut redis = connection(&server).await;
+    let added: Vec<String> = (0..500).map(|i| format!("k{i}")).collect();
+    let _: Vec<i64> = redis::cmd("BF.MADD")
+        .arg("users")
+        .arg(&added)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    // 10,000 commands: lookups of two namespaces interleaved in runs, and adds between them.
+    let mut pipeline = redis::pipe();
+    let mut expected = Vec::new();
+    for i in 0..10_000u32 {
+        let key = format!("k{}", i % 1_000);
+        match i % 100 {
+            99 => {
+                pipeline.cmd("BF.ADD").arg("users").arg(format!("late{i}"));
+                expected.push(1);
+            }
+            50..=59 => {
+                pipeline.cmd("BF.EXISTS").arg("default").arg(&key);
+                expected.push(-1); // decided below, one unary call each
+            }
+            _ => {
+                pipeline.cmd("BF.EXISTS").arg("users").arg(&key);
+                expected.push(-2);
+            }
+        }
+    }
+    let answers: Vec<i64> = pipeline.query_async(&mut redis).await.unwrap();
+    assert_eq!(answers.len(), 10_000);
+    let mut unary = connection(&server).await;
+    for (i, (answer, kind)) in answers.iter().zip(&expected).enumerate() {
+        let key = format!("k{}", i % 1_000);
+        let namespace = match kind {
+            1 => {
+                assert_eq!(*answer, 1, "command {i}: a new item");
+                continue;
+            }
+            -1 => "default",
+            _ => "users",
+        };
+        let alone: i64 = redis::cmd("BF.EXISTS")
+            .arg(namespace)
+            .arg(&key)
+            .query_async(&mut unary)
+            .await
+            .unwrap();
+        assert_eq!(*answer, alone, "command {i}: {namespace} {key}");
+    }
+    // Half the keys looked up in `users` were added (k0 to k499), none of those in `default`.
+    assert!(answers.iter().filter(|&&a| a == 1).count() > 4_000);
+}
+
+#[tokio::test]
+async fn tokens_and_roles_hold_on_the_resp_port() {
+    let config = format!(
+        "{NAMESPACES}[[tokens]]\nname = \"reader\"\nsha256 = \"{}\"\nroles = [\"read\"]\nnamespaces = [\"users\"]\n\
+         [[tokens]]\nname = \"writer\"\nsha256 = \"{}\"\nroles = [\"read\", \"write\"]\nnamespaces = [\"*\"]\n",
+        hash_token("read-token"),
+        hash_token("write-token")
+    );
+    let server = start_resp(&config, |_| {}).await;
+    let address = server.resp_addr.unwrap();
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"BF.EXISTS users k\r\n", ends_line).await;
+    assert_eq!(reply, b"-NOAUTH Authentication required.\r\n");
+    let reply = raw(&mut stream, b"AUTH nope\r\n", ends_line).await;
+    assert!(
+        reply.starts_with(b"-WRONGPASS"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    let reply = raw(&mut stream, b"AUTH writer read-token\r\n", ends_line).await;
+    assert!(
+        reply.starts_with(b"-WRONGPASS"),
+        "a name that is not the token's"
+    );
+    let reply = raw(
+        &mut stream,
+        b"AUTH reader read-token\r\nBF.EXISTS users k\r\n",
+        |r| r.ends_with(b":0\r\n"),
+    )
+    .await;
+    assert_eq!(reply, b"+OK\r\n:0\r\n");
+    let reply = raw(&mut stream, b"BF.ADD users k\r\n", ends_line).await;
+    assert!(
+        reply.starts_with(b"-NOPERM this token does not grant write"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    let reply = raw(&mut stream, b"BF.EXISTS default k\r\n", ends_line).await;
+    assert!(reply.starts_with(b"-NOPERM"), "another namespace");
+
+    // A client that authenticates in its URL (AUTH name token), with RESP3 through HELLO.
+    let url = format!("redis://writer:write-token@{address}/?protocol=resp3");
+    let mut writer = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // RESP3 booleans, as RedisBloom answers there.
+    let added: bool = redis::cmd("BF.ADD")
+        .arg(&["users", "k"])
+        .query_async(&mut writer)
+        .await
+        .unwrap();
+    assert!(added);
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"HELLO 3 AUTH reader read-token\r\n", |r| {
+        r.ends_with(b"*0\r\n")
+    })
+    .await;
+    assert!(
+        reply.starts_with(b"%7\r\n"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    let reply = raw(&mut stream, b"BF.EXISTS users k\r\n", ends_line).await;
+    assert_eq!(reply, b"#t\r\n");
+}
+
+#[tokio::test]
+async fn invalidations_arrive_as_pubsub_messages() {
+    let server = start_resp(NAMESPACES, |_| {}).await;
+    let client = redis::Client::open(format!("redis://{}/", server.resp_addr.unwrap())).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe("invalidations:users").await.unwrap();
+    let mut redis = connection(&server).await;
+    let _: Vec<i64> = redis::cmd("BF.MADD")
+        .arg(&["users", "a", "b"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let mut messages = pubsub.on_message();
+    let mut payloads = Vec::new();
+    for _ in 0..2 {
+        let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .expect("an invalidation within 10 s")
+            .unwrap();
+        assert_eq!(message.get_channel_name(), "invalidations:users");
+        payloads.push(String::from_utf8(message.get_payload_bytes().to_vec()).unwrap());
+    }
+    let seq = payloads[0].split(' ').nth(1).unwrap().to_string();
+    assert_eq!(
+        payloads,
+        vec![format!("added {seq} a"), format!("added {seq} b")]
+    );
+    drop(messages);
+
+    let refused = pubsub.subscribe("users").await.unwrap_err();
+    assert!(
+        refused.to_string().contains("invalidations:<namespace>"),
+        "{refused}"
+    );
+}
+
+/// Reads until the server closes `stream`, then closes it here too.
+async fn until_closed(mut stream: TcpStream) {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert_eq!(read.expect("closed within 10 s").unwrap(), 0);
+}
+
+#[tokio::test]
+async fn bad_input_gets_redis_errors_and_the_limits_hold() {
+    let server = start_resp(NAMESPACES, |resp| resp.max_connections = 3).await;
+    let address = server.resp_addr.unwrap();
+
+    // A bulk string past the limit: refused from its header, the connection closed.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(
+        &mut stream,
+        b"*2\r\n$9\r\nBF.EXISTS\r\n$999999999\r\n",
+        ends_line,
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&reply),
+        "-ERR Protocol error: invalid bulk length 999999999: the limit is 4096\r\n"
+    );
+    until_closed(stream).await;
+
+    // More arguments than a batch may hold.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"*100000\r\n", ends_line).await;
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.contains("invalid multibulk length 100000: the limit is 10016"),
+        "{text}"
+    );
+    until_closed(stream).await;
+
+    // A nested array, which a general RESP decoder would recurse into.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, &b"*1\r\n".repeat(10_000), ends_line).await;
+    assert_eq!(reply, b"-ERR Protocol error: expected '$', got '*'\r\n");
+    until_closed(stream).await;
+
+    // An over-long key is the gate's own refusal, and the connection goes on.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let long = "k".repeat(2_000);
+    let request = format!("*3\r\n$9\r\nBF.EXISTS\r\n$5\r\nusers\r\n$2000\r\n{long}\r\nPING\r\n");
+    let reply = raw(&mut stream, request.as_bytes(), |r| {
+        r.ends_with(b"+PONG\r\n")
+    })
+    .await;
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("-ERR ") && text.contains("1024"), "{text}");
+
+    // At the connection limit (three open), the next is told so.
+    let _second = TcpStream::connect(address).await.unwrap();
+    let mut third = TcpStream::connect(address).await.unwrap();
+    // The closed connections leave the count just after their sockets close: wait for it to say three.
+    wait_until(PATIENCE, "three RESP connections counted", async || {
+        let reply = raw(&mut third, b"INFO\r\n", |r| {
+            r.ends_with(b"namespaces:default,users\r\n\r\n")
+        })
+        .await;
+        String::from_utf8_lossy(&reply)
+            .contains("connected_clients:3\r\n")
+            .then_some(())
+    })
+    .await;
+    let mut fourth = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut fourth, b"", ends_line).await;
+    assert_eq!(reply, b"-ERR max number of clients reached\r\n");
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed() {
+    let server = start_resp(NAMESPACES, |resp| {
+        resp.idle_timeout = Duration::from_millis(200)
+    })
+    .await;
+    let mut stream = TcpStream::connect(server.resp_addr.unwrap()).await.unwrap();
+    assert_eq!(raw(&mut stream, b"PING\r\n", ends_line).await, b"+PONG\r\n");
+    until_closed(stream).await;
+}
+
+/// redis-cli, redis-benchmark, redis-py and node-redis against the binary (tests/resp/run.sh).
+#[test]
+fn redis_clients_in_other_languages() {
+    run_suite(
+        "RESP port with redis-cli, redis-py, node-redis",
+        "tests/resp/run.sh",
+        &[],
+    );
+}
