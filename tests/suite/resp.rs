@@ -464,7 +464,7 @@ async fn bad_input_gets_redis_errors_and_the_limits_hold() {
 }
 
 #[tokio::test]
-async fn an_idle_connection_is_closed() {
+async fn idle_connections_and_clients_that_never_read_are_closed() {
     let server = start_resp(NAMESPACES, |resp| {
         resp.idle_timeout = Duration::from_millis(200)
     })
@@ -472,6 +472,30 @@ async fn an_idle_connection_is_closed() {
     let mut stream = TcpStream::connect(server.resp_addr.unwrap()).await.unwrap();
     assert_eq!(raw(&mut stream, b"PING\r\n", ends_line).await, b"+PONG\r\n");
     until_closed(stream).await;
+
+    // A client that pipelines without ever reading its replies: once the socket buffers hold all they
+    // can, the server stops reading it (its memory stays one round's replies) and closes it after the idle
+    // timeout, so the client's writes fail rather than pile up without end.
+    let mut stream = TcpStream::connect(server.resp_addr.unwrap()).await.unwrap();
+    let commands = b"*3\r\n$9\r\nBF.EXISTS\r\n$5\r\nusers\r\n$3\r\nkey\r\n".repeat(10_000);
+    let refused = wait_until(
+        PATIENCE,
+        "the server to close a connection that never reads",
+        async || {
+            tokio::time::timeout(PATIENCE, stream.write_all(&commands))
+                .await
+                .expect("the server neither read nor closed the connection")
+                .err()
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            refused.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "{refused}"
+    );
 }
 
 /// redis-cli, redis-benchmark, redis-py and node-redis against the binary (tests/resp/run.sh).

@@ -45,6 +45,9 @@ pub(crate) struct ServeArgs {
     /// A RESP connection that sends nothing, or does not read its replies, for this long is closed.
     #[arg(long, env = "EXISTENCE_GATE_RESP_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     resp_idle_timeout: std::time::Duration,
+    /// Threads RESP connections are served on, each an event loop of its own; 0 = one per core.
+    #[arg(long, env = "EXISTENCE_GATE_RESP_THREADS", default_value_t = 0)]
+    resp_threads: usize,
     /// TOML file with [limits] and [namespaces.NAME] tables; defaults apply without it.
     #[arg(long, env = "EXISTENCE_GATE_CONFIG")]
     config: Option<PathBuf>,
@@ -162,6 +165,7 @@ impl ServeArgs {
         let resp = self.resp_listen.0.map(|listen| RespOptions {
             max_connections: self.resp_max_connections,
             idle_timeout: self.resp_idle_timeout,
+            threads: self.resp_threads,
             ..RespOptions::new(listen)
         });
         Ok(ServeOptions {

@@ -6,6 +6,7 @@
 //! - [`commands`]: the command table (arity, permissions, `COMMAND` docs).
 //! - [`session`]: a connection's state and its commands; pipelined `BF.EXISTS` as one batch.
 //! - [`bloom`]: `BF.*` and the gate's `GATE.*` on namespaces.
+//! - [`workers`]: the threads connections are served on, one event loop per core.
 //!
 //! A connection is served by one task that reads, runs every whole command the read brought (in order),
 //! and writes all their replies at once. It reads nothing more until those replies are written, so a
@@ -19,6 +20,7 @@ pub mod commands;
 pub mod reply;
 pub mod request;
 pub mod session;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -39,6 +41,7 @@ use commands::{Spec, COMMANDS};
 pub use request::RequestLimits;
 use request::{take_command, ProtocolError};
 use session::{Push, Session};
+pub use workers::Workers;
 
 /// How the RESP port is served.
 #[derive(Debug, Clone)]
@@ -49,6 +52,8 @@ pub struct RespOptions {
     pub max_connections: usize,
     /// A connection that sends nothing, or does not read its replies, for this long is closed.
     pub idle_timeout: Duration,
+    /// Threads connections are served on ([`workers`]); 0 = one per core.
+    pub threads: usize,
 }
 
 impl RespOptions {
@@ -58,6 +63,7 @@ impl RespOptions {
             listen,
             max_connections: 1_024,
             idle_timeout: Duration::from_secs(300),
+            threads: 0,
         }
     }
 }
@@ -112,6 +118,11 @@ impl Port {
         })
     }
 
+    /// The shutdown signal its connections watch.
+    pub fn shutdown(&self) -> &crate::shutdown::Shutdown {
+        self.access.shutdown()
+    }
+
     /// Connections open now.
     pub fn connections(&self) -> usize {
         self.open.load(Ordering::Relaxed)
@@ -142,12 +153,13 @@ impl Transport for tokio_rustls::TlsAcceptor {
 }
 
 /// Accepts connections on `listener` until shutdown, each set up by `transport` within `handshake_timeout`
-/// and then served by its own task.
+/// and then served on one of `workers`.
 pub async fn serve<T: Transport>(
     port: Arc<Port>,
     listener: TcpListener,
     transport: T,
     handshake_timeout: Duration,
+    workers: Workers,
 ) {
     let mut acceptor = Acceptor::new(listener, "resp");
     let shutdown = port.access.shutdown().clone();
@@ -159,7 +171,7 @@ pub async fn serve<T: Transport>(
         let _ = tcp.set_nodelay(true);
         let port = Arc::clone(&port);
         let transport = transport.clone();
-        tokio::spawn(async move {
+        workers.spawn(tcp, move |tcp| async move {
             let Some(guard) = Open::claim(&port) else {
                 refuse(tcp).await;
                 return;
@@ -211,13 +223,19 @@ async fn refuse(mut tcp: TcpStream) {
 }
 
 /// Serves one connection until the peer closes it, `QUIT`, a protocol error, the idle timeout or shutdown.
+///
+/// The loop is the per-command cost of an unpipelined client, so it arms nothing per round: the idle timer
+/// is one sleep, pushed back lazily when it fires early (a per-read `timeout` inserted and removed a timer
+/// on every command), and the shutdown wait is one future (a fresh `wait()` per read cloned the shutdown
+/// channel's receiver and registered on its waiter list, shared by every connection).
 async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite + Unpin) {
     let (pushes_tx, mut pushes) = mpsc::channel::<Push>(PUSH_QUEUE);
     let mut session = Session::new(Arc::clone(port), pushes_tx);
     let mut input = BytesMut::with_capacity(READ_CHUNK);
     let mut output = BytesMut::with_capacity(READ_CHUNK);
     let shutdown = port.access.shutdown().clone();
-    let idle = port.options.idle_timeout;
+    let mut shutdown = std::pin::pin!(shutdown.wait());
+    let mut idle = Idle::new(port.options.idle_timeout);
     loop {
         let commands = match take_commands(&mut input, &port.limits) {
             Ok(commands) => commands,
@@ -231,10 +249,22 @@ async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite 
             session.run(&commands, &mut output).await;
         }
         if !output.is_empty() {
-            match tokio::time::timeout(idle, io.write_all(&output)).await {
-                Ok(Ok(())) => output.clear(),
-                _ => return,
+            let mut write = std::pin::pin!(io.write_all(&output));
+            loop {
+                tokio::select! {
+                    biased;
+                    written = &mut write => match written {
+                        Ok(()) => break,
+                        Err(_) => return,
+                    },
+                    expired = idle.expired() => if expired {
+                        tracing::debug!(timeout = ?idle.timeout, "closing a RESP connection that does not read its replies");
+                        return;
+                    },
+                }
             }
+            output.clear();
+            idle.active();
         }
         if session.closing {
             return;
@@ -244,18 +274,56 @@ async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite 
             continue;
         }
         input.reserve(READ_CHUNK);
+        let subscribed = session.is_subscribed();
         tokio::select! {
-            read = tokio::time::timeout(idle, io.read_buf(&mut input)) => match read {
-                Ok(Ok(0)) | Ok(Err(_)) => return,
-                Ok(Ok(_)) => {}
-                Err(_) => {
-                    tracing::debug!(?idle, "closing an idle RESP connection");
-                    return;
-                }
+            biased;
+            read = io.read_buf(&mut input) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => idle.active(),
             },
-            Some(push) = pushes.recv() => session.write_push(&push, &mut output),
-            () = shutdown.wait() => return,
+            Some(push) = pushes.recv(), if subscribed => session.write_push(&push, &mut output),
+            expired = idle.expired() => if expired {
+                tracing::debug!(timeout = ?idle.timeout, "closing an idle RESP connection");
+                return;
+            },
+            () = &mut shutdown => return,
         }
+    }
+}
+
+/// A connection's idle timer: one sleep for the connection's life, which only moves when it fires before
+/// the connection has been idle for the whole timeout.
+struct Idle {
+    timeout: Duration,
+    active_at: tokio::time::Instant,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Idle {
+    fn new(timeout: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        Self {
+            timeout,
+            active_at: now,
+            sleep: Box::pin(tokio::time::sleep_until(now + timeout)),
+        }
+    }
+
+    /// The connection did something now.
+    fn active(&mut self) {
+        self.active_at = tokio::time::Instant::now();
+    }
+
+    /// Completes when the sleep fires: `true` if the connection has been idle for the timeout, else `false`
+    /// (the sleep moved to when it would be).
+    async fn expired(&mut self) -> bool {
+        self.sleep.as_mut().await;
+        let due = self.active_at + self.timeout;
+        if tokio::time::Instant::now() >= due {
+            return true;
+        }
+        self.sleep.as_mut().reset(due);
+        false
     }
 }
 

@@ -99,6 +99,11 @@ impl Session {
         }
     }
 
+    /// Whether the connection has subscriptions (only then can pushes arrive).
+    pub fn is_subscribed(&self) -> bool {
+        !self.subscriptions.is_empty()
+    }
+
     /// Writes `push` as a Pub/Sub message for each key (`added <seq> <key>`) or one `resync <seq>`.
     pub fn write_push(&self, push: &Push, out: &mut BytesMut) {
         let mut replies = self.replies(out);
