@@ -33,12 +33,18 @@ const ABORT: u8 = 3;
 
 /// Appends the encoding of `mutation` to `out`.
 pub fn encode(mutation: &Mutation, out: &mut Vec<u8>) {
+    encode_with_seq(mutation, mutation.seq(), out);
+}
+
+/// Appends the encoding of `mutation` with `seq` in place of its own: what a replica publishes (seq 0, the
+/// stream assigns it) without copying the mutation's keys to change one number.
+pub fn encode_with_seq(mutation: &Mutation, seq: u64, out: &mut Vec<u8>) {
     match mutation {
         Mutation::Add {
             namespace,
-            seq,
             at_ms,
             keys,
+            ..
         } => {
             out.push(ADD);
             put_string(out, namespace);
@@ -48,12 +54,12 @@ pub fn encode(mutation: &Mutation, out: &mut Vec<u8>) {
         }
         Mutation::RecordAbsent {
             namespace,
-            seq,
             at_ms,
             key,
             kind,
             expires_at_ms,
             observed_seq,
+            ..
         } => {
             out.push(RECORD_ABSENT);
             put_string(out, namespace);
@@ -66,9 +72,9 @@ pub fn encode(mutation: &Mutation, out: &mut Vec<u8>) {
         }
         Mutation::Rebuild {
             namespace,
-            seq,
             at_ms,
             step,
+            ..
         } => {
             out.push(REBUILD);
             put_string(out, namespace);
