@@ -14,7 +14,9 @@ use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::common::nats::Nats;
 use crate::common::polyglot::run_suite;
+use crate::common::replicas::{config_file, start_serving};
 use crate::common::{client, options, start_options, wait_until, PATIENCE};
 
 const NAMESPACES: &str = "[namespaces.users]\nexpected_keys = 10000\n";
@@ -496,6 +498,59 @@ async fn idle_connections_and_clients_that_never_read_are_closed() {
         ),
         "{refused}"
     );
+}
+
+/// On replicas of one stream, the RESP port keeps the replicated rule: a `BF.ADD` acknowledged by one replica
+/// answers `BF.EXISTS` 1 on every replica right away, and `0` only comes from a replica under its read lease.
+#[tokio::test]
+async fn bf_add_through_one_replica_is_seen_by_bf_exists_on_every_replica() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), NAMESPACES);
+    let replicas = start_serving(&nats.url, &config, 3, &[]).await;
+    let mut connections = Vec::new();
+    for replica in &replicas {
+        let url = format!("redis://{}/", replica.resp_addr);
+        let client = redis::Client::open(url).unwrap();
+        connections.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    for connection in &mut connections {
+        // A serving replica answers 0 for a key nobody added once it holds its lease.
+        wait_until(PATIENCE, "a leased 0 on every replica", async || {
+            let exists: i64 = redis::cmd("BF.EXISTS")
+                .arg(&["users", "never-added"])
+                .query_async(connection)
+                .await
+                .unwrap();
+            (exists == 0).then_some(())
+        })
+        .await;
+    }
+    for round in 0..30 {
+        let key = format!("resp-{round}");
+        let added: i64 = redis::cmd("BF.ADD")
+            .arg(&["users", &key])
+            .query_async(&mut connections[round % 3])
+            .await
+            .unwrap();
+        assert_eq!(added, 1, "{key}");
+        for (reader, connection) in replicas.iter().zip(&mut connections) {
+            let exists: i64 = redis::cmd("BF.EXISTS")
+                .arg(&["users", &key])
+                .query_async(connection)
+                .await
+                .unwrap();
+            assert_eq!(
+                exists,
+                1,
+                "{key} added through replica {} read on {}",
+                round % 3,
+                reader.id
+            );
+        }
+    }
 }
 
 /// redis-cli, redis-benchmark, redis-py and node-redis against the binary (tests/resp/run.sh).

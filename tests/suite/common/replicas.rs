@@ -26,6 +26,8 @@ pub struct Replica {
     pub grpc_addr: SocketAddr,
     /// Where it serves HTTP.
     pub http_addr: SocketAddr,
+    /// Where it serves RESP.
+    pub resp_addr: SocketAddr,
     channel: Channel,
 }
 
@@ -81,10 +83,12 @@ impl Launch {
         let mut stderr = child.stderr.take().unwrap();
         let addresses = tokio::time::timeout(PATIENCE, async {
             while let Some(line) = lines.next_line().await.unwrap() {
-                if let (Some(grpc), Some(http)) =
-                    (field(&line, "grpc_addr="), field(&line, "http_addr="))
-                {
-                    return (grpc, http);
+                if let (Some(grpc), Some(http), Some(resp)) = (
+                    field(&line, "grpc_addr="),
+                    field(&line, "http_addr="),
+                    field(&line, "resp_addr="),
+                ) {
+                    return (grpc, http, resp);
                 }
             }
             let mut why = String::new();
@@ -113,6 +117,7 @@ impl Launch {
             id: self.id.clone(),
             grpc_addr: addresses.0,
             http_addr: addresses.1,
+            resp_addr: addresses.2,
             channel,
         }
     }
