@@ -386,6 +386,28 @@ async fn invalidations_arrive_as_pubsub_messages() {
     );
     drop(messages);
 
+    // A subscriber that reconnects resumes after the last seq it saw: what it missed is replayed.
+    let added: bool = redis::cmd("BF.ADD")
+        .arg(&["users", "c"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(added);
+    let mut resumed = client.get_async_pubsub().await.unwrap();
+    let channel = format!("invalidations:users@{seq}");
+    resumed.subscribe(&channel).await.unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(10), resumed.on_message().next())
+        .await
+        .expect("the missed invalidation within 10 s")
+        .unwrap();
+    assert_eq!(message.get_channel_name(), channel);
+    let payload = String::from_utf8(message.get_payload_bytes().to_vec()).unwrap();
+    assert!(
+        payload.starts_with("added ") && payload.ends_with(" c"),
+        "{payload}"
+    );
+    assert!(payload.split(' ').nth(1).unwrap().parse::<u64>().unwrap() > seq.parse().unwrap());
+
     let refused = pubsub.subscribe("users").await.unwrap_err();
     assert!(
         refused.to_string().contains("invalidations:<namespace>"),

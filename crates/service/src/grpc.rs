@@ -34,7 +34,7 @@ pub struct GateService {
 
 /// How long a subscription that resumes from a seq this replica has not applied yet (the client saw it on
 /// a replica further ahead) waits for this one to reach it, before it is answered with a `RESYNC`.
-const RESUME_WAIT: Duration = Duration::from_secs(5);
+pub const RESUME_WAIT: Duration = Duration::from_secs(5);
 
 impl GateService {
     /// Serves `gate` behind `access`.

@@ -79,7 +79,7 @@ pub static COMMANDS: &[Spec] = &[
     spec("bf.card", 2, Needs::Read, READ, "bf", "Estimated distinct items held by a namespace's live windows."),
     spec("gate.lookup", 3, Needs::Read, READ, "gate", "An item's answer with its basis and observed_seq, as gRPC MayExist gives them."),
     spec("gate.absent", -3, Needs::Write, WRITE, "gate", "Records that the source did not find an item (RecordAbsent): [MISSING|DELETED] [SEQ observed_seq] [TTL seconds]."),
-    spec("subscribe", -2, Needs::Connection, &["pubsub", "loading", "stale"], "pubsub", "Invalidations of a namespace on channel invalidations:<namespace>."),
+    spec("subscribe", -2, Needs::Connection, &["pubsub", "loading", "stale"], "pubsub", "Invalidations of a namespace on channel invalidations:<namespace> (or invalidations:<namespace>@<seq>, resuming after seq)."),
     spec("unsubscribe", -1, Needs::Connection, &["pubsub", "loading", "stale"], "pubsub", "Ends invalidation subscriptions."),
     spec("ping", -1, Needs::Connection, CONNECTION, "connection", "PONG, or the argument."),
     spec("echo", 2, Needs::Connection, CONNECTION, "connection", "The argument."),

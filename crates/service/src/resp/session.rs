@@ -17,6 +17,7 @@ use super::reply::{Protocol, Replies};
 use super::Port;
 use crate::auth::{Denied, Role, Scope};
 use crate::core::invalidations::Delivery;
+use crate::grpc::RESUME_WAIT;
 
 /// The channel prefix of a namespace's invalidations.
 pub const INVALIDATIONS: &str = "invalidations:";
@@ -294,7 +295,7 @@ impl Session {
             "bf.card" => bloom::card(&port, &namespace, &mut replies),
             "gate.lookup" => bloom::lookup(&port, &namespace, &args[2], &mut replies),
             "gate.absent" => bloom::absent(&port, &namespace, &args[2..], &mut replies).await,
-            "subscribe" => self.subscribe(&args[1..], out),
+            "subscribe" => self.subscribe(&args[1..], out).await,
             "unsubscribe" => {
                 self.unsubscribe(&args[1..], out);
                 Ok(())
@@ -489,26 +490,22 @@ impl Session {
     }
 
     /// `SUBSCRIBE invalidations:<namespace> ...`: one confirmation per channel, then its invalidations.
-    fn subscribe(&mut self, channels: &[Bytes], out: &mut BytesMut) -> Outcome {
+    async fn subscribe(&mut self, channels: &[Bytes], out: &mut BytesMut) -> Outcome {
         for channel in channels {
-            let name = std::str::from_utf8(channel)
-                .ok()
-                .and_then(|c| c.strip_prefix(INVALIDATIONS))
-                .ok_or_else(|| {
-                    Refusal::err(format!(
-                        "cannot subscribe to {:?}: the gate publishes only the channels \
-                         {INVALIDATIONS}<namespace>",
-                        String::from_utf8_lossy(channel)
-                    ))
-                })?;
+            let (name, after_seq) = invalidation_channel(channel)?;
             let namespace = bloom::namespace(name.as_bytes())?;
             self.check(Role::Read, &namespace)?;
-            let channel: Arc<str> = Arc::from(format!("{INVALIDATIONS}{name}"));
+            let channel: Arc<str> = Arc::from(String::from_utf8_lossy(channel).as_ref());
             if !self.subscriptions.contains_key(&channel) {
+                if after_seq > 0 {
+                    // A seq seen on a replica ahead of this one: reach it first, so the subscription goes
+                    // on exactly (as gRPC's SubscribeInvalidations does) instead of with a resync.
+                    self.port.writes.reach(after_seq, RESUME_WAIT).await;
+                }
                 let (_, mut subscription) = self
                     .port
                     .gate
-                    .subscribe(&namespace, 0)
+                    .subscribe(&namespace, after_seq)
                     .map_err(bloom::refusal)?;
                 let pushes = self.pushes.clone();
                 let forwarded = Arc::clone(&channel);
@@ -608,6 +605,26 @@ impl Session {
             },
             namespaces.join(",")
         )
+    }
+}
+
+/// The namespace and the seq to resume after of a channel `invalidations:<namespace>` (from now on) or
+/// `invalidations:<namespace>@<seq>` (everything after `seq`, or `resync` first if that cannot be served).
+fn invalidation_channel(channel: &[u8]) -> Result<(&str, u64), Refusal> {
+    let refused = || {
+        Refusal::err(format!(
+            "cannot subscribe to {:?}: the gate publishes only the channels {INVALIDATIONS}<namespace> and \
+             {INVALIDATIONS}<namespace>@<seq> (resuming after seq)",
+            String::from_utf8_lossy(channel)
+        ))
+    };
+    let name = std::str::from_utf8(channel)
+        .ok()
+        .and_then(|c| c.strip_prefix(INVALIDATIONS))
+        .ok_or_else(refused)?;
+    match name.rsplit_once('@') {
+        None => Ok((name, 0)),
+        Some((name, seq)) => Ok((name, seq.parse().map_err(|_| refused())?)),
     }
 }
 
