@@ -13,6 +13,8 @@
 
 #[path = "../tests/suite/common/mod.rs"]
 mod common;
+// Where `procs` finds the serve flags for free loopback ports.
+use common::ports;
 #[path = "load/procs.rs"]
 #[allow(dead_code)]
 mod procs;

@@ -22,6 +22,9 @@ mod callers;
 mod drive;
 mod keys;
 mod overload;
+// The serve flags for free loopback ports, shared with the tests' launcher.
+#[path = "../../tests/suite/common/ports.rs"]
+mod ports;
 mod procs;
 mod report;
 mod resp;

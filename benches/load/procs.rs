@@ -201,17 +201,9 @@ pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
         None => Command::new(binary),
     };
     command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--resp-listen",
-            "127.0.0.1:0",
-            "--in-memory",
-            "--config",
-        ])
+        .arg("serve")
+        .args(crate::ports::EPHEMERAL_PORTS)
+        .args(["--in-memory", "--config"])
         .arg(config)
         .env("RUST_LOG", "info");
     // In memory, the state is loaded (empty) before the "serving" line is logged.

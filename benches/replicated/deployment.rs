@@ -417,15 +417,8 @@ impl Launch {
     fn command(&self, id: &str, dir: &Path) -> Command {
         let mut command = Command::new(&self.binary);
         command
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--resp-listen",
-                "127.0.0.1:0",
-            ])
+            .arg("serve")
+            .args(crate::ports::EPHEMERAL_PORTS)
             .args(["--nats", &self.urls, "--nats-stream", STREAM])
             .args(["--nats-replicas", &self.stream_replicas.to_string()])
             .args(["--replica-id", id, "--config"])

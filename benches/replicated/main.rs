@@ -34,6 +34,10 @@ mod procs;
 #[path = "../load/text.rs"]
 mod text;
 
+// The serve flags for free loopback ports, shared with the tests' launcher.
+#[path = "../../tests/suite/common/ports.rs"]
+mod ports;
+
 // The tests' TCP proxy (delay, silence, cut), for the fault stretches.
 #[path = "../../tests/suite/common/proxy.rs"]
 #[allow(dead_code)]

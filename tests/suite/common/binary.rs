@@ -17,15 +17,8 @@ use super::{wait_until, PATIENCE};
 pub fn serve() -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"));
     command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--resp-listen",
-            "127.0.0.1:0",
-        ])
+        .arg("serve")
+        .args(super::ports::EPHEMERAL_PORTS)
         .env(
             "RUST_LOG",
             std::env::var("EXISTENCE_GATE_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_string()),

@@ -6,6 +6,7 @@ pub mod binary;
 pub mod feed;
 pub mod nats;
 pub mod polyglot;
+pub mod ports;
 pub mod postgres;
 pub mod proxy;
 pub mod replicas;
