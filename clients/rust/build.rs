@@ -1,14 +1,16 @@
-//! Generates the gate's client stubs from the repository's `proto/` with a vendored `protoc`, so building
-//! the client needs no system protobuf compiler.
+//! Generates the gate's client stubs from the contract with a vendored `protoc`, so building the client
+//! needs no system protobuf compiler. `proto` is a link to the repository's `proto/`, which `cargo package`
+//! follows: the packaged crate carries the contract and builds on its own.
 
 use std::path::Path;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = Path::new("../../proto");
+    let root = Path::new("proto");
     let proto = root.join("existence/v1/existence.proto");
     if !proto.exists() {
         return Err(format!(
-            "{} not found: the client is built from the existence-gate repository (clients/rust), whose proto/ it compiles",
+            "{} not found: in the repository, clients/rust/proto links to proto/ (a checkout without symbolic \
+             links lacks it); a packaged crate carries it",
             proto.display()
         )
         .into());

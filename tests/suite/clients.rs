@@ -36,3 +36,23 @@ fn java_client() {
 fn node_client() {
     client_tests("node");
 }
+
+/// The Rust client installs like any crate: `cargo package` (which builds the packaged crate on its own,
+/// from a copy that holds only the crate's files, the contract included) succeeds.
+#[test]
+fn the_rust_client_packages_and_its_package_builds() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let target = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(cargo)
+        .args(["package", "-p", "existence-gate-client", "--allow-dirty", "--offline"])
+        .arg("--target-dir")
+        .arg(target.path())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "cargo package failed:\n{log}");
+    assert!(log.contains("Verifying existence-gate-client"), "{log}");
+    let crate_file = target.path().join("package/existence-gate-client-0.1.0.crate");
+    assert!(crate_file.exists(), "{} is missing:\n{log}", crate_file.display());
+}
