@@ -44,7 +44,13 @@ fn the_rust_client_packages_and_its_package_builds() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let target = tempfile::tempdir().unwrap();
     let output = std::process::Command::new(cargo)
-        .args(["package", "-p", "existence-gate-client", "--allow-dirty", "--offline"])
+        .args([
+            "package",
+            "-p",
+            "existence-gate-client",
+            "--allow-dirty",
+            "--offline",
+        ])
         .arg("--target-dir")
         .arg(target.path())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -53,6 +59,12 @@ fn the_rust_client_packages_and_its_package_builds() {
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "cargo package failed:\n{log}");
     assert!(log.contains("Verifying existence-gate-client"), "{log}");
-    let crate_file = target.path().join("package/existence-gate-client-0.1.0.crate");
-    assert!(crate_file.exists(), "{} is missing:\n{log}", crate_file.display());
+    let crate_file = target
+        .path()
+        .join("package/existence-gate-client-0.1.0.crate");
+    assert!(
+        crate_file.exists(),
+        "{} is missing:\n{log}",
+        crate_file.display()
+    );
 }
