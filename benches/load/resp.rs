@@ -27,6 +27,7 @@ const FILL_BATCH: u64 = 1_000;
 const MEXISTS_KEYS: usize = 100;
 
 /// One workload: `redis-benchmark` arguments besides host and port, commands per stretch, keys per command.
+#[derive(Clone)]
 struct Workload {
     name: &'static str,
     args: Vec<String>,
@@ -200,14 +201,14 @@ pub async fn run() {
             &gate,
             &Workload {
                 commands: workload.commands / 10,
-                ..clone(&workload)
+                ..workload.clone()
             },
         );
         stretch(
             &redisbloom,
             &Workload {
                 commands: workload.commands / 10,
-                ..clone(&workload)
+                ..workload.clone()
             },
         );
         for _ in 0..ROUNDS {
@@ -223,20 +224,11 @@ pub async fn run() {
     println!("written: {}", path.display());
 }
 
-fn clone(workload: &Workload) -> Workload {
-    Workload {
-        name: workload.name,
-        args: workload.args.clone(),
-        commands: workload.commands,
-        keys_per_command: workload.keys_per_command,
-    }
-}
-
 /// The median of `values`.
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let middle = values.len() / 2;
-    if values.len() % 2 == 0 {
+    if values.len().is_multiple_of(2) {
         (values[middle - 1] + values[middle]) / 2.0
     } else {
         values[middle]

@@ -51,7 +51,7 @@ roles = ["read", "write"]
 namespaces = ["*"]
 TOML
 
-# Starts the gate with the flags given, and sets resp to its RESP address once it serves.
+# Starts the gate with the flags given, and sets resp and grpc to its addresses once it serves.
 start_gate() {
     : > "$work/gate.log"
     NO_COLOR=1 RUST_LOG=info "$bin" serve --in-memory --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
@@ -59,6 +59,7 @@ start_gate() {
     gate_pid=$!
     for _ in $(seq 1 300); do
         resp=$(grep -o 'resp_addr=[^ ]*' "$work/gate.log" | head -1 | cut -d= -f2 || true)
+        grpc=$(grep -o 'grpc_addr=[^ ]*' "$work/gate.log" | head -1 | cut -d= -f2 || true)
         [ -n "$resp" ] && return 0
         kill -0 "$gate_pid" 2>/dev/null || { cat "$work/gate.log"; return 1; }
         sleep 0.1
@@ -94,6 +95,12 @@ expect 0 cli BF.ADD users cli-key
 expect 1 cli BF.EXISTS users cli-key
 expect 0 cli BF.EXISTS users never-added-key
 expect "$(printf '1\n0')" cli BF.MEXISTS users cli-key never-added-key
+# The same keys through gRPC (the binary's own client): the same answers.
+grpc_answers=$("$bin" check --addr "http://$grpc" --token "$token" --namespace users cli-key never-added-key)
+echo "$grpc_answers" | grep -q '^cli-key MAY_EXIST' && echo "$grpc_answers" | grep -q '^never-added-key ABSENT' || {
+    echo "FAIL: gRPC answered differently from BF.MEXISTS: $grpc_answers"
+    exit 1
+}
 expect PONG cli PING
 # 10,000 pipelined commands (redis-cli --pipe reads them as a file of RESP): every reply arrives, none an error.
 for i in $(seq 1 10000); do printf 'BF.ADD users pipe-%s\r\n' "$i"; done > "$work/pipe.txt"

@@ -257,7 +257,7 @@ impl Paths {
             return Some(segments.to_vec());
         }
         let mut resolved = match first.as_str() {
-            "crate" => return Some(self.from_crate_root(rest)),
+            "crate" => return Some(self.resolve_crate_root(rest)),
             "self" => self.module.clone(),
             "super" => {
                 let mut module = self.module.clone();
@@ -290,7 +290,7 @@ impl Paths {
     /// that layer (`crate::stream` in the replication crate is `crate::replication::stream`), except where
     /// `rest` names a layer — the crates beneath, which each crate's root imports under their layer's name
     /// (`use existence_gate_core as core;`), or one above, which the compiler refuses anyway.
-    fn from_crate_root(&self, rest: &[String]) -> Vec<String> {
+    fn resolve_crate_root(&self, rest: &[String]) -> Vec<String> {
         let mut resolved = vec!["crate".to_string()];
         let names_a_layer = rest
             .first()

@@ -189,6 +189,13 @@ async fn redisbloom_commands_answer_as_grpc_does() {
         .await
         .unwrap_err();
     assert!(nocreate.to_string().contains("not found"), "{nocreate}");
+    // An item called "nocreate" is an item, not the option.
+    let item = cmd("BF.INSERT")
+        .arg(&["nope", "ITEMS", "nocreate"])
+        .query_async::<Vec<i64>>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(item.to_string().contains("is not configured"), "{item}");
     let info: Vec<redis::Value> = cmd("BF.INFO")
         .arg("users")
         .query_async(&mut redis)
@@ -222,6 +229,15 @@ async fn redisbloom_commands_answer_as_grpc_does() {
             .contains("wrong number of arguments for 'bf.exists' command"),
         "{wrong}"
     );
+    // Every command is counted by name and outcome.
+    let (_, metrics) = crate::common::http_get(&server, "/metrics").await;
+    for series in [
+        r#"existence_resp_commands_total{command="bf.add",outcome="ok"}"#,
+        r#"existence_resp_commands_total{command="bf.exists",outcome="error"}"#,
+        r#"existence_resp_commands_total{command="gate.absent",outcome="ok"}"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing from /metrics");
+    }
     let unknown = cmd("GET")
         .arg("k")
         .query_async::<String>(&mut redis)
@@ -490,7 +506,7 @@ async fn bad_input_gets_redis_errors_and_the_limits_hold() {
 #[tokio::test]
 async fn idle_connections_and_clients_that_never_read_are_closed() {
     let server = start_resp(NAMESPACES, |resp| {
-        resp.idle_timeout = Duration::from_millis(200)
+        resp.idle_timeout = Duration::from_secs(1)
     })
     .await;
     let mut stream = TcpStream::connect(server.resp_addr.unwrap()).await.unwrap();

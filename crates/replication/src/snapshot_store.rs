@@ -167,7 +167,7 @@ pub async fn oldest_retained(stream: &MutationStream) -> Result<Option<u64>, Str
 /// Whether `payload` is an index: seqs, eight bytes each, rising (junk published on the subject is not).
 fn valid_index(payload: &[u8]) -> bool {
     !payload.is_empty()
-        && payload.len() % 8 == 0
+        && payload.len().is_multiple_of(8)
         && covered_seqs(payload)
             .windows(2)
             .all(|pair| pair[0] < pair[1])

@@ -73,17 +73,44 @@ impl Access {
         role: Role,
         scope: Scope<'_>,
     ) -> Result<(), Status> {
-        if self.shutdown.is_triggered() {
-            return Err(Status::unavailable(
-                "the server is shutting down; retry on another replica",
-            ));
-        }
-        match self.authorizer.check(authorization, role, scope) {
-            Ok(_) => Ok(()),
-            Err(Denied::Unauthenticated(reason)) => Err(Status::unauthenticated(reason)),
-            Err(Denied::PermissionDenied(reason)) => Err(Status::permission_denied(reason)),
-        }
+        self.check(authorization, role, scope)
+            .map_err(|refused| match refused {
+                Refused::ShuttingDown => Status::unavailable(SHUTTING_DOWN),
+                Refused::Denied(Denied::Unauthenticated(reason)) => Status::unauthenticated(reason),
+                Refused::Denied(Denied::PermissionDenied(reason)) => {
+                    Status::permission_denied(reason)
+                }
+            })
     }
+
+    /// The admission rules of every port (gRPC, RESP), each mapping the refusal to its own errors: refused
+    /// while shutting down, then checked against the caller's token.
+    pub fn check(
+        &self,
+        authorization: Option<&str>,
+        role: Role,
+        scope: Scope<'_>,
+    ) -> Result<(), Refused> {
+        if self.shutdown.is_triggered() {
+            return Err(Refused::ShuttingDown);
+        }
+        self.authorizer
+            .check(authorization, role, scope)
+            .map(drop)
+            .map_err(Refused::Denied)
+    }
+}
+
+/// What a refusal says while the server shuts down.
+pub const SHUTTING_DOWN: &str = "the server is shutting down; retry on another replica";
+
+/// Why [`Access::check`] refused a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Shutdown has begun: the caller should go to another replica.
+    ShuttingDown,
+    /// The token does not allow it.
+    Denied(Denied),
 }
 
 /// Paths the in-flight limit never sheds: load balancers' health checks and tooling's reflection must be

@@ -143,7 +143,7 @@ struct Outcome {
 impl Sim {
     fn new(seed: u64, traced: bool) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
-        let faults = seed % 4 != 0;
+        let faults = !seed.is_multiple_of(4);
         let replicas = rng.random_range(2..=4);
         let timing = Timing {
             lease: 10 * MS,

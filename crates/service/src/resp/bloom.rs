@@ -44,7 +44,11 @@ pub fn refusal(error: GateError) -> Refusal {
 }
 
 /// `BF.EXISTS` answers for `keys`, one lookup pass (a pipelined run of them lands here).
-pub fn exists_many(port: &Port, namespace: &str, keys: &[&[u8]]) -> Result<Vec<bool>, Refusal> {
+pub fn exists_many<K: AsRef<[u8]>>(
+    port: &Port,
+    namespace: &str,
+    keys: &[K],
+) -> Result<Vec<bool>, Refusal> {
     let mut lookups = Vec::with_capacity(keys.len());
     port.gate
         .batch_may_exist(namespace, keys, &mut lookups)
@@ -65,8 +69,7 @@ pub fn exists(port: &Port, namespace: &str, key: &[u8], replies: &mut Replies<'_
 
 /// `BF.MEXISTS namespace item ...`.
 pub fn mexists(port: &Port, namespace: &str, keys: &[Bytes], replies: &mut Replies<'_>) -> Outcome {
-    let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-    let answers = exists_many(port, namespace, &keys)?;
+    let answers = exists_many(port, namespace, keys)?;
     replies.array(answers.len());
     for may_exist in answers {
         replies.boolean(may_exist);
@@ -112,6 +115,7 @@ pub async fn insert(
     replies: &mut Replies<'_>,
 ) -> Outcome {
     let mut options = args.iter();
+    let mut nocreate = false;
     let items = loop {
         let Some(option) = options.next() else {
             return Err(Refusal::err(
@@ -120,7 +124,8 @@ pub async fn insert(
         };
         match option.to_ascii_uppercase().as_slice() {
             b"ITEMS" => break options.as_slice(),
-            b"NOCREATE" | b"NONSCALING" => {}
+            b"NOCREATE" => nocreate = true,
+            b"NONSCALING" => {}
             b"CAPACITY" => positive(options.next(), "bad capacity")?,
             b"EXPANSION" => positive(options.next(), "bad expansion")?,
             b"ERROR" => error_rate(options.next())?,
@@ -137,9 +142,7 @@ pub async fn insert(
             "syntax error: BF.INSERT needs at least one item after ITEMS",
         ));
     }
-    if port.gate.namespace(namespace).is_err()
-        && args.iter().any(|a| a.eq_ignore_ascii_case(b"nocreate"))
-    {
+    if nocreate && port.gate.namespace(namespace).is_err() {
         return Err(Refusal::err("not found"));
     }
     add(port, namespace, items, true, replies).await
@@ -173,17 +176,11 @@ fn error_rate(value: Option<&Bytes>) -> Outcome {
 /// namespace's configuration and filter (filters = live layers across windows; items = the estimated
 /// distinct keys they hold; no expansion rate, as for a non-scaling filter: growth is by configuration).
 pub fn info(port: &Port, namespace: &str, field: &[Bytes], replies: &mut Replies<'_>) -> Outcome {
-    let stats = port
-        .gate
-        .namespace(namespace)
-        .map_err(refusal)?
-        .stats(port.gate.now_ms());
-    let capacity = port
-        .gate
-        .namespace(namespace)
-        .map_err(refusal)?
-        .settings()
-        .expected_keys;
+    let configured = port.gate.namespace(namespace).map_err(refusal)?;
+    let (stats, capacity) = (
+        configured.stats(port.gate.now_ms()),
+        configured.settings().expected_keys,
+    );
     let fields: [(&str, &str, Option<u64>); 5] = [
         ("CAPACITY", "Capacity", Some(capacity)),
         ("SIZE", "Size", Some(stats.filter.bytes)),

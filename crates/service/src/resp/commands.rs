@@ -66,6 +66,7 @@ const fn spec(
 const READ: &[&str] = &["readonly", "fast"];
 const WRITE: &[&str] = &["write", "denyoom"];
 const CONNECTION: &[&str] = &["fast", "loading", "stale"];
+const PUBSUB: &[&str] = &["pubsub", "loading", "stale"];
 
 /// Every command, in the order `COMMAND` lists them.
 pub static COMMANDS: &[Spec] = &[
@@ -79,8 +80,8 @@ pub static COMMANDS: &[Spec] = &[
     spec("bf.card", 2, Needs::Read, READ, "bf", "Estimated distinct items held by a namespace's live windows."),
     spec("gate.lookup", 3, Needs::Read, READ, "gate", "An item's answer with its basis and observed_seq, as gRPC MayExist gives them."),
     spec("gate.absent", -3, Needs::Write, WRITE, "gate", "Records that the source did not find an item (RecordAbsent): [MISSING|DELETED] [SEQ observed_seq] [TTL seconds]."),
-    spec("subscribe", -2, Needs::Connection, &["pubsub", "loading", "stale"], "pubsub", "Invalidations of a namespace on channel invalidations:<namespace> (or invalidations:<namespace>@<seq>, resuming after seq)."),
-    spec("unsubscribe", -1, Needs::Connection, &["pubsub", "loading", "stale"], "pubsub", "Ends invalidation subscriptions."),
+    spec("subscribe", -2, Needs::Connection, PUBSUB, "pubsub", "Invalidations of a namespace on channel invalidations:<namespace> (or invalidations:<namespace>@<seq>, resuming after seq)."),
+    spec("unsubscribe", -1, Needs::Connection, PUBSUB, "pubsub", "Ends invalidation subscriptions."),
     spec("ping", -1, Needs::Connection, CONNECTION, "connection", "PONG, or the argument."),
     spec("echo", 2, Needs::Connection, CONNECTION, "connection", "The argument."),
     spec("hello", -1, Needs::Nothing, CONNECTION, "connection", "Chooses RESP2 or RESP3, optionally authenticating and naming the connection."),

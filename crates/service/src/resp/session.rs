@@ -15,6 +15,7 @@ use super::bloom;
 use super::commands::{self, Needs, Spec, COMMANDS};
 use super::reply::{Protocol, Replies};
 use super::Port;
+use crate::access::{Refused, SHUTTING_DOWN};
 use crate::auth::{Denied, Role, Scope};
 use crate::core::invalidations::Delivery;
 use crate::grpc::RESUME_WAIT;
@@ -247,32 +248,28 @@ impl Session {
         Ok(())
     }
 
-    /// Whether the connection's token grants `role` on `namespace`, and the server is not shutting down.
+    /// Whether the connection's token grants `role` on `namespace`, and the server is not shutting down
+    /// (the admission rules of the gRPC port, [`Access::check`](crate::access::Access::check)).
     pub(super) fn check(&self, role: Role, namespace: &str) -> Outcome {
         self.authenticated()?;
-        if self.port.access.shutdown().is_triggered() {
-            return Err(Refusal {
-                kind: "TRYAGAIN",
-                message: "the server is shutting down; retry on another replica".to_string(),
-            });
-        }
         let scope = Scope::Namespace(namespace);
-        match self
-            .port
+        self.port
             .access
-            .authorizer()
             .check(self.authorization.as_deref(), role, scope)
-        {
-            Ok(_) => Ok(()),
-            Err(Denied::Unauthenticated(reason)) => Err(Refusal {
-                kind: "NOAUTH",
-                message: reason.to_string(),
-            }),
-            Err(Denied::PermissionDenied(reason)) => Err(Refusal {
-                kind: "NOPERM",
-                message: reason,
-            }),
-        }
+            .map_err(|refused| match refused {
+                Refused::ShuttingDown => Refusal {
+                    kind: "TRYAGAIN",
+                    message: SHUTTING_DOWN.to_string(),
+                },
+                Refused::Denied(Denied::Unauthenticated(reason)) => Refusal {
+                    kind: "NOAUTH",
+                    message: reason.to_string(),
+                },
+                Refused::Denied(Denied::PermissionDenied(reason)) => Refusal {
+                    kind: "NOPERM",
+                    message: reason,
+                },
+            })
     }
 
     async fn dispatch(

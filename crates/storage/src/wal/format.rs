@@ -104,8 +104,6 @@ pub(super) fn upgrade(mutation: Mutation, format: u32) -> Mutation {
     }
 }
 
-/// When a record is acknowledged relative to reaching the disk.
-
 /// The path of segment `number` in `dir`.
 pub fn segment_path(dir: &Path, number: u64) -> PathBuf {
     dir.join(format!("wal-{number:020}.log"))
