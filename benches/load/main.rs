@@ -21,6 +21,7 @@ mod baseline;
 mod callers;
 mod drive;
 mod keys;
+mod memory;
 mod overload;
 // The serve flags for free loopback ports, shared with the tests' launcher.
 #[path = "../../tests/suite/common/ports.rs"]
@@ -766,6 +767,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "resp") {
         return runtime.block_on(resp::run());
+    }
+    if args.iter().any(|a| a == "memory") {
+        return runtime.block_on(memory::run());
     }
     runtime.block_on(run());
 }

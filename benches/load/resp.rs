@@ -20,7 +20,7 @@ use crate::procs::{self, Server};
 /// Stretches per side of each workload.
 const ROUNDS: usize = 4;
 /// Keys in each filter.
-const FILLED: u64 = 10_000_000;
+pub const FILLED: u64 = 10_000_000;
 /// Keys per `BF.MADD` while filling.
 const FILL_BATCH: u64 = 1_000;
 /// Keys in a `BF.MEXISTS`.
@@ -133,7 +133,7 @@ fn stretch(server: &Server, workload: &Workload) -> Stretch {
 }
 
 /// A connection to `server`'s RESP port.
-async fn connect(server: &Server) -> redis::aio::MultiplexedConnection {
+pub async fn connect(server: &Server) -> redis::aio::MultiplexedConnection {
     let addr = server.resp_addr.expect("a RESP address");
     redis::Client::open(format!("redis://{addr}/"))
         .expect("a redis URL")
@@ -143,7 +143,7 @@ async fn connect(server: &Server) -> redis::aio::MultiplexedConnection {
 }
 
 /// Fills `server`'s `default` with the keys below `FILLED`, as `redis-benchmark` spells them.
-async fn fill(server: &Server) {
+pub async fn fill(server: &Server) {
     let mut connection = connect(server).await;
     for start in (0..FILLED).step_by(FILL_BATCH as usize * 100) {
         let mut pipeline = redis::pipe();

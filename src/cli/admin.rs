@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::cli::output;
 use crate::client::connection::{ConnectArgs, Gate};
 use crate::client::failure;
-use crate::proto::{NamespaceStats, SnapshotRequest, StatsRequest};
+use crate::proto::{MemoryStats, NamespaceStats, SnapshotRequest, StatsRequest};
 
 /// `stats`.
 #[derive(Debug, Args)]
@@ -47,7 +47,11 @@ pub async fn stats(args: StatsArgs) -> Result<(), String> {
         .into_inner();
     if args.json {
         let namespaces: Vec<_> = reply.namespaces.iter().map(stats_json).collect();
-        return output::line(&json!({ "namespaces": namespaces }).to_string());
+        let mut document = json!({ "namespaces": namespaces });
+        if let Some(memory) = &reply.memory {
+            document["memory"] = memory_json(memory);
+        }
+        return output::line(&document.to_string());
     }
     let header = [
         "NAMESPACE",
@@ -60,6 +64,7 @@ pub async fn stats(args: StatsArgs) -> Result<(), String> {
         "EST. FP RATE",
         "TOMBSTONES",
         "TOMBSTONE MEMORY",
+        "REPLAY BUFFER",
         "SEQ",
         "LAST SNAPSHOT",
         "DIGEST@SEQ",
@@ -82,6 +87,7 @@ pub async fn stats(args: StatsArgs) -> Result<(), String> {
                 rate(s.estimated_false_positive_rate),
                 HumanCount(s.tombstones).to_string(),
                 HumanBytes(s.tombstone_bytes).to_string(),
+                HumanBytes(s.replay_buffer_bytes).to_string(),
                 s.seq.to_string(),
                 match s.last_snapshot_unix_ms {
                     0 => "never".to_string(),
@@ -94,7 +100,48 @@ pub async fn stats(args: StatsArgs) -> Result<(), String> {
             ]
         })
         .collect();
-    output::line(table(&header, &rows).trim_end())
+    output::line(table(&header, &rows).trim_end())?;
+    match &reply.memory {
+        Some(memory) => output::line(&memory_line(memory)),
+        None => Ok(()),
+    }
+}
+
+/// The process's memory in one line: resident, then the parts that make it up.
+fn memory_line(m: &MemoryStats) -> String {
+    let parts = [
+        ("filters", m.filter_bytes),
+        ("tombstones", m.tombstone_bytes),
+        ("recent adds", m.recent_adds_bytes),
+        ("replay buffers", m.replay_buffer_bytes),
+        ("other heap", m.other_heap_bytes),
+        ("allocator free", m.allocator_free_bytes),
+        ("program", m.program_bytes),
+    ]
+    .iter()
+    .filter(|(name, _)| m.heap_measured || !matches!(*name, "other heap" | "allocator free"))
+    .map(|(name, bytes)| format!("{name} {}", HumanBytes(*bytes)))
+    .collect::<Vec<_>>()
+    .join(" + ");
+    format!(
+        "memory: {} resident ~ {parts}",
+        HumanBytes(m.resident_bytes)
+    )
+}
+
+/// The process's memory, as the contract names it.
+fn memory_json(m: &MemoryStats) -> serde_json::Value {
+    json!({
+        "resident_bytes": m.resident_bytes,
+        "filter_bytes": m.filter_bytes,
+        "tombstone_bytes": m.tombstone_bytes,
+        "recent_adds_bytes": m.recent_adds_bytes,
+        "replay_buffer_bytes": m.replay_buffer_bytes,
+        "other_heap_bytes": m.other_heap_bytes,
+        "allocator_free_bytes": m.allocator_free_bytes,
+        "program_bytes": m.program_bytes,
+        "heap_measured": m.heap_measured,
+    })
 }
 
 /// A false-positive rate as a percentage, or in scientific notation when too small to read as one.
@@ -119,6 +166,8 @@ fn stats_json(s: &NamespaceStats) -> serde_json::Value {
         "estimated_keys": s.estimated_keys,
         "tombstones": s.tombstones,
         "tombstone_bytes": s.tombstone_bytes,
+        "replay_buffer_bytes": s.replay_buffer_bytes,
+        "recent_adds_bytes": s.recent_adds_bytes,
         "seq": s.seq,
         "last_snapshot_unix_ms": s.last_snapshot_unix_ms,
         "state_digest": s.state_digest,

@@ -464,8 +464,16 @@ async fn stats_print_an_aligned_table_or_json() {
         .await
         .ok();
     let table = run(&server, &["stats"]).await.ok();
-    let rows: Vec<&str> = table.stdout.lines().collect();
+    let (memory, rows): (Vec<&str>, Vec<&str>) = table
+        .stdout
+        .lines()
+        .partition(|line| line.starts_with("memory: "));
     assert_eq!(rows.len(), 3, "{table:?}");
+    assert_eq!(memory.len(), 1, "{table:?}");
+    assert!(
+        memory[0].contains(" resident ~ filters ") && memory[0].contains(" + program "),
+        "{table:?}"
+    );
     assert!(rows[0].starts_with("NAMESPACE  KEYS ADDED"), "{table:?}");
     assert!(rows[1].starts_with("default "), "{table:?}");
     assert!(rows[2].starts_with("users "), "{table:?}");
@@ -481,6 +489,14 @@ async fn stats_print_an_aligned_table_or_json() {
     assert_eq!(namespaces[0]["namespace"], "users");
     assert_eq!(namespaces[0]["keys_added"], 3);
     assert_eq!(namespaces[0]["seq"], 2);
+    // The process's memory sums over every namespace: only in the answer for all of them.
+    assert!(stats.get("memory").is_none(), "{stats}");
+    let all = run(&server, &["stats", "--json"]).await.ok();
+    let all: serde_json::Value = serde_json::from_str(&all.stdout).unwrap();
+    assert!(
+        all["memory"]["resident_bytes"].as_u64().unwrap() > 0,
+        "{all}"
+    );
 
     let missing = run(&server, &["stats", "-n", "Users"]).await.failure();
     assert_eq!(

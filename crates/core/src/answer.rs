@@ -80,6 +80,8 @@ pub struct NamespaceStats {
     pub tombstone_bytes: u64,
     /// Bytes of recent invalidations kept for resuming subscribers.
     pub replay_buffer_bytes: usize,
+    /// Bytes of the memory of recent adds (fixed per namespace; see [`crate::recent_adds`]).
+    pub recent_adds_bytes: usize,
     /// Open subscriptions.
     pub subscribers: usize,
 }

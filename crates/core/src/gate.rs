@@ -129,7 +129,9 @@ impl Gate {
                     name,
                     settings.clone(),
                     Arc::clone(&hasher),
-                    config.limits.replay_buffer_bytes,
+                    config
+                        .limits
+                        .replay_buffer_bytes_for(settings.filter_spec().initial_bytes()),
                 );
                 let entry = Entry {
                     namespace: Arc::new(namespace),

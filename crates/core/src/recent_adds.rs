@@ -19,6 +19,10 @@ use crate::hashing::KeyHash;
 /// (pages the allocator maps lazily), so a namespace costs memory only for the cells its `Add`s touched.
 const CELLS: usize = 1 << 17;
 
+/// Bytes of one namespace's cells (allocated at once; resident as `Add`s touch them, all of them after a
+/// few hundred thousand keys).
+pub const BYTES: usize = CELLS * std::mem::size_of::<u64>();
+
 /// A [`RecentAdds`] as a snapshot holds it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecentAddsImage {

@@ -12,6 +12,7 @@ use crate::core::gate::{Gate, GateError};
 use crate::core::namespace::{Rebuilt, WriteError};
 use crate::grpc::{self, status};
 use crate::lifecycle::{Lifecycle, NotDurable};
+use crate::memory::Memory;
 use crate::proto;
 use crate::proto::admin_server::Admin;
 use crate::replication::replica::Replica;
@@ -134,14 +135,18 @@ impl Admin for AdminService {
         let (stats, scans) = tokio::task::spawn_blocking(move || (gate.stats(), gate.scan()))
             .await
             .map_err(|e| Status::internal(format!("computing stats failed: {e}")))?;
+        let administers = |name: &str| {
+            self.access
+                .authorizer()
+                .allows(authorization, Role::Admin, name)
+        };
+        // Summed over every namespace, so only for a caller who may see them all.
+        let memory = (wanted.is_empty() && stats.iter().all(|s| administers(&s.name)))
+            .then(|| memory_stats(&Memory::measure(&stats)));
         let namespaces = stats
             .into_iter()
             .filter(|s| wanted.is_empty() || *s.name == **wanted)
-            .filter(|s| {
-                self.access
-                    .authorizer()
-                    .allows(authorization, Role::Admin, &s.name)
-            })
+            .filter(|s| administers(&s.name))
             .map(|s| {
                 let scan = scans.get(&s.name);
                 let digest = scan.and_then(|scan| scan.digest);
@@ -160,10 +165,12 @@ impl Admin for AdminService {
                     last_snapshot_unix_ms,
                     state_digest: digest.map_or(0, |d| d.digest),
                     state_digest_seq: digest.map_or(0, |d| d.seq),
+                    replay_buffer_bytes: s.replay_buffer_bytes as u64,
+                    recent_adds_bytes: s.recent_adds_bytes as u64,
                 }
             })
             .collect();
-        Ok(Response::new(proto::StatsResponse { namespaces }))
+        Ok(Response::new(proto::StatsResponse { namespaces, memory }))
     }
 
     async fn snapshot(
@@ -353,4 +360,18 @@ async fn next_keys(
         commit: message.commit,
     }
     .refuse_empty_commit(namespace)
+}
+
+fn memory_stats(memory: &Memory) -> proto::MemoryStats {
+    proto::MemoryStats {
+        resident_bytes: memory.resident,
+        filter_bytes: memory.filters,
+        tombstone_bytes: memory.tombstones,
+        recent_adds_bytes: memory.recent_adds,
+        replay_buffer_bytes: memory.replay_buffers,
+        other_heap_bytes: memory.other_heap,
+        allocator_free_bytes: memory.allocator_free,
+        program_bytes: memory.program,
+        heap_measured: memory.heap_measured,
+    }
 }

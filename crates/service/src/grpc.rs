@@ -305,7 +305,7 @@ fn invalidation(namespace: &str, delivery: Delivery) -> proto::Invalidation {
     match delivery {
         Delivery::Added(event) => proto::Invalidation {
             namespace: namespace.to_string(),
-            keys: event.keys.clone(),
+            keys: event.keys.iter().collect(),
             seq: event.seq,
             cause: proto::InvalidationCause::Added as i32,
         },

@@ -13,6 +13,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::core::gate::Gate;
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::listener::Acceptor;
+use crate::memory::Memory;
 use crate::shutdown::Shutdown;
 
 /// What the handlers read.
@@ -78,6 +79,7 @@ pub async fn serve(
 async fn metrics(State(http): State<Http>) -> (StatusCode, String) {
     let render = tokio::task::spawn_blocking(move || {
         http.gate.export_gauges();
+        crate::metrics::memory(&Memory::measure(&http.gate.stats()));
         http.prometheus.run_upkeep();
         http.prometheus.render()
     });

@@ -6,6 +6,7 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`listener`]: accepting connections — backoff at the descriptor limit, a deadline for the handshake.
 //! - [`lifecycle`]: the one state (loading, ready, failed, draining) that health, `/readyz` and admin read.
+//! - [`memory`]: where the process's memory goes, part by part (`Admin.Stats`, `/metrics`).
 //! - [`metrics`]: the Prometheus recorder and the service's own series.
 //! - [`resp`]: the RESP port — RedisBloom's commands for Redis clients, on the same gate and rules.
 //! - [`shutdown`]: the signal every part watches.
@@ -24,6 +25,7 @@ pub mod grpc;
 pub mod http;
 pub mod lifecycle;
 pub mod listener;
+pub mod memory;
 pub mod metrics;
 pub mod resp;
 pub mod shutdown;

@@ -11,6 +11,8 @@ use std::time::Instant;
 use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::memory::Memory;
+
 /// Latency buckets in seconds, from 5 µs to 1 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
@@ -121,6 +123,25 @@ fn describe() {
         "existence_replay_buffer_bytes",
         "Bytes of recent invalidations kept for resuming subscribers."
     );
+    describe_gauge!(
+        "existence_resident_bytes",
+        Unit::Bytes,
+        "The process's resident set size."
+    );
+    describe_gauge!(
+        "existence_memory_bytes",
+        Unit::Bytes,
+        "The process's memory by part: filters, tombstones, recent_adds, replay_buffers, other_heap, \
+         allocator_free, program (they sum to about existence_resident_bytes)."
+    );
+}
+
+/// Sets the memory gauges (on each scrape).
+pub fn memory(memory: &Memory) {
+    gauge!("existence_resident_bytes").set(memory.resident as f64);
+    for (part, bytes) in memory.labelled() {
+        gauge!("existence_memory_bytes", "part" => part).set(bytes as f64);
+    }
 }
 
 /// Sets whether writes are refused now.

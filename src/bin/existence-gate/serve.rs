@@ -203,7 +203,7 @@ fn log_settings(options: &ServeOptions) {
         drain_timeout = ?options.drain_timeout,
         max_batch_keys = options.config.limits.max_batch_keys,
         max_key_bytes = options.config.limits.max_key_bytes,
-        replay_buffer_bytes = options.config.limits.replay_buffer_bytes,
+        replay_buffer_bytes = ?options.config.limits.replay_buffer_bytes,
         "limits"
     );
     tracing::info!(

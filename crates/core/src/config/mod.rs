@@ -119,11 +119,16 @@ impl GateConfig {
     }
 
     /// Bytes all namespaces hold at their configured sizes (see
-    /// [`NamespaceSettings::bytes_at_capacity`]).
+    /// [`NamespaceSettings::bytes_at_capacity`]), their replay buffers full.
     pub fn bytes_at_capacity(&self) -> u64 {
         self.namespaces
             .values()
-            .map(NamespaceSettings::bytes_at_capacity)
+            .map(|settings| {
+                let replay = self
+                    .limits
+                    .replay_buffer_bytes_for(settings.filter_spec().initial_bytes());
+                settings.bytes_at_capacity().saturating_add(replay as u64)
+            })
             .fold(0, u64::saturating_add)
     }
 

@@ -162,3 +162,31 @@ fn names_that_differ_only_in_case_are_refused() {
     assert!(refusal("[namespaces.DEFAULT]").contains("only in case"));
     GateConfig::from_toml("[namespaces.users]\n[namespaces.users-v2]").unwrap();
 }
+
+#[test]
+fn the_replay_buffer_defaults_to_half_the_filter_within_bounds_unless_set() {
+    use super::limits::{MAX_DEFAULT_REPLAY_BYTES, MIN_DEFAULT_REPLAY_BYTES};
+    let config = GateConfig::from_toml(
+        "[namespaces.small]\nexpected_keys = 1000\n[namespaces.mid]\nexpected_keys = 10000000\n\
+         [namespaces.big]\nexpected_keys = 1000000000",
+    )
+    .unwrap();
+    let replay = |name: &str| {
+        let filter = config.namespaces[name].filter_spec().initial_bytes();
+        (filter, config.limits.replay_buffer_bytes_for(filter))
+    };
+    assert_eq!(replay("small").1, MIN_DEFAULT_REPLAY_BYTES);
+    let (filter, mid) = replay("mid");
+    assert_eq!(mid as u64, filter / 2);
+    assert_eq!(replay("big").1, MAX_DEFAULT_REPLAY_BYTES);
+
+    let set = GateConfig::from_toml("[limits]\nreplay_buffer_bytes = 65536").unwrap();
+    assert_eq!(set.limits.replay_buffer_bytes_for(1 << 30), 65_536);
+    let refused = GateConfig::from_toml("[limits]\nreplay_buffer_bytes = 100")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("limits.replay_buffer_bytes") && refused.contains("4096"),
+        "{refused}"
+    );
+}

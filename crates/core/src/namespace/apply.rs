@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::*;
 use crate::filter::WindowedFilter;
 use crate::hashing::KeyHash;
-use crate::invalidations::Invalidation;
+use crate::invalidations::{Invalidation, PackedKeys};
 use crate::log::{Mutation, RebuildStep};
 use crate::tombstones::{self, TombstoneKey};
 
@@ -40,6 +40,7 @@ impl Namespace {
                 self.keys_added
                     .fetch_add(keys.len() as u64, Ordering::Relaxed);
                 self.metrics.keys_added.increment(keys.len() as u64);
+                let keys = PackedKeys::pack(&keys);
                 self.hub
                     .publish(Invalidation { seq, keys }, &self.latest_seq);
                 Applied::Added {

@@ -220,6 +220,7 @@ impl Namespace {
             tombstones: self.tombstones.len(),
             tombstone_bytes: self.tombstones.bytes(),
             replay_buffer_bytes: self.hub.bytes(),
+            recent_adds_bytes: crate::recent_adds::BYTES,
             subscribers: self.hub.subscribers(),
         }
     }

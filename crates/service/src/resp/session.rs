@@ -117,9 +117,9 @@ impl Session {
         };
         match &push.delivery {
             Delivery::Added(event) => {
-                for key in &event.keys {
+                for key in event.keys.iter() {
                     let mut payload = format!("added {} ", event.seq).into_bytes();
-                    payload.extend_from_slice(key);
+                    payload.extend_from_slice(&key);
                     message(&payload);
                 }
             }
