@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"example.com/existence-gate/clients/go/existencepb"
+	"github.com/existence-gate/existence-gate/clients/go/existencepb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"

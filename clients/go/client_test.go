@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/existence-gate/clients/go/existencepb"
+	"github.com/existence-gate/existence-gate/clients/go/existencepb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"

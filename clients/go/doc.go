@@ -16,4 +16,4 @@
 // checked against the committed ones by test.sh).
 package existencegate
 
-//go:generate protoc -I ../../proto --go_out=. --go_opt=module=example.com/existence-gate/clients/go "--go_opt=Mexistence/v1/existence.proto=example.com/existence-gate/clients/go/existencepb;existencepb" --go-grpc_out=. --go-grpc_opt=module=example.com/existence-gate/clients/go "--go-grpc_opt=Mexistence/v1/existence.proto=example.com/existence-gate/clients/go/existencepb;existencepb" existence/v1/existence.proto
+//go:generate protoc -I ../../proto --go_out=. --go_opt=module=github.com/existence-gate/existence-gate/clients/go "--go_opt=Mexistence/v1/existence.proto=github.com/existence-gate/existence-gate/clients/go/existencepb;existencepb" --go-grpc_out=. --go-grpc_opt=module=github.com/existence-gate/existence-gate/clients/go "--go-grpc_opt=Mexistence/v1/existence.proto=github.com/existence-gate/existence-gate/clients/go/existencepb;existencepb" existence/v1/existence.proto

@@ -1,4 +1,4 @@
-module example.com/existence-gate/clients/go
+module github.com/existence-gate/existence-gate/clients/go
 
 go 1.19
 

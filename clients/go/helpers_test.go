@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"example.com/existence-gate/clients/go/existencepb"
+	"github.com/existence-gate/existence-gate/clients/go/existencepb"
 	"google.golang.org/grpc"
 )
 

@@ -5,6 +5,10 @@ into the package's private `existence_gate_client._gen` (imports rewritten to be
 clash with a service's own `existence.v1` modules. The proto is taken from the repository
 (`clients/python/../../proto`, where `pip install ./clients/python` builds) or from an sdist, which bundles it
 under `proto/`.
+
+The runtime dependencies are static (pyproject.toml): nothing runs at metadata time. The floors there are the
+versions the pinned grpcio-tools' stubs check when imported; `check_floors` stops a build whose stubs would
+need more (a different grpcio-tools in a --no-build-isolation environment, say).
 """
 
 import atexit
@@ -103,18 +107,51 @@ def private_pool(text: str) -> str:
     return text.replace("'existence.v1.existence_pb2'", "'existence_gate_client._gen.existence_pb2'")
 
 
-def runtime_requirements():
-    """The generated code refuses to load on a grpcio or protobuf older than the generator that wrote it."""
-    from importlib.metadata import version
+def _version(text: str) -> tuple:
+    """(1, 85, 0) of "1.85" (the release numbers only: "1.86.0rc1" is (1, 86, 0))."""
+    match = re.match(r"\d+(?:\.\d+)*", text.strip())
+    numbers = [int(part) for part in match.group(0).split(".")] if match else []
+    return tuple((numbers + [0, 0, 0])[:3])
 
-    gen = generate()
-    header = (gen / "existence_pb2.py").read_text(encoding="utf-8")
-    match = re.search(r"^# Protobuf Python Version: (\d+\.\d+\.\d+)", header, flags=re.M)
-    grpc_match = re.search(r"^GRPC_GENERATED_VERSION = '([^']+)'", (gen / "existence_pb2_grpc.py").read_text(encoding="utf-8"), flags=re.M)
-    grpc_version = grpc_match.group(1) if grpc_match else version("grpcio-tools")
-    requirements = ["grpcio>={}".format(grpc_version)]
-    requirements.append("protobuf>={}".format(match.group(1)) if match else "protobuf")
-    return requirements
+
+def generated_needs(gen: Path) -> dict:
+    """The runtime versions the generated modules check when they are imported: grpcio >= the generator
+    (GRPC_GENERATED_VERSION, existence_pb2_grpc.py) and protobuf >= the gencode version
+    (ValidateProtobufRuntimeVersion, or the header of older generators, existence_pb2.py)."""
+    needs = {}
+    grpc_code = (gen / "existence_pb2_grpc.py").read_text(encoding="utf-8")
+    match = re.search(r"^GRPC_GENERATED_VERSION = '([^']+)'", grpc_code, flags=re.M)
+    if match:
+        needs["grpcio"] = match.group(1)
+    pb_code = (gen / "existence_pb2.py").read_text(encoding="utf-8")
+    match = re.search(
+        r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+),", pb_code
+    ) or re.search(r"^# Protobuf Python Version: (\d+)\.(\d+)\.(\d+)", pb_code, flags=re.M)
+    if match:
+        needs["protobuf"] = ".".join(match.groups())
+    return needs
+
+
+def check_floors(gen: Path, requirements) -> None:
+    """The dependencies are static (pyproject.toml); this refuses to build stubs that would not load on their
+    floors, as those of a grpcio-tools newer than the pinned build requirement would not."""
+    floors = {}
+    for requirement in requirements or []:
+        match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(.*)$", str(requirement))
+        if match:
+            floor = re.search(r">=\s*([0-9][0-9.]*)", match.group(2))
+            floors[match.group(1).lower()] = floor.group(1) if floor else None
+    for name, needed in sorted(generated_needs(gen).items()):
+        floor = floors.get(name)
+        if floor is None or _version(floor) < _version(needed):
+            raise SystemExit(
+                "existence-gate-client: the stubs generated here need {name}>={needed} at run time, but the "
+                "package declares {declared}. Build with the grpcio-tools version pyproject.toml's build-system "
+                "pins (it generates stubs that load on the declared floors), or raise the pin and the floors "
+                "together.".format(
+                    name=name, needed=needed, declared=", ".join(str(r) for r in requirements or []) or "no floor"
+                )
+            )
 
 
 class BuildPyWithStubs(build_py):
@@ -125,9 +162,11 @@ class BuildPyWithStubs(build_py):
             target = HERE / "src" / GEN_PACKAGE
         else:
             target = Path(self.build_lib) / GEN_PACKAGE
+        generated = generate()
+        check_floors(generated, self.distribution.install_requires)
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(generate(), target)
+        shutil.copytree(generated, target)
 
 
 class SdistWithProto(sdist):
@@ -139,6 +178,5 @@ class SdistWithProto(sdist):
 
 
 setup(
-    install_requires=runtime_requirements(),
     cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProto},
 )

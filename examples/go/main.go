@@ -17,8 +17,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	existencegate "example.com/existence-gate/clients/go"
-	"example.com/existence-gate/clients/go/existencepb"
+	existencegate "github.com/existence-gate/existence-gate/clients/go"
+	"github.com/existence-gate/existence-gate/clients/go/existencepb"
 	"google.golang.org/grpc"
 )
 

@@ -203,7 +203,9 @@ go_missing() {
 }
 go_run() {
     local gopath=$work/go
-    local src=$gopath/src/example.com/existence-gate
+    # The checkout at the repository's import path: the client library (clients/go) is the module
+    # github.com/existence-gate/existence-gate/clients/go, imported by that path by the example.
+    local src=$gopath/src/github.com/existence-gate/existence-gate
     mkdir -p "$src/interop" "$src/examples" "$gopath/bin"
     # go_package is example.com/existence-gate/gen/existence/v1: protoc writes it under the GOPATH tree.
     bounded protoc -I "$root/proto" --go_out="$gopath/src" --go-grpc_out="$gopath/src" \
