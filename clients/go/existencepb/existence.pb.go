@@ -1583,7 +1583,8 @@ func (x *NamespaceStats) GetRecentAddsBytes() uint64 {
 }
 
 // The process's memory, part by part: the namespaces' parts, the rest of the heap as its allocator counts it,
-// and the program's pages. They sum to within a few percent of resident_bytes once the filters are written
+// and the program's pages. Without allocator_free_bytes they sum to at most resident_bytes, with it to at
+// least (within a few percent) once the filters are written
 // (a filter is allocated whole but becomes resident as keys set its bits, so a fresh gate's parts exceed
 // it); what they leave out is thread stacks and memory mapped outside the allocator.
 type MemoryStats struct {
@@ -1600,7 +1601,8 @@ type MemoryStats struct {
 	ReplayBufferBytes uint64 `protobuf:"varint,5,opt,name=replay_buffer_bytes,json=replayBufferBytes,proto3" json:"replay_buffer_bytes,omitempty"`
 	// The rest of the heap in use: connections and their buffers, calls in flight, the runtime, metrics.
 	OtherHeapBytes uint64 `protobuf:"varint,6,opt,name=other_heap_bytes,json=otherHeapBytes,proto3" json:"other_heap_bytes,omitempty"`
-	// Heap the allocator keeps but nothing uses (freed memory not yet returned to the system).
+	// Heap the allocator keeps but nothing uses (freed memory not yet returned to the system). An upper bound
+	// on its resident share: free pages never touched, or given back, still count.
 	AllocatorFreeBytes uint64 `protobuf:"varint,7,opt,name=allocator_free_bytes,json=allocatorFreeBytes,proto3" json:"allocator_free_bytes,omitempty"`
 	// The program's and its libraries' pages (file-backed: shared with the page cache, reclaimable).
 	ProgramBytes uint64 `protobuf:"varint,8,opt,name=program_bytes,json=programBytes,proto3" json:"program_bytes,omitempty"`

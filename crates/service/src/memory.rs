@@ -3,9 +3,10 @@
 //! Why: after 10M keys a gate's RSS was 56.6 MB for a 12.4 MB filter, and the figures it reported (filter,
 //! tombstones, replay buffer) explained 29 MB of it. The rest could only be guessed at. Here the heap is
 //! taken from the allocator itself (glibc's `mallinfo2`: bytes in use and bytes held free), the namespaces'
-//! parts from the gate, and the program's pages from `/proc/self/status`, so the parts sum to RSS within a
-//! few percent and "other heap" (connections, buffers, calls in flight) is a measured figure, not a
-//! remainder of RSS. What the sum leaves out is thread stacks and memory mapped outside the allocator.
+//! parts from the gate, and the program's pages from `/proc/self/status`, so RSS lies between the parts'
+//! sum without the allocator's free bytes and with them (an upper bound on their resident share), and
+//! "other heap" (connections, buffers, calls in flight) is a measured figure, not a remainder of RSS. What
+//! the sum leaves out is thread stacks and memory mapped outside the allocator.
 
 use crate::core::answer::NamespaceStats;
 
@@ -21,7 +22,7 @@ pub struct Memory {
     pub replay_buffers: u64,
     /// The heap in use beyond the namespaces' parts: connections, buffers, calls in flight, the runtime.
     pub other_heap: u64,
-    /// Heap the allocator holds free.
+    /// Heap the allocator holds free: an upper bound on its resident share.
     pub allocator_free: u64,
     /// The program's and its libraries' resident pages (file-backed).
     pub program: u64,
@@ -56,11 +57,6 @@ impl Memory {
     /// The namespaces' parts together.
     pub fn namespaces(&self) -> u64 {
         self.filters + self.tombstones + self.recent_adds + self.replay_buffers
-    }
-
-    /// Every part (what [`resident`](Self::resident) is compared with).
-    pub fn parts(&self) -> u64 {
-        self.namespaces() + self.other_heap + self.allocator_free + self.program
     }
 
     /// The parts as `(name, bytes)`, in the order README lists them (the `part` label of

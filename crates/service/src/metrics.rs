@@ -132,7 +132,7 @@ fn describe() {
         "existence_memory_bytes",
         Unit::Bytes,
         "The process's memory by part: filters, tombstones, recent_adds, replay_buffers, other_heap, \
-         allocator_free, program (they sum to about existence_resident_bytes)."
+         allocator_free (an upper bound on its resident share), program."
     );
 }
 
