@@ -2,15 +2,15 @@
 //! `BatchMayExist` calls and every call sent to one of several addresses.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::{Request, Status};
 
-use crate::coalesce::{Coalescer, InFlight, Waiter, MAX_BATCH_KEYS};
+use crate::coalesce::{Coalescer, InFlight, Keys, Waiter, MAX_BATCH_KEYS};
+use crate::endpoints::Endpoints;
 pub use crate::endpoints::InvalidAddress;
-use crate::endpoints::{deadline_exceeded, Endpoints};
 use crate::options::ClientOptions;
 use crate::proto;
 use crate::stats::{count, Counters, Stats};
@@ -128,8 +128,7 @@ impl GateClient {
         count(&calls.counters.lookups, 1);
         match &self.coalescer {
             Some(coalescer) if self.coalescable(&key) => {
-                let (packed, _) = pack(std::iter::once(key.as_ref()));
-                let share = self.shared_call(coalescer, packed, 1).await?;
+                let share = shared_call(coalescer, Keys::One(key)).await?;
                 Ok(Lookup {
                     may_exist: bit(&share.bitmap, share.offset),
                     observed_seq: share.observed_seq,
@@ -153,9 +152,9 @@ impl GateClient {
             let (packed, len) = pack(part.iter().map(AsRef::as_ref));
             let share = match &self.coalescer {
                 Some(coalescer) if part.iter().all(|key| self.coalescable(key.as_ref())) => {
-                    self.shared_call(coalescer, packed, len).await?
+                    shared_call(coalescer, Keys::Packed { packed, count: len }).await?
                 }
-                _ => self.calls.batch(packed, len).await?,
+                _ => self.calls.batch(packed, len, Instant::now()).await?,
             };
             let bits = share.offset..share.offset + len;
             answers
@@ -174,21 +173,6 @@ impl GateClient {
     /// `INVALID_ARGUMENT` for the whole batch, so such a key is sent alone and its caller alone is refused.
     fn coalescable(&self, key: &[u8]) -> bool {
         !key.is_empty() && key.len() <= self.calls.options.max_key_bytes
-    }
-
-    /// The share of a coalesced batch of `count` keys, `packed`, within the client's deadline.
-    async fn shared_call(
-        &self,
-        coalescer: &Coalescer<Answer>,
-        packed: Bytes,
-        count: usize,
-    ) -> Result<Share, Status> {
-        let deadline = self.calls.options.deadline;
-        match tokio::time::timeout(deadline, coalescer.submit(packed, count)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Status::cancelled("the gate client was closed")),
-            Err(_) => Err(deadline_exceeded(deadline)),
-        }
     }
 
     /// Adds `keys` (a writer calls this before inserting the rows): the seq that covers them.
@@ -294,15 +278,20 @@ impl Calls {
         request
     }
 
-    /// [`Endpoints::call`] with this client's deadline, counting retries.
-    async fn call<T, F, Fut>(&self, first: Option<usize>, call: F) -> Result<(T, usize), Status>
+    /// [`Endpoints::call`] with this client's deadline counted from `since`, counting retries.
+    async fn call<T, F, Fut>(
+        &self,
+        first: Option<usize>,
+        since: Instant,
+        call: F,
+    ) -> Result<(T, usize), Status>
     where
         F: FnMut(GeneratedClient, Duration) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let retried = || count(&self.counters.retries, 1);
         self.endpoints
-            .call(first, self.options.deadline, retried, call)
+            .call(first, self.options.deadline, since, retried, call)
             .await
     }
 
@@ -319,8 +308,23 @@ impl Calls {
         M: Clone,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.send_since(first, Instant::now(), message, rpc).await
+    }
+
+    /// [`send`](Self::send) with the deadline counted from `since`.
+    async fn send_since<M, T, Fut>(
+        &self,
+        first: Option<usize>,
+        since: Instant,
+        message: M,
+        rpc: impl Fn(GeneratedClient, Request<M>) -> Fut,
+    ) -> Result<(T, usize), Status>
+    where
+        M: Clone,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let (response, address) = self
-            .call(first, |client, timeout| {
+            .call(first, since, |client, timeout| {
                 rpc(client, self.request(message.clone(), timeout))
             })
             .await?;
@@ -347,8 +351,9 @@ impl Calls {
         })
     }
 
-    /// One packed `BatchMayExist` of `len` keys, answered as a share from bit 0.
-    async fn batch(&self, packed: Bytes, len: usize) -> Answer {
+    /// One packed `BatchMayExist` of `len` keys, answered as a share from bit 0, given up at the client's
+    /// deadline counted from `since`.
+    async fn batch(&self, packed: Bytes, len: usize, since: Instant) -> Answer {
         count(&self.counters.gate_calls, 1);
         let message = proto::BatchMayExistRequest {
             namespace: self.options.namespace.clone(),
@@ -356,7 +361,7 @@ impl Calls {
             ..Default::default()
         };
         let (response, address) = self
-            .send(None, message, |mut client, request| async move {
+            .send_since(None, since, message, |mut client, request| async move {
                 client.batch_may_exist(request).await
             })
             .await?;
@@ -381,21 +386,35 @@ impl Calls {
         batch: Vec<Waiter<Answer>>,
         in_flight: InFlight<Answer>,
     ) {
-        // Each waiter's keys come packed: the batch is their concatenation.
-        let mut packed = BytesMut::with_capacity(batch.iter().map(|w| w.packed.len()).sum());
+        // The batch is its waiters' keys, packed end to end.
+        let mut packed = BytesMut::with_capacity(batch.iter().map(|w| w.keys.packed_len()).sum());
         batch
             .iter()
-            .for_each(|waiter| packed.put_slice(&waiter.packed));
-        let len = batch.iter().map(|waiter| waiter.count).sum();
+            .for_each(|waiter| waiter.keys.pack_into(&mut packed));
+        let len = batch.iter().map(|waiter| waiter.keys.count()).sum();
         count(&self.counters.batched_keys, len as u64);
-        let answer = self.batch(packed.freeze(), len).await;
+        // Waiters are queued oldest first: giving up at the first one's deadline answers every one of them
+        // within its own.
+        let oldest = batch
+            .first()
+            .map_or_else(Instant::now, |waiter| waiter.arrived);
+        let answer = self.batch(packed.freeze(), len, oldest).await;
         drop(in_flight);
         let mut offset = 0;
         for waiter in batch {
             let share = answer.clone().map(|share| Share { offset, ..share });
-            offset += waiter.count;
+            offset += waiter.keys.count();
             let _ = waiter.reply.send(share);
         }
+    }
+}
+
+/// The share of the coalesced batch that carries `keys`. No timer of its own: the batch leaves within the
+/// window and gives up at its oldest caller's deadline (see [`Calls::answer_batch`]).
+async fn shared_call(coalescer: &Coalescer<Answer>, keys: Keys) -> Result<Share, Status> {
+    match coalescer.submit(keys).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Status::cancelled("the gate client was closed")),
     }
 }
 

@@ -11,14 +11,16 @@
 //! timer would stretch every window to a millisecond. A condition variable's timed wait is a futex with
 //! microsecond precision; the thread only gathers and hands each batch to the runtime, where it is sent.
 //!
-//! Each caller waits on its own oneshot: a caller that gives up (deadline, cancellation) just drops its end,
-//! and the batch goes on for the others.
+//! Each caller waits on its own oneshot: a caller that gives up (cancellation) just drops its end, and the
+//! batch goes on for the others. A caller sets no timer of its own: its batch leaves within the window and
+//! gives up at the deadline of its oldest waiter, so every caller is answered within its deadline. (A timer
+//! per lookup cost two trips through tokio's timer wheel, each under its lock, on every lookup.)
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::oneshot;
 
 use crate::endpoints::lock;
@@ -26,17 +28,57 @@ use crate::endpoints::lock;
 /// The most keys one batch carries: the gate's default `max_batch_keys`.
 pub const MAX_BATCH_KEYS: usize = 10_000;
 
+/// A caller's keys: one key as given (no copy until its batch is packed), or several already packed.
+pub enum Keys {
+    /// One key (`may_exist`).
+    One(Bytes),
+    /// `count` keys packed as `packed_keys` wants them, each preceded by its varint length
+    /// (`may_exist_many`).
+    Packed {
+        /// The keys, packed.
+        packed: Bytes,
+        /// How many.
+        count: usize,
+    },
+}
+
+impl Keys {
+    /// How many keys.
+    pub fn count(&self) -> usize {
+        match self {
+            Keys::One(_) => 1,
+            Keys::Packed { count, .. } => *count,
+        }
+    }
+
+    /// Bytes they take packed.
+    pub fn packed_len(&self) -> usize {
+        match self {
+            Keys::One(key) => prost::encoding::encoded_len_varint(key.len() as u64) + key.len(),
+            Keys::Packed { packed, .. } => packed.len(),
+        }
+    }
+
+    /// Appends them, packed, to a batch's keys.
+    pub fn pack_into(&self, batch: &mut BytesMut) {
+        match self {
+            Keys::One(key) => {
+                prost::encoding::encode_varint(key.len() as u64, batch);
+                batch.put_slice(key);
+            }
+            Keys::Packed { packed, .. } => batch.put_slice(packed),
+        }
+    }
+}
+
 /// One caller's keys and where their answer goes.
 pub struct Waiter<A> {
-    /// The keys looked up, packed as `packed_keys` wants them (each preceded by its varint length): a batch
-    /// is the concatenation of its waiters'.
-    pub packed: Bytes,
-    /// How many keys `packed` holds (one for `may_exist`).
-    pub count: usize,
+    /// The keys looked up: a batch packs its waiters' keys end to end.
+    pub keys: Keys,
     /// The caller's end; sending fails harmlessly when the caller has gone.
     pub reply: oneshot::Sender<A>,
-    /// When it was queued.
-    arrived: Instant,
+    /// When it was queued: the batch that carries it gives up at the deadline of its oldest waiter.
+    pub arrived: Instant,
 }
 
 /// Held by a batch until it is answered: dropping it tells the gatherer one batch fewer is in flight.
@@ -94,20 +136,21 @@ impl<A: Send + 'static> Coalescer<A> {
         }
     }
 
-    /// Queues `count` keys, `packed` (at most [`MAX_BATCH_KEYS`]); the answer arrives on the returned
-    /// receiver (closed without one if the coalescer stops first).
-    pub fn submit(&self, packed: Bytes, count: usize) -> oneshot::Receiver<A> {
+    /// Queues `keys` (at most [`MAX_BATCH_KEYS`]); the answer arrives on the returned receiver (closed
+    /// without one if the coalescer stops first).
+    pub fn submit(&self, keys: Keys) -> oneshot::Receiver<A> {
+        let count = keys.count();
         debug_assert!(count <= MAX_BATCH_KEYS);
         let (reply, answer) = oneshot::channel();
+        let arrived = Instant::now();
         let mut pending = lock(&self.shared.pending);
         let was_full = pending.keys >= self.max_keys;
         let first = pending.waiters.is_empty();
         pending.keys += count;
         pending.waiters.push(Waiter {
-            packed,
-            count,
+            keys,
             reply,
-            arrived: Instant::now(),
+            arrived,
         });
         let now_full = !was_full && pending.keys >= self.max_keys;
         drop(pending);
@@ -183,7 +226,7 @@ fn take_batch<A>(pending: &mut Pending<A>, max_keys: usize) -> Vec<Waiter<A>> {
     let mut keys = 0;
     let mut count = 0;
     for waiter in &pending.waiters {
-        let more = waiter.count;
+        let more = waiter.keys.count();
         if count > 0 && (keys >= max_keys || keys + more > MAX_BATCH_KEYS) {
             break;
         }

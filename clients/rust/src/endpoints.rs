@@ -118,12 +118,13 @@ impl Endpoints {
     }
 
     /// Runs `call` with the client of each address in [`Endpoints::order`] (or of `first` first) until one
-    /// answers with anything but `UNAVAILABLE`, within `deadline`: the answer and the address that gave it.
-    /// `retried` is called each time the call moves on to another address.
+    /// answers with anything but `UNAVAILABLE`, within `deadline` of `since`: the answer and the address that
+    /// gave it. `retried` is called each time the call moves on to another address.
     pub async fn call<T, F, Fut>(
         &self,
         first: Option<usize>,
         deadline: Duration,
+        since: Instant,
         mut retried: impl FnMut(),
         mut call: F,
     ) -> Result<(T, usize), Status>
@@ -131,7 +132,7 @@ impl Endpoints {
         F: FnMut(ExistenceGateClient<Channel>, Duration) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        let give_up = Instant::now() + deadline;
+        let give_up = since + deadline;
         let mut order = self.order();
         if let Some(first) = first.filter(|i| *i < self.addresses.len()) {
             order.retain(|i| *i != first);
