@@ -3,6 +3,7 @@ Pub/Sub invalidations, and (with the argument `tls`) mutual TLS. Started by test
 RESP_HOST, RESP_PORT, RESP_TOKEN and, for TLS, RESP_TLS_DIR."""
 
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -17,6 +18,16 @@ def connect(protocol, tls_dir):
         options.update(ssl=True, ssl_ca_certs=f"{tls_dir}/ca.pem", ssl_certfile=f"{tls_dir}/client.pem",
                        ssl_keyfile=f"{tls_dir}/client.key", ssl_check_hostname=False)
     return redis.Redis(**options)
+
+
+def grpc_answers(keys):
+    """1 or 0 per key as gRPC answers it (the binary's own client, `existence-gate check`), in order."""
+    out = subprocess.run(
+        [os.environ["EXISTENCE_GATE_BIN"], "check", "--addr", "http://" + os.environ["GATE_GRPC"],
+         "--token", os.environ["RESP_TOKEN"], "--namespace", "users", *keys],
+        capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
+    assert [line.split()[0] for line in out] == keys, out
+    return [0 if line.split()[1] == "ABSENT" else 1 for line in out]
 
 
 def check(protocol, tls_dir):
@@ -51,6 +62,10 @@ def check(protocol, tls_dir):
     for i in range(0, 10_000, 97):
         assert answers[i] == bf.exists("users", keys[i]), (i, keys[i])
     assert all(answers[i] == 1 for i in range(0, 40, 2) if i % 10 < 4)
+    # The same keys through gRPC: the same answers (on the plaintext gate, whose gRPC port needs no
+    # client certificate).
+    if os.environ.get("GATE_GRPC"):
+        assert grpc_answers(keys[:64]) == answers[:64]
 
     # The read path without gRPC: record an absence, see it, then an add invalidates it.
     pubsub = r.pubsub()

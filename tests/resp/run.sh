@@ -76,7 +76,8 @@ echo "== plaintext, with a token"
 start_gate
 host=${resp%:*}
 port=${resp##*:}
-export RESP_HOST=$host RESP_PORT=$port RESP_TOKEN=$token RESP_TLS_DIR=
+# GATE_GRPC: the clients ask gRPC (the binary's `check`) for keys they looked up and compare the answers.
+export RESP_HOST=$host RESP_PORT=$port RESP_TOKEN=$token RESP_TLS_DIR= GATE_GRPC=$grpc EXISTENCE_GATE_BIN=$bin
 cli() { redis-cli -h "$host" -p "$port" --no-auth-warning -a "$token" "$@"; }
 
 echo "-- redis-cli"
@@ -131,7 +132,7 @@ echo "== mutual TLS"
 start_gate --tls-cert "$work/server.pem" --tls-key "$work/server.key" --tls-client-ca "$work/ca.pem"
 host=${resp%:*}
 port=${resp##*:}
-export RESP_HOST=$host RESP_PORT=$port RESP_TLS_DIR=$work
+export RESP_HOST=$host RESP_PORT=$port RESP_TLS_DIR=$work GATE_GRPC=
 tls=(--tls --cacert "$work/ca.pem" --cert "$work/client.pem" --key "$work/client.key" --sni localhost)
 expect 1 redis-cli -h "$host" -p "$port" "${tls[@]}" --no-auth-warning -a "$token" BF.ADD users tls-key
 expect 1 redis-cli -h "$host" -p "$port" "${tls[@]}" --no-auth-warning -a "$token" BF.EXISTS users tls-key

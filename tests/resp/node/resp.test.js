@@ -6,9 +6,19 @@ const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
 const { randomUUID } = require('node:crypto');
+const { execFileSync } = require('node:child_process');
 const { createClient } = require('redis');
 
 const { RESP_HOST: host, RESP_PORT: port, RESP_TOKEN: password, RESP_TLS_DIR: tlsDir } = process.env;
+
+// true or false per key as gRPC answers it (the binary's own client, `existence-gate check`), in order.
+function grpcAnswers(keys) {
+  const out = execFileSync(process.env.EXISTENCE_GATE_BIN, [
+    'check', '--addr', `http://${process.env.GATE_GRPC}`, '--token', password, '--namespace', 'users', ...keys,
+  ], { encoding: 'utf8', timeout: 60000 }).trim().split('\n');
+  assert.deepStrictEqual(out.map((line) => line.split(/\s+/)[0]), keys, out.join('\n'));
+  return out.map((line) => line.split(/\s+/)[1] !== 'ABSENT');
+}
 
 function client(RESP) {
   const socket = { host, port: Number(port), reconnectStrategy: false };
@@ -47,6 +57,11 @@ for (const RESP of [2, 3]) {
         assert.strictEqual(answers[i], await redis.bf.exists('users', keys[i]), `command ${i}`);
       }
       assert.ok(answers.filter((a, i) => i % 2 === 0).every((a) => a === true));
+      // The same keys through gRPC: the same answers (on the plaintext gate, whose gRPC port needs no client
+      // certificate).
+      if (process.env.GATE_GRPC) {
+        assert.deepStrictEqual(grpcAnswers(keys.slice(0, 64)), answers.slice(0, 64));
+      }
 
       // Invalidations on a subscriber connection: subscribe resolves once the server confirmed it.
       const subscriber = await client(RESP).connect();
