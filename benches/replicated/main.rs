@@ -40,7 +40,6 @@ mod ports;
 
 // The tests' TCP proxy (delay, silence, cut), for the fault stretches.
 #[path = "../../tests/suite/common/proxy.rs"]
-#[allow(dead_code)]
 mod proxy;
 
 mod bootstrap;

@@ -138,7 +138,7 @@ impl Checker {
             Err(status) if status.code() == tonic::Code::Unavailable => return false,
             Err(status) => panic!("an Add failed with {status:?}, not UNAVAILABLE"),
         }
-        self.check(&[key.clone()], readers).await;
+        self.check(std::slice::from_ref(&key), readers).await;
         self.acked.push(key);
         true
     }

@@ -436,7 +436,7 @@ async fn a_stale_delete_never_hides_a_key_added_again() {
         &postgres,
         &addr(&gate),
         &gate_client,
-        &[gate_client.clone()],
+        std::slice::from_ref(&gate_client),
     )
     .await;
 }
