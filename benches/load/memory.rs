@@ -31,18 +31,10 @@ struct Resident {
 }
 
 fn resident(pid: u32) -> Resident {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
     Resident {
-        total: kib("VmRSS:"),
-        anon: kib("RssAnon:"),
-        file: kib("RssFile:"),
+        total: procs::status_bytes(pid, "VmRSS"),
+        anon: procs::status_bytes(pid, "RssAnon"),
+        file: procs::status_bytes(pid, "RssFile"),
     }
 }
 

@@ -98,10 +98,15 @@ pub fn machine_cpu_seconds() -> f64 {
 
 /// Resident set size of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmRSS")
+}
+
+/// A size `field` of `/proc/<pid>/status` (`VmRSS`, `RssAnon`, `RssFile`, ...) in bytes; 0 if absent.
+pub fn status_bytes(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }

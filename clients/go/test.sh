@@ -243,24 +243,12 @@ echo "(b) go get $module@v0.0.0"
 fresh_module "$work/consumer-get" go get "$module@v0.0.0" ||
     { echo "FAIL: a fresh module could not go get $module@v0.0.0"; exit 1; }
 
-# A gate (the conformance one: namespace users), its address read from its log.
-gate_log=$work/consumer-gate.log
-"$EXISTENCE_GATE_BIN" serve --in-memory --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --resp-listen 127.0.0.1:0 \
-    --config "$EXISTENCE_GATE_CONFORMANCE/gate.toml" >"$gate_log" 2>&1 &
-gate_pid=$!
+# A gate (the conformance one: namespace users).
+source "$EXISTENCE_GATE_CONFORMANCE/start-gate.sh"
+start_conformance_gate "$work/consumer-gate.log"
+status=$?
 echo "$gate_pid" >>"$EXISTENCE_GATE_TEST_PIDS"
-addr=
-for _ in $(seq 1 300); do
-    addr=$(sed -nE 's/.*grpc_addr=([0-9.:]+).*/\1/p' "$gate_log" | head -n 1)
-    [ -n "$addr" ] && break
-    kill -0 "$gate_pid" 2>/dev/null || break
-    sleep 0.1
-done
-if [ -z "$addr" ]; then
-    echo "FAIL: the gate did not serve; its log:"
-    cat "$gate_log"
-    exit 1
-fi
+[ $status -eq 0 ] || exit 1
 for consumer in "$work/consumer-replace" "$work/consumer-get"; do
     bounded "$consumer/consumer" "$addr" || { echo "FAIL: $consumer/consumer against $addr"; exit 1; }
 done

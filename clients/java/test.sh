@@ -99,23 +99,9 @@ rm -rf "$here/target"
 
 step "a project of its own depends on io.existencegate:existence-gate-client: mvn -o verify, a call to a gate"
 cp -r "$here/src/it/consumer" "$work/consumer"
-# A gate (the conformance one: namespace users), its address read from its log.
-gate_log=$work/gate.log
-"$EXISTENCE_GATE_BIN" serve --in-memory --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --resp-listen 127.0.0.1:0 \
-    --config "$EXISTENCE_GATE_CONFORMANCE/gate.toml" >"$gate_log" 2>&1 &
-gate_pid=$!
-addr=
-for _ in $(seq 1 300); do
-    addr=$(sed -nE 's/.*grpc_addr=([0-9.:]+).*/\1/p' "$gate_log" | head -n 1)
-    [ -n "$addr" ] && break
-    kill -0 "$gate_pid" 2>/dev/null || break
-    sleep 0.1
-done
-if [ -z "$addr" ]; then
-    echo "FAIL: the gate did not serve; its log:"
-    cat "$gate_log"
-    exit 1
-fi
+# A gate (the conformance one: namespace users).
+source "$EXISTENCE_GATE_CONFORMANCE/start-gate.sh"
+start_conformance_gate "$work/gate.log" || exit 1
 (cd "$work/consumer" && mvn_offline verify -Dgate.addr="$addr") ||
     { echo "FAIL: a project depending on the installed client"; exit 1; }
 echo "ok   the client installs with mvn install; a project depending on it builds offline and calls a gate"

@@ -136,6 +136,12 @@ async fn http_port_serves_health_readiness_and_metrics() {
         "existence_filter_false_positives_total{namespace=\"metered\"}",
         "existence_requests_total{rpc=\"MayExist\",code=\"OK\"}",
         "existence_request_duration_seconds_bucket{rpc=\"Add\",code=\"OK\",le=",
+        // The process's memory, part by part (this test process's, since the server runs in it).
+        "existence_resident_bytes ",
+        "existence_memory_bytes{part=\"filters\"}",
+        "existence_memory_bytes{part=\"replay_buffers\"}",
+        "existence_memory_bytes{part=\"other_heap\"}",
+        "existence_memory_bytes{part=\"program\"}",
     ] {
         assert!(
             metrics.contains(needle),

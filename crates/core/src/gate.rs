@@ -578,11 +578,12 @@ impl Gate {
             .collect()
     }
 
-    /// Publishes every namespace's gauges.
-    pub fn export_gauges(&self) {
+    /// Publishes every namespace's gauges; returns the figures published (what [`stats`](Self::stats) says).
+    pub fn export_gauges(&self) -> Vec<NamespaceStats> {
         let now = self.clock.now_ms();
         self.namespaces
             .values()
-            .for_each(|e| e.namespace.export_gauges(now));
+            .map(|e| e.namespace.export_gauges(now))
+            .collect()
     }
 }

@@ -78,8 +78,8 @@ pub async fn serve(
 /// calls queued behind it.
 async fn metrics(State(http): State<Http>) -> (StatusCode, String) {
     let render = tokio::task::spawn_blocking(move || {
-        http.gate.export_gauges();
-        crate::metrics::memory(&Memory::measure(&http.gate.stats()));
+        let stats = http.gate.export_gauges();
+        crate::metrics::memory(&Memory::measure(&stats));
         http.prometheus.run_upkeep();
         http.prometheus.render()
     });

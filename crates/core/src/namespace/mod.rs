@@ -231,8 +231,10 @@ impl Namespace {
         self.filter.load().fill_ratio(now_ms)
     }
 
-    /// Publishes the gauges of this namespace.
-    pub fn export_gauges(&self, now_ms: u64) {
-        self.metrics.export(&self.stats(now_ms));
+    /// Publishes the gauges of this namespace; returns the figures it published.
+    pub fn export_gauges(&self, now_ms: u64) -> NamespaceStats {
+        let stats = self.stats(now_ms);
+        self.metrics.export(&stats);
+        stats
     }
 }
