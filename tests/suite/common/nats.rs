@@ -28,7 +28,7 @@ pub struct Cluster {
     pub urls: String,
     /// Their client URLs, one each.
     client_urls: Vec<String>,
-    _store: tempfile::TempDir,
+    store: tempfile::TempDir,
 }
 
 /// The nats-server binary, or `None` (with a note on stderr) when it is not installed and not required.
@@ -130,6 +130,13 @@ pub struct ProxiedCluster {
 impl ProxiedCluster {
     /// Starts the proxies and the servers; `None` if nats-server is not installed (and not required).
     pub async fn start() -> Option<Self> {
+        let binary = binary()?;
+        Some(start_retrying(async || Self::start_once(&binary).await).await)
+    }
+
+    /// One attempt on fresh ports: `Err` (naming the server and quoting its log) if a server exits or no
+    /// JetStream leader is elected.
+    async fn start_once(binary: &std::path::Path) -> Result<Self, String> {
         let route_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let mut routes = std::collections::HashMap::new();
@@ -150,13 +157,14 @@ impl ProxiedCluster {
                 .collect()
         };
         let cluster = Cluster::start_with(
+            binary,
             client_ports,
             route_ports,
             dialed,
             &["--no_advertise", "--cluster_advertise", "127.0.0.1:1"],
         )
         .await?;
-        Some(Self {
+        Ok(Self {
             cluster,
             routes,
             clients,
@@ -223,28 +231,39 @@ impl Cluster {
     /// Starts three clustered JetStream servers and waits until they take JetStream requests (a meta
     /// leader is elected); `None` if nats-server is not installed (and not required).
     pub async fn start() -> Option<Self> {
-        let (clients, routes): (Vec<u16>, Vec<u16>) =
-            (0..3).map(|_| (free_port(), free_port())).unzip();
-        let route_urls: Vec<String> = routes
-            .iter()
-            .map(|p| format!("nats://127.0.0.1:{p}"))
-            .collect();
-        Self::start_with(clients, routes, |_| route_urls.clone(), &[]).await
+        let binary = binary()?;
+        Some(
+            start_retrying(async || {
+                let (clients, routes): (Vec<u16>, Vec<u16>) =
+                    (0..3).map(|_| (free_port(), free_port())).unzip();
+                let route_urls: Vec<String> = routes
+                    .iter()
+                    .map(|p| format!("nats://127.0.0.1:{p}"))
+                    .collect();
+                Self::start_with(&binary, clients, routes, |_| route_urls.clone(), &[]).await
+            })
+            .await,
+        )
     }
 
-    /// Three servers on `clients` and `routes` ports, server `i` dialing `dialed(i)`, with `more` flags.
+    /// Three servers on `clients` and `routes` ports, server `i` dialing `dialed(i)`, with `more` flags,
+    /// each logging to `<store>/<name>.log`. `Err` (naming the server, quoting the logs) if one exits
+    /// before a JetStream leader is elected — a port that [`free_port`] found free can be taken by another
+    /// socket before the server binds it — or if none is elected within [`PATIENCE`].
     async fn start_with(
+        binary: &std::path::Path,
         clients: Vec<u16>,
         routes: Vec<u16>,
         dialed: impl Fn(usize) -> Vec<String>,
         more: &[&str],
-    ) -> Option<Self> {
-        let binary = binary()?;
+    ) -> Result<Self, String> {
         let store = tempfile::tempdir().expect("a temporary directory");
         let servers = (0..3)
             .map(|i| {
                 let name = format!("n{i}");
-                let child = Command::new(&binary)
+                let log = std::fs::File::create(store.path().join(format!("{name}.log")))
+                    .expect("a server log file");
+                let child = Command::new(binary)
                     .args([
                         "-a",
                         "127.0.0.1",
@@ -263,7 +282,7 @@ impl Cluster {
                     ])
                     .args(more)
                     .stdout(Stdio::null())
-                    .stderr(Stdio::null())
+                    .stderr(log)
                     .spawn()
                     .expect("starting nats-server");
                 (name, child)
@@ -273,32 +292,63 @@ impl Cluster {
             .iter()
             .map(|p| format!("nats://127.0.0.1:{p}"))
             .collect();
-        let cluster = Self {
+        let mut cluster = Self {
             servers,
             urls: urls.join(","),
             client_urls: urls.clone(),
-            _store: store,
+            store,
         };
-        wait_until(
-            PATIENCE,
-            "the cluster to elect a JetStream leader",
-            async || {
-                let client = async_nats::connect(urls[0].as_str()).await.ok()?;
-                let probe = async_nats::jetstream::new(client)
-                    .get_stream("readiness-probe")
-                    .await;
-                match probe.map_err(|e| e.kind()) {
-                    Err(GetStreamErrorKind::JetStream(e))
-                        if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
-                    {
-                        Some(())
-                    }
-                    _ => None,
+        let give_up = std::time::Instant::now() + PATIENCE;
+        wait_until(PATIENCE * 2, "the cluster to start", async || {
+            if let Some(exited) = cluster.exited() {
+                return Some(Err(format!("nats-server {exited} exited while starting")));
+            }
+            if std::time::Instant::now() > give_up {
+                return Some(Err(format!(
+                    "no JetStream leader elected within {PATIENCE:?}"
+                )));
+            }
+            let client = async_nats::connect(urls[0].as_str()).await.ok()?;
+            let probe = async_nats::jetstream::new(client)
+                .get_stream("readiness-probe")
+                .await;
+            match probe.map_err(|e| e.kind()) {
+                Err(GetStreamErrorKind::JetStream(e))
+                    if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    Some(Ok(()))
                 }
-            },
-        )
-        .await;
-        Some(cluster)
+                _ => None,
+            }
+        })
+        .await
+        .map_err(|why| format!("{why}; the servers' logs:\n{}", cluster.logs()))?;
+        Ok(cluster)
+    }
+
+    /// The name of a server whose process has ended, if any.
+    fn exited(&mut self) -> Option<String> {
+        self.servers
+            .iter_mut()
+            .find_map(|(name, child)| {
+                let ended = child.try_wait().ok().flatten();
+                ended.map(|status| format!("{name} ({status})"))
+            })
+    }
+
+    /// The last lines of every server's log.
+    fn logs(&self) -> String {
+        self.servers
+            .iter()
+            .map(|(name, _)| {
+                let log = std::fs::read_to_string(self.store.path().join(format!("{name}.log")))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+                format!("--- {name}\n{tail}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// Kills the server called `name` (SIGKILL).
@@ -311,6 +361,25 @@ impl Cluster {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// Runs `attempt` up to three times: a cluster whose start failed is dropped (its servers killed) and
+/// started again on fresh ports; the third failure fails the test with what each attempt said.
+async fn start_retrying<T>(mut attempt: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        match attempt().await {
+            Ok(started) => return started,
+            Err(why) => {
+                eprintln!("a nats-server cluster failed to start, trying again: {why}");
+                failures.push(why);
+            }
+        }
+    }
+    panic!(
+        "a nats-server cluster failed to start three times:\n{}",
+        failures.join("\n\n")
+    );
 }
 
 impl Drop for Cluster {
