@@ -328,12 +328,10 @@ impl Cluster {
 
     /// The name of a server whose process has ended, if any.
     fn exited(&mut self) -> Option<String> {
-        self.servers
-            .iter_mut()
-            .find_map(|(name, child)| {
-                let ended = child.try_wait().ok().flatten();
-                ended.map(|status| format!("{name} ({status})"))
-            })
+        self.servers.iter_mut().find_map(|(name, child)| {
+            let ended = child.try_wait().ok().flatten();
+            ended.map(|status| format!("{name} ({status})"))
+        })
     }
 
     /// The last lines of every server's log.

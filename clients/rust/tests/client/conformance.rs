@@ -13,8 +13,8 @@ use existence_gate_client::{
     AddressPolicy, ClientOptions, GateClient, GatedReader, ReaderOptions, SourceRead, Stats,
 };
 
-const CASES: &str = include_str!("../../conformance/cases.txt");
-const GATE: &str = include_str!("../../conformance/gate.toml");
+const CASES: &str = include_str!("../../../conformance/cases.txt");
+const GATE: &str = include_str!("../../../conformance/gate.toml");
 /// How long an `eventually` line may take before the case fails.
 const PATIENCE: Duration = Duration::from_secs(30);
 

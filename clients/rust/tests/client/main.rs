@@ -1,4 +1,7 @@
-//! The Rust client against the real gate, served in-process on loopback ports.
+//! The Rust client against the real gate, served in-process on loopback ports; `conformance` runs the cases
+//! every client library shares. One test binary: each links the whole gate, and linking is most of building one.
+
+mod conformance;
 
 use std::collections::HashMap;
 use std::path::Path;
