@@ -1,11 +1,11 @@
 //! The RESP port's request reader beside `redis-protocol` 6 (the most used RESP codec crate) on what Redis
 //! clients send: pipelines of `BF.EXISTS` (16 deep, as `redis-benchmark -P 16`) and one `BF.MEXISTS` of 100
 //! keys. Both read from a `BytesMut` and hand out the arguments as `Bytes` slices of it (no copy), as the
-//! port needs them. `cargo bench -p existence-gate-service --bench resp_request`; figures in README.
+//! port needs them. `cargo bench --bench resp_request`; figures in README.
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use existence_gate_service::resp::request::{take_command, RequestLimits};
+use existence_gate::service::resp::request::{take_command, RequestLimits};
 use redis_protocol::resp2::decode::decode_bytes_mut;
 use redis_protocol::resp2::types::BytesFrame;
 
