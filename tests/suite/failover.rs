@@ -121,6 +121,8 @@ struct Checker {
     /// Lookups of acknowledged keys, and how many of them failed open (`WARMING`).
     lookups: usize,
     warming: usize,
+    /// The last `UNAVAILABLE` an `Add` got: what a run that cannot get its Adds acknowledged says.
+    last_refusal: Option<String>,
 }
 
 impl Checker {
@@ -135,7 +137,10 @@ impl Checker {
         };
         match writer.client().add(request).await {
             Ok(_) => {}
-            Err(status) if status.code() == tonic::Code::Unavailable => return false,
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                self.last_refusal = Some(status.message().to_string());
+                return false;
+            }
             Err(status) => panic!("an Add failed with {status:?}, not UNAVAILABLE"),
         }
         self.check(std::slice::from_ref(&key), readers).await;
@@ -166,8 +171,9 @@ impl Checker {
         while done < acks {
             assert!(
                 std::time::Instant::now() < give_up,
-                "{done} of {acks} Adds acknowledged through {}",
-                writer.id
+                "{done} of {acks} Adds acknowledged through {}; the last refusal: {:?}",
+                writer.id,
+                self.last_refusal
             );
             done += usize::from(self.add_and_check(writer, readers).await);
         }
@@ -237,6 +243,7 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         next: 0,
         lookups: 0,
         warming: 0,
+        last_refusal: None,
     };
 
     // 1: the stream leader isolated, with its replica.
