@@ -19,6 +19,7 @@
 
 mod baseline;
 mod callers;
+mod clients;
 mod drive;
 mod keys;
 mod memory;
@@ -764,6 +765,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "callers") {
         return runtime.block_on(callers::run());
+    }
+    if args.iter().any(|a| a == "clients") {
+        return runtime.block_on(clients::run());
     }
     if args.iter().any(|a| a == "resp") {
         return runtime.block_on(resp::run());

@@ -6,7 +6,7 @@
 const { startServer, usersClient } = require('../test/server.js');
 
 const CALLERS = 64;
-const LOOKUPS = 200000;
+const LOOKUPS = Number(process.env.BENCH_LOOKUPS || 200000);
 
 async function run(client, keys, lookups) {
   let next = 0;
