@@ -10,7 +10,8 @@
 //! child. The languages alternate, `ROUNDS` times, so the machine's other load falls on all of them.
 //!
 //! Run with `cargo bench --bench load -- clients`; writes `benches/results/clients.md`. A language whose
-//! toolchain or package is missing is said and skipped.
+//! toolchain or package is missing is said and skipped. `-- clients rust go` measures only those callers
+//! and prints them without writing the file.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -44,8 +45,9 @@ struct Figure {
 
 /// How a caller is run.
 enum How {
-    /// The Rust client, in this process.
-    Rust,
+    /// The Rust client, in this process: on the harness's multi-thread runtime (two workers here), or on a
+    /// current-thread runtime of its own, where no lookup's completion wakes another thread.
+    Rust { current_thread: bool },
     /// A script in a client's directory that prints its figures.
     Script {
         dir: &'static str,
@@ -72,7 +74,18 @@ fn callers() -> Vec<Caller> {
         lookups,
     };
     [
-        ("Rust (64 tasks)", How::Rust),
+        (
+            "Rust (64 tasks, multi-thread runtime)",
+            How::Rust {
+                current_thread: false,
+            },
+        ),
+        (
+            "Rust (64 tasks, current-thread runtime)",
+            How::Rust {
+                current_thread: true,
+            },
+        ),
         (
             "Go (64 goroutines)",
             script("clients/go", &["bash", "bench.sh"], LOOKUPS),
@@ -117,12 +130,30 @@ pub async fn run() {
     let binary = procs::gate_binary();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let module = root.join("benches/redisbloom/redisbloom.so");
+    // `-- clients rust go`: only the callers whose names start with these words.
+    let only: Vec<String> = std::env::args()
+        .skip_while(|a| a != "clients")
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .map(|a| a.to_lowercase())
+        .collect();
     let mut callers = callers();
+    callers.retain(|c| {
+        only.is_empty()
+            || only
+                .iter()
+                .any(|o| c.name.to_lowercase().starts_with(o.as_str()))
+    });
     for round in 1..=ROUNDS {
         for caller in callers.iter_mut().filter(|c| c.skipped.is_none()) {
             println!("round {round}/{ROUNDS}: {}", caller.name);
             let measured = match &caller.how {
-                How::Rust => Ok(rust(&binary).await),
+                How::Rust {
+                    current_thread: false,
+                } => Ok(rust(&binary).await),
+                How::Rust {
+                    current_thread: true,
+                } => Ok(on_current_thread(&binary)),
                 How::Script {
                     dir,
                     command,
@@ -140,6 +171,11 @@ pub async fn run() {
         }
     }
     let markdown = report(&callers, started.elapsed());
+    if !only.is_empty() {
+        return println!(
+            "{markdown}\n(some callers only: benches/results/clients.md left as it was)"
+        );
+    }
     let path = root.join("benches/results/clients.md");
     std::fs::write(&path, &markdown).expect("writing clients.md");
     println!("{markdown}\nwritten: {}", path.display());
@@ -180,6 +216,20 @@ async fn rust(binary: &Path) -> Figure {
         ),
         lookups_per_second: LOOKUPS as f64 / seconds,
     }
+}
+
+/// [`rust`] on a current-thread runtime of its own, on a thread of its own.
+fn on_current_thread(binary: &Path) -> Figure {
+    let binary = binary.to_path_buf();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime")
+            .block_on(rust(&binary))
+    })
+    .join()
+    .expect("the current-thread round")
 }
 
 /// `total` lookups through `client` from `CALLERS` tasks.
@@ -337,7 +387,14 @@ fn report(callers: &[Caller], elapsed: Duration) -> String {
     );
     let rust = callers
         .iter()
-        .find(|c| matches!(c.how, How::Rust) && !c.rounds.is_empty())
+        .find(|c| {
+            matches!(
+                c.how,
+                How::Rust {
+                    current_thread: false
+                }
+            ) && !c.rounds.is_empty()
+        })
         .map(|c| {
             median(
                 &mut c
