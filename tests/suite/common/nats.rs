@@ -52,20 +52,26 @@ fn binary() -> Option<PathBuf> {
 
 impl Nats {
     /// Starts a JetStream server and waits until it takes JetStream requests; `None` if nats-server is not
-    /// installed (and not required).
+    /// installed (and not required). A server that exits while starting (a port [`free_port`] found free
+    /// can be taken before it binds) is started again on another port.
     pub async fn start() -> Option<Self> {
         let binary = binary()?;
-        let store = tempfile::tempdir().expect("a temporary directory");
-        let port = free_port();
-        let nats = Self {
-            child: spawn(&binary, port, store.path()),
-            binary,
-            port,
-            url: format!("nats://127.0.0.1:{port}"),
-            store,
-        };
-        nats.ready().await;
-        Some(nats)
+        Some(
+            start_retrying(async || {
+                let store = tempfile::tempdir().expect("a temporary directory");
+                let port = free_port();
+                let mut nats = Self {
+                    child: spawn(&binary, port, store.path()),
+                    binary: binary.clone(),
+                    port,
+                    url: format!("nats://127.0.0.1:{port}"),
+                    store,
+                };
+                nats.ready().await?;
+                Ok(nats)
+            })
+            .await,
+        )
     }
 
     /// Kills the server (SIGKILL): every client loses it at once, as in an outage.
@@ -79,40 +85,66 @@ impl Nats {
     pub async fn restart(&mut self) {
         self.kill();
         self.child = spawn(&self.binary, self.port, self.store.path());
-        self.ready().await;
+        if let Err(why) = self.ready().await {
+            panic!("nats-server did not restart on port {}: {why}", self.port);
+        }
     }
 
-    /// Waits until the server takes JetStream requests.
-    async fn ready(&self) {
+    /// Waits until the server takes JetStream requests; `Err` quoting its log if it exits first or is not
+    /// ready within [`PATIENCE`].
+    async fn ready(&mut self) -> Result<(), String> {
         let url = self.url.clone();
-        wait_until(
-            PATIENCE,
-            "nats-server to take JetStream requests",
-            async || {
-                let client = async_nats::connect(url.as_str()).await.ok()?;
-                // JetStream answers (here: "no such stream") once it is up; a request error means not yet.
-                let probe = async_nats::jetstream::new(client)
-                    .get_stream("readiness-probe")
-                    .await;
-                match probe.map_err(|e| e.kind()) {
-                    Ok(_) | Err(GetStreamErrorKind::JetStream(_)) => Some(()),
-                    Err(_) => None,
-                }
-            },
-        )
+        let give_up = std::time::Instant::now() + PATIENCE;
+        let child = &mut self.child;
+        let ready = wait_until(PATIENCE * 2, "nats-server to start", async || {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(Err(format!("nats-server exited while starting ({status})")));
+            }
+            if std::time::Instant::now() > give_up {
+                return Some(Err(format!("not ready within {PATIENCE:?}")));
+            }
+            let client = async_nats::connect(url.as_str()).await.ok()?;
+            // JetStream answers (here: "no such stream") once it is up; a request error means not yet.
+            let probe = async_nats::jetstream::new(client)
+                .get_stream("readiness-probe")
+                .await;
+            match probe.map_err(|e| e.kind()) {
+                Ok(_) | Err(GetStreamErrorKind::JetStream(_)) => Some(Ok(())),
+                Err(_) => None,
+            }
+        })
         .await;
+        ready.map_err(|why| {
+            format!(
+                "{why}; its log:\n{}",
+                log_tail(&self.store.path().join("nats.log"))
+            )
+        })
     }
 }
 
-/// Starts a JetStream server on `port` with its store in `store`.
+/// Starts a JetStream server on `port` with its store in `store`, logging to `<store>/nats.log` (appended
+/// to across restarts).
 fn spawn(binary: &std::path::Path, port: u16, store: &std::path::Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(store.join("nats.log"))
+        .expect("a server log file");
     Command::new(binary)
         .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
         .arg(store)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("starting nats-server")
+}
+
+/// The last 20 lines of the log at `path`.
+fn log_tail(path: &std::path::Path) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Three clustered JetStream servers whose routes all pass through [`Proxy`]s — one for each direction a
@@ -339,10 +371,7 @@ impl Cluster {
         self.servers
             .iter()
             .map(|(name, _)| {
-                let log = std::fs::read_to_string(self.store.path().join(format!("{name}.log")))
-                    .unwrap_or_default();
-                let lines: Vec<&str> = log.lines().collect();
-                let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+                let tail = log_tail(&self.store.path().join(format!("{name}.log")));
                 format!("--- {name}\n{tail}")
             })
             .collect::<Vec<_>>()
@@ -361,15 +390,15 @@ impl Cluster {
     }
 }
 
-/// Runs `attempt` up to three times: a cluster whose start failed is dropped (its servers killed) and
-/// started again on fresh ports; the third failure fails the test with what each attempt said.
+/// Runs `attempt` up to three times: a server or cluster whose start failed is dropped (its processes
+/// killed) and started again on fresh ports; the third failure fails the test with what each attempt said.
 async fn start_retrying<T>(mut attempt: impl AsyncFnMut() -> Result<T, String>) -> T {
     let mut failures = Vec::new();
     for _ in 0..3 {
         match attempt().await {
             Ok(started) => return started,
             Err(why) => {
-                eprintln!("a nats-server cluster failed to start, trying again: {why}");
+                eprintln!("nats-server failed to start, trying again: {why}");
                 failures.push(why);
             }
         }
