@@ -5,7 +5,7 @@
 //! a gate of its own (this bench-profile binary, one namespace, keys never added), and reports its own
 //! process's CPU (user + system, every thread: callers, coalescer, gRPC, runtime, JIT and GC where there are
 //! some) per lookup. Rust runs here, in this process (the gate is a separate process); Go, Node, Python and
-//! Java run their `bench` scripts (`clients/<language>/bench.sh`, `clients/node/bench/coalesced.js`), whose
+//! Java (Java and Python with blocked threads and with asynchronous callers) run their `bench` scripts (`clients/<language>/bench.sh`, `clients/node/bench/coalesced.js`), whose
 //! figures are read from their output. `redis-benchmark`'s CPU is its own, from `getrusage` of the waited
 //! child. The languages alternate, `ROUNDS` times, so the machine's other load falls on all of them.
 //!
@@ -105,6 +105,14 @@ fn callers() -> Vec<Caller> {
         (
             "Python (64 threads)",
             script("clients/python", &["bash", "bench.sh"], PYTHON_LOOKUPS),
+        ),
+        (
+            "Python (64 asyncio tasks)",
+            script(
+                "clients/python",
+                &["bash", "bench.sh", "async"],
+                PYTHON_LOOKUPS,
+            ),
         ),
         (
             "redis-benchmark, BF.EXISTS unpipelined",

@@ -1,10 +1,12 @@
-"""The client's side of coalescing: 64 threads, each with one `may_exist` in flight, against a gate of its own
+"""The client's side of coalescing: 64 callers, each with one lookup in flight, against a gate of its own
 (a separate process, from $EXISTENCE_GATE_BIN); prints this process's CPU per lookup (every thread of it:
-the callers, the coalescer and gRPC's) beside the lookups per second, as `cargo bench --bench load -- callers`
-does for the Rust client, `clients/go/bench_test.go` for Go and `clients/node/bench/coalesced.js` for Node.
-Run with `bench.sh` beside `bench/` (it builds the package first).
+the callers, the coalescer and gRPC's) beside the lookups per second, as `cargo bench --bench load -- clients`
+does for every library. The callers are 64 threads in `may_exist`, or with `async` as the first argument 64
+asyncio tasks in `may_exist_async` on one event loop. Run with `bench.sh [async]` beside `bench/` (it builds
+the package first).
 """
 
+import asyncio
 import itertools
 import os
 import platform
@@ -50,16 +52,38 @@ def run(client, keys, lookups):
     return failed
 
 
+def run_async(client, keys, lookups):
+    """`lookups` coalesced lookups from CALLERS asyncio tasks on one event loop; the number that failed."""
+    counter = itertools.count()
+    failed = []
+
+    async def caller():
+        for i in counter:
+            if i >= lookups:
+                return
+            try:
+                await client.may_exist_async(keys[i % len(keys)])
+            except Exception as error:  # counted, reported below
+                failed.append(error)
+
+    async def callers():
+        await asyncio.gather(*(caller() for _ in range(CALLERS)))
+
+    asyncio.run(callers())
+    return failed
+
+
 def main():
+    kind, callers = ("asyncio tasks", run_async) if sys.argv[1:] == ["async"] else ("threads", run)
     gate = Gate(["users"])
     try:
         with GateClient(gate.grpc_addr, "users") as client:
             keys = ["bench-{}".format(i) for i in range(4096)]
-            failed = run(client, keys, 10000)  # connections and batches warm
+            failed = callers(client, keys, 10000)  # connections and batches warm
             before = client.stats()
             cpu = cpu_seconds()
             started = time.monotonic()
-            failed += run(client, keys, LOOKUPS)
+            failed += callers(client, keys, LOOKUPS)
             seconds = time.monotonic() - started
             used = cpu_seconds() - cpu
             after = client.stats()
@@ -67,9 +91,9 @@ def main():
                 raise SystemExit("{} lookups failed, e.g. {!r}".format(len(failed), failed[0]))
             keys_per_call = (after.batched_keys - before.batched_keys) / (after.gate_calls - before.gate_calls)
             print(
-                "python {}, {} callers, {} coalesced lookups: {:.2f} µs of client CPU per lookup, "
+                "python {}, {} {}, {} coalesced lookups: {:.2f} µs of client CPU per lookup, "
                 "{:.1f} keys per call, {:.0f} lookups/s".format(
-                    platform.python_version(), CALLERS, LOOKUPS, used / LOOKUPS * 1e6, keys_per_call,
+                    platform.python_version(), CALLERS, kind, LOOKUPS, used / LOOKUPS * 1e6, keys_per_call,
                     LOOKUPS / seconds,
                 )
             )

@@ -352,6 +352,19 @@ def test_asyncio_lookups_share_batches(gate, namespace):
     assert stats.gate_calls < 16
 
 
+@pytest.mark.parametrize("window", [0.0002, 0], ids=["coalesced", "unary"])
+def test_an_asyncio_lookup_of_a_gate_that_never_answers_fails_at_its_deadline(black_hole, window):
+    async def main(client):
+        # 15 s of asyncio's own patience: a lookup that never fails itself ends as asyncio.TimeoutError.
+        with pytest.raises(GateError) as failed:
+            await asyncio.wait_for(client.may_exist_async("k", timeout=0.3), 15)
+        return failed.value
+
+    with GateClient(black_hole, "users", coalesce_window=window, deadline=3600) as client:
+        error = asyncio.run(main(client))
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+
+
 def test_token_is_sent_as_a_bearer(start_gate):
     binary = os.environ["EXISTENCE_GATE_BIN"]
     digest = subprocess.run(
