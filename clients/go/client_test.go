@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -638,6 +639,43 @@ func TestMayExistManySplitsAtTheServersLimit(t *testing.T) {
 	}
 	if none, err := c.MayExistMany(context.Background(), nil); err != nil || len(none) != 0 {
 		t.Errorf("no keys: %v %v", none, err)
+	}
+}
+
+// A coalesced lookup of a gate that accepts connections and never answers ends with DEADLINE_EXCEEDED at the
+// client's deadline: the batch gives up at its oldest waiter's deadline (no timer per lookup).
+func TestAGateThatNeverAnswersIsADeadlineExceededWithinTheDeadline(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		var held []net.Conn // accepted (so the client's connection is up) and never answered
+		for {
+			conn, err := silent.Accept()
+			if err != nil {
+				for _, c := range held {
+					c.Close()
+				}
+				return
+			}
+			held = append(held, conn)
+		}
+	}()
+	c := newClient(t, []string{silent.Addr().String()}, "silent", WithDeadline(300*time.Millisecond))
+	answered := make(chan error, 1)
+	go func() {
+		_, err := c.MayExist(context.Background(), "k")
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("MayExist of a silent gate: %v, want DEADLINE_EXCEEDED", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no answer 15 s after a lookup with a 300 ms deadline")
 	}
 }
 

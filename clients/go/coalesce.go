@@ -153,7 +153,10 @@ func (c *GateClient) sendBatch(batch []*pending) {
 		keys = append(keys, p.keys...)
 	}
 	c.batchedKeys.Add(uint64(n))
-	answers, err := c.batch(context.Background(), keys) // bounded by the client deadline
+	// The oldest waiter's deadline bounds the batch (batch[0] arrived first): no waiter of it waits past its own.
+	ctx, cancel := context.WithDeadline(context.Background(), batch[0].arrived.Add(c.opts.deadline))
+	answers, err := c.batch(ctx, keys)
+	cancel()
 
 	q := c.coal
 	q.mu.Lock()
