@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use async_nats::jetstream::context::GetStreamErrorKind;
 
 use super::proxy::{Mode, Proxy};
-use super::{free_port, wait_until, PATIENCE};
+use super::{free_port, wait_until, PATIENCE, POLL_PAUSE};
 
 /// A running JetStream server.
 pub struct Nats {
@@ -93,33 +93,47 @@ impl Nats {
     /// Waits until the server takes JetStream requests; `Err` quoting its log if it exits first or is not
     /// ready within [`PATIENCE`].
     async fn ready(&mut self) -> Result<(), String> {
-        let url = self.url.clone();
-        let give_up = std::time::Instant::now() + PATIENCE;
         let child = &mut self.child;
-        let ready = wait_until(PATIENCE * 2, "nats-server to start", async || {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(Err(format!("nats-server exited while starting ({status})")));
-            }
-            if std::time::Instant::now() > give_up {
-                return Some(Err(format!("not ready within {PATIENCE:?}")));
-            }
-            let client = async_nats::connect(url.as_str()).await.ok()?;
-            // JetStream answers (here: "no such stream") once it is up; a request error means not yet.
-            let probe = async_nats::jetstream::new(client)
-                .get_stream("readiness-probe")
-                .await;
-            match probe.map_err(|e| e.kind()) {
-                Ok(_) | Err(GetStreamErrorKind::JetStream(_)) => Some(Ok(())),
-                Err(_) => None,
-            }
+        jetstream_ready(&self.url, || {
+            let ended = child.try_wait().ok().flatten();
+            ended.map(|status| format!("({status})"))
         })
-        .await;
-        ready.map_err(|why| {
+        .await
+        .map_err(|why| {
             format!(
                 "{why}; its log:\n{}",
                 log_tail(&self.store.path().join("nats.log"))
             )
         })
+    }
+}
+
+/// Waits until JetStream at `url` answers "no such stream" for a stream nobody made: it takes requests (in a
+/// cluster, a meta leader is elected). `Err` at once when `exited` names a server whose process ended, or
+/// after [`PATIENCE`].
+async fn jetstream_ready(
+    url: &str,
+    mut exited: impl FnMut() -> Option<String>,
+) -> Result<(), String> {
+    let give_up = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(server) = exited() {
+            return Err(format!("nats-server {server} exited while starting"));
+        }
+        if std::time::Instant::now() > give_up {
+            return Err(format!("JetStream did not answer within {PATIENCE:?}"));
+        }
+        if let Ok(client) = async_nats::connect(url).await {
+            let probe = async_nats::jetstream::new(client)
+                .get_stream("readiness-probe")
+                .await;
+            if let Err(GetStreamErrorKind::JetStream(e)) = probe.map_err(|e| e.kind()) {
+                if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND {
+                    return Ok(());
+                }
+            }
+        }
+        tokio::time::sleep(POLL_PAUSE).await;
     }
 }
 
@@ -330,31 +344,9 @@ impl Cluster {
             client_urls: urls.clone(),
             store,
         };
-        let give_up = std::time::Instant::now() + PATIENCE;
-        wait_until(PATIENCE * 2, "the cluster to start", async || {
-            if let Some(exited) = cluster.exited() {
-                return Some(Err(format!("nats-server {exited} exited while starting")));
-            }
-            if std::time::Instant::now() > give_up {
-                return Some(Err(format!(
-                    "no JetStream leader elected within {PATIENCE:?}"
-                )));
-            }
-            let client = async_nats::connect(urls[0].as_str()).await.ok()?;
-            let probe = async_nats::jetstream::new(client)
-                .get_stream("readiness-probe")
-                .await;
-            match probe.map_err(|e| e.kind()) {
-                Err(GetStreamErrorKind::JetStream(e))
-                    if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
-                {
-                    Some(Ok(()))
-                }
-                _ => None,
-            }
-        })
-        .await
-        .map_err(|why| format!("{why}; the servers' logs:\n{}", cluster.logs()))?;
+        jetstream_ready(&urls[0], || cluster.exited())
+            .await
+            .map_err(|why| format!("{why}; the servers' logs:\n{}", cluster.logs()))?;
         Ok(cluster)
     }
 

@@ -6,17 +6,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use existence_gate::core::clock::SystemClock;
-use existence_gate::core::config::GateConfig;
-use existence_gate::server::{self, ServeOptions};
 use existence_gate_client::{
     AddressPolicy, ClientOptions, GateClient, GatedReader, ReaderOptions, SourceRead, Stats,
 };
 
+// How long an `eventually` line may take before the case fails: the binary's PATIENCE.
+use super::{closed_address, start_gate, PATIENCE};
+
 const CASES: &str = include_str!("../../../conformance/cases.txt");
 const GATE: &str = include_str!("../../../conformance/gate.toml");
-/// How long an `eventually` line may take before the case fails.
-const PATIENCE: Duration = Duration::from_secs(30);
 
 /// One case of the file: its number, name and lines (split into words), each with its line number.
 struct Case {
@@ -289,29 +287,9 @@ impl Run<'_> {
     }
 }
 
-/// A loopback address nothing listens on.
-fn closed_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_conformance_case_holds() {
-    let options = ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        http_listen: "127.0.0.1:0".parse().unwrap(),
-        config: GateConfig::from_toml(GATE).unwrap(),
-        max_message_bytes: 16 << 20,
-        drain_timeout: Duration::from_secs(5),
-        durability: None,
-        tls: None,
-        replication: None,
-        resp: None,
-    };
-    let server = server::start(options, Arc::new(SystemClock))
-        .await
-        .expect("server starts");
-    server.loaded().await.expect("state loads");
+    let server = start_gate(GATE, "127.0.0.1:0", None, None).await;
     let gate = server.grpc_addr.to_string();
     let dead = closed_address();
     let cases = cases();

@@ -40,10 +40,20 @@ async fn start_with_tls(
     data_dir: Option<&Path>,
     tls: Option<TlsOptions>,
 ) -> RunningServer {
+    start_gate(CONFIG, listen, data_dir, tls).await
+}
+
+/// A gate with `config` (TOML) served in-process on `listen`, its state loaded.
+async fn start_gate(
+    config: &str,
+    listen: &str,
+    data_dir: Option<&Path>,
+    tls: Option<TlsOptions>,
+) -> RunningServer {
     let options = ServeOptions {
         listen: listen.parse().unwrap(),
         http_listen: "127.0.0.1:0".parse().unwrap(),
-        config: GateConfig::from_toml(CONFIG).unwrap(),
+        config: GateConfig::from_toml(config).unwrap(),
         max_message_bytes: 16 << 20,
         drain_timeout: Duration::from_secs(5),
         durability: data_dir.map(|dir| DurabilityOptions::new(dir.to_path_buf())),
