@@ -36,6 +36,11 @@ impl Server {
         cpu_seconds(self.pid())
     }
 
+    /// The system (kernel) part of [`cpu_seconds`](Self::cpu_seconds).
+    pub fn system_cpu_seconds(&self) -> f64 {
+        system_cpu_seconds(self.pid())
+    }
+
     /// Its resident memory in bytes.
     pub fn rss_bytes(&self) -> u64 {
         rss_bytes(self.pid())
@@ -51,6 +56,18 @@ impl Drop for Server {
 
 /// User + system CPU seconds of process `pid`, from `/proc/<pid>/stat` (fields 14 and 15).
 pub fn cpu_seconds(pid: u32) -> f64 {
+    let (user, system) = cpu_times(pid);
+    user + system
+}
+
+/// System (kernel) CPU seconds of process `pid`: the part of [`cpu_seconds`] spent in system calls and the
+/// network stack on its behalf.
+pub fn system_cpu_seconds(pid: u32) -> f64 {
+    cpu_times(pid).1
+}
+
+/// User and system CPU seconds of process `pid`, from `/proc/<pid>/stat` (fields 14 and 15).
+fn cpu_times(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // The command name (field 2) may contain spaces: count fields after its closing parenthesis.
     let fields: Vec<&str> = stat
@@ -58,14 +75,15 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         .map_or("", |(_, rest)| rest)
         .split_whitespace()
         .collect();
-    let ticks = |i: usize| {
+    let seconds = |i: usize| {
         fields
             .get(i)
             .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
+            .unwrap_or(0) as f64
+            / TICKS_PER_SECOND
     };
     // After the name: field 3 (state) is index 0, so utime (14) is index 11 and stime (15) index 12.
-    (ticks(11) + ticks(12)) as f64 / TICKS_PER_SECOND
+    (seconds(11), seconds(12))
 }
 
 /// User + system CPU seconds of the processes `pids` together (a server made of several processes).
