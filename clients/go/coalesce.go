@@ -2,6 +2,7 @@ package existencegate
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -141,7 +142,7 @@ func (c *GateClient) pendingKeys() int {
 }
 
 // sendBatch answers every waiter of one batch: each its own keys' answers, or all the batch's error. Once
-// the gate has answered, the batch is no longer in flight: what waits may leave at once.
+// its waiters are answered, the batch is no longer in flight: what waits may leave at once.
 func (c *GateClient) sendBatch(batch []*pending) {
 	defer c.inFlight.Done()
 	n := 0
@@ -158,12 +159,6 @@ func (c *GateClient) sendBatch(batch []*pending) {
 	answers, err := c.batch(ctx, keys)
 	cancel()
 
-	q := c.coal
-	q.mu.Lock()
-	q.inFlight--
-	c.flushLocked()
-	q.mu.Unlock()
-
 	offset := 0
 	for _, p := range batch {
 		if err != nil {
@@ -173,4 +168,15 @@ func (c *GateClient) sendBatch(batch []*pending) {
 		}
 		offset += len(p.keys)
 	}
+
+	// The queue hears that the batch is back only once the callers just answered have had a turn to queue
+	// their next lookups, so the next batch carries them. Told first (or without the yield), it sent the
+	// next batch with only the lookups that arrived during the round trip: 64 goroutines made 31 keys per
+	// call instead of 41 and cost 5.7-7.1 µs of CPU per lookup instead of 4.6-5.4 (bench.sh, interleaved).
+	runtime.Gosched()
+	q := c.coal
+	q.mu.Lock()
+	q.inFlight--
+	c.flushLocked()
+	q.mu.Unlock()
 }

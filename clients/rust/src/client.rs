@@ -399,13 +399,20 @@ impl Calls {
             .first()
             .map_or_else(Instant::now, |waiter| waiter.arrived);
         let answer = self.batch(packed.freeze(), len, oldest).await;
-        drop(in_flight);
         let mut offset = 0;
         for waiter in batch {
             let share = answer.clone().map(|share| Share { offset, ..share });
             offset += waiter.keys.count();
             let _ = waiter.reply.send(share);
         }
+        // The gatherer hears that the batch is back only once the callers just answered have had a turn to
+        // queue their next lookups, so the next batch carries them. Told first, it sent the next batch with
+        // only the lookups that arrived during the round trip: 64 callers on a current-thread runtime made
+        // 40 keys per call instead of 64, and cost 3.5-3.9 µs of CPU per lookup instead of 2.5-2.65
+        // (multi-thread: 48 keys, 3.85-4.35 µs against 60, 3.70-3.90; `cargo bench --bench load -- clients
+        // rust`, old and new interleaved). A lone caller is not held back: it is answered before the yield.
+        tokio::task::yield_now().await;
+        drop(in_flight);
     }
 }
 

@@ -606,21 +606,34 @@ public final class GateClient implements AutoCloseable {
             })
         .whenComplete(
             (answered, error) -> {
-              batchDone(); // before answering: the next batch leaves at once
-              if (error != null) {
-                Status status = Status.fromThrowable(error);
-                Metadata trailers = Status.trailersFromThrowable(error);
-                for (Waiter w : batch) {
-                  w.share.completeExceptionally(status.asRuntimeException(trailers));
-                }
-                return;
-              }
-              int offset = 0;
-              for (Waiter w : batch) {
-                w.share.complete(new Share(answered.response(), offset, answered.address()));
-                offset += w.keys.size();
+              // Answered first: an asynchronous caller's next lookup, made in the stage it chained on the
+              // answer, then joins the next batch instead of following it. Told first, 64 async callers
+              // made 32 keys per call and cost 19.9-22.4 µs of CPU per lookup; now 57-61 keys and 15.7 µs
+              // (bench.sh async, interleaved). A stage that blocks holds the next batch back, as it holds
+              // this executor: chain slow work with the *Async variants.
+              try {
+                answer(batch, answered, error);
+              } finally {
+                batchDone();
               }
             });
+  }
+
+  /** Gives each waiter of {@code batch} its keys' bits, or the batch's status. */
+  private static void answer(List<Waiter> batch, Answered<BatchMayExistResponse> answered, Throwable error) {
+    if (error != null) {
+      Status status = Status.fromThrowable(error);
+      Metadata trailers = Status.trailersFromThrowable(error);
+      for (Waiter w : batch) {
+        w.share.completeExceptionally(status.asRuntimeException(trailers));
+      }
+      return;
+    }
+    int offset = 0;
+    for (Waiter w : batch) {
+      w.share.complete(new Share(answered.response(), offset, answered.address()));
+      offset += w.keys.size();
+    }
   }
 
   /** Bit i of the bitmap (least significant bit first); a bitmap too short answers "may exist" (fail open). */
