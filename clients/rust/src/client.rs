@@ -64,7 +64,8 @@ struct Share {
 type Answer = Result<Share, Status>;
 
 /// The client tonic generated from the contract, on one endpoint's channel.
-type GeneratedClient = proto::existence_gate_client::ExistenceGateClient<tonic::transport::Channel>;
+type GeneratedClient =
+    proto::existence_gate_client::ExistenceGateClient<crate::whole_request::WholeRequests>;
 
 /// Sends the calls: shared by the client and the batches its coalescer hands over.
 pub(crate) struct Calls {

@@ -10,16 +10,17 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 use crate::options::{AddressPolicy, ClientOptions, ClientTls};
 use crate::proto::existence_gate_client::ExistenceGateClient;
+use crate::whole_request::WholeRequests;
 
 /// One address and its channel.
 struct Address {
     name: String,
-    client: ExistenceGateClient<Channel>,
+    client: ExistenceGateClient<WholeRequests>,
     /// When it answered `UNAVAILABLE`, while it is skipped.
     down_since: Mutex<Option<Instant>>,
 }
@@ -101,7 +102,7 @@ impl Endpoints {
     }
 
     /// The client of the address at `index`.
-    pub fn client(&self, index: usize) -> ExistenceGateClient<Channel> {
+    pub fn client(&self, index: usize) -> ExistenceGateClient<WholeRequests> {
         self.addresses[index].client.clone()
     }
 
@@ -129,7 +130,7 @@ impl Endpoints {
         mut call: F,
     ) -> Result<(T, usize), Status>
     where
-        F: FnMut(ExistenceGateClient<Channel>, Duration) -> Fut,
+        F: FnMut(ExistenceGateClient<WholeRequests>, Duration) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let give_up = since + deadline;
@@ -189,7 +190,7 @@ fn connect_lazy(name: String, tls: Option<&ClientTls>) -> Result<Address, Invali
     }
     Ok(Address {
         name,
-        client: ExistenceGateClient::new(endpoint.connect_lazy()),
+        client: ExistenceGateClient::new(WholeRequests(endpoint.connect_lazy())),
         down_since: Mutex::new(None),
     })
 }

@@ -18,7 +18,8 @@
 //!
 //! The map:
 //! - [`client`]: [`GateClient`], the calls, with lookups coalesced by [`coalesce`] and sent to one of
-//!   several addresses by [`endpoints`];
+//!   several addresses by [`endpoints`], over channels whose requests end with their last DATA frame
+//!   ([`whole_request`]);
 //! - [`reader`]: [`GatedReader`], the read path, over [`cache`] (the local absences) kept true by
 //!   [`subscription`];
 //! - [`options`] and [`stats`]: what a caller sets and what it can count.
@@ -33,6 +34,7 @@ pub mod options;
 pub mod reader;
 pub mod stats;
 pub mod subscription;
+pub mod whole_request;
 
 /// The gate's contract, generated from `proto/` at build time.
 pub mod proto {
