@@ -427,8 +427,9 @@ impl Bench {
                 rates,
                 replicas_cpu,
                 acked_by_lease: after.acked_by_lease - before.acked_by_lease,
-                publish_ack_mean: (after.publish_ack_sum - before.publish_ack_sum)
-                    / (after.publish_ack_count - before.publish_ack_count).max(1.0),
+                publish_ack_mean: after.publish_ack.mean_since(&before.publish_ack),
+                apply_wait_mean: after.apply_wait.mean_since(&before.apply_wait),
+                members_wait_mean: after.members_wait.mean_since(&before.members_wait),
                 errors: tally.messages(),
             });
         }
@@ -465,18 +466,44 @@ fn read_logs(report: &mut Report, deployment: &Deployment) {
 /// The counters of a deployment's replicas that explain its write latency.
 struct WriteMetrics {
     acked_by_lease: f64,
-    publish_ack_sum: f64,
-    publish_ack_count: f64,
+    publish_ack: Histogram,
+    apply_wait: Histogram,
+    members_wait: Histogram,
 }
 
 impl WriteMetrics {
     async fn read(deployment: &Deployment) -> Self {
-        let total = |series| deployment::total_metric(&deployment.replicas, series);
         Self {
-            acked_by_lease: total("existence_replica_acked_by_lease_total").await,
-            publish_ack_sum: total("existence_replica_publish_ack_duration_seconds_sum").await,
-            publish_ack_count: total("existence_replica_publish_ack_duration_seconds_count").await,
+            acked_by_lease: deployment::total_metric(
+                &deployment.replicas,
+                "existence_replica_acked_by_lease_total",
+            )
+            .await,
+            publish_ack: Histogram::read(deployment, "publish_ack").await,
+            apply_wait: Histogram::read(deployment, "apply_wait").await,
+            members_wait: Histogram::read(deployment, "members_wait").await,
         }
+    }
+}
+
+/// A duration histogram of the replicas (`existence_replica_<name>_duration_seconds`), summed over them.
+struct Histogram {
+    sum: f64,
+    count: f64,
+}
+
+impl Histogram {
+    async fn read(deployment: &Deployment, name: &str) -> Self {
+        let series = |part| format!("existence_replica_{name}_duration_seconds_{part}");
+        Self {
+            sum: deployment::total_metric(&deployment.replicas, &series("sum")).await,
+            count: deployment::total_metric(&deployment.replicas, &series("count")).await,
+        }
+    }
+
+    /// The mean of what was recorded since `before`, in seconds.
+    fn mean_since(&self, before: &Self) -> f64 {
+        (self.sum - before.sum) / (self.count - before.count).max(1.0)
     }
 }
 

@@ -26,6 +26,11 @@ pub struct Writes {
     pub acked_by_lease: f64,
     /// Mean seconds from publish to JetStream's acknowledgement, from the replicas' histograms.
     pub publish_ack_mean: f64,
+    /// Mean seconds from that acknowledgement until the replica called had applied the write.
+    pub apply_wait_mean: f64,
+    /// Mean seconds from then until the write could be acknowledged (every member reported it, or the
+    /// fallback passed).
+    pub members_wait_mean: f64,
     pub errors: Vec<(String, u64)>,
 }
 
@@ -211,26 +216,28 @@ impl Report {
              16-byte keys, each call new ones, to `default` through all three replicas, one call on each \
              connection, in {} stretches alternating R1 and R3 after 50 unmeasured calls: single-key Adds \
              (one connection per replica: how soon a key is acknowledged), then 1,000-key Adds (three per \
-             replica: throughput). Publish ack is the mean time from publish to JetStream's acknowledgement \
-             (`existence_replica_publish_ack_duration_seconds`); \"acked by fallback\" counts Adds answered \
+             replica: throughput). An `Add`'s time at the replica called, in three means: publish to JetStream's \
+             acknowledgement (`existence_replica_publish_ack_duration_seconds`), then until that replica has \
+             applied it (`..._apply_wait_duration_seconds`), then until every member has reported it or the \
+             fallback passed (`..._members_wait_duration_seconds`); \"acked by fallback\" counts Adds answered \
              because the fallback (read lease x (1 + drift) + 1 ms) passed rather than because every member \
              reported them (`existence_replica_acked_by_lease_total`).\n",
             self.write_rounds
         );
         let _ = writeln!(
             w,
-            "| Add | stream | calls | keys/s | keys/s by stretch | Adds/s | p50 | p99 | p99.9 | max | publish ack (mean) | acked by fallback | \
-             CPU µs/Add: deployment | replicas | nats | client CPU µs/Add | other load (cores) | errors |"
+            "| Add | stream | calls | keys/s | keys/s by stretch | Adds/s | p50 | p99 | p99.9 | max | mean: publish ack | applied here | \
+             members | acked by fallback | CPU µs/Add: deployment | replicas | nats | client CPU µs/Add | other load (cores) | errors |"
         );
         let _ = writeln!(
             w,
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for x in &self.writes {
             let s = &x.sample;
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} |",
                 x.workload,
                 x.stream,
                 s.calls,
@@ -242,6 +249,8 @@ impl Report {
                 latency(s.latency_us(0.999)),
                 latency(s.latency_us(1.0)),
                 latency(x.publish_ack_mean * 1e6),
+                latency(x.apply_wait_mean * 1e6),
+                latency(x.members_wait_mean * 1e6),
                 x.acked_by_lease,
                 s.server_us_per_call(),
                 per_call(x.replicas_cpu, s.calls),

@@ -130,6 +130,8 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
     let (a, b) = (&replicas[0], &replicas[1]);
     assert_answers_absent(b).await;
     let by_lease_before = a.metric("existence_replica_acked_by_lease_total").await;
+    const MEMBERS_WAITED: &str = "existence_replica_members_wait_duration_seconds_sum";
+    let members_waited_before = a.metric(MEMBERS_WAITED).await;
     let proxy = Proxy::start(b.grpc_addr).await;
     let channel = ExistenceGateClient::new(
         Channel::from_shared(format!("http://{}", proxy.addr))
@@ -149,6 +151,13 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
     assert!(
         a.metric("existence_replica_acked_by_lease_total").await > by_lease_before,
         "with B stalled, A acknowledged by the lease rule, not by waiting for B"
+    );
+    // Each of the 20 waited out the fallback (the 100 ms default lease, from the publish acknowledgement),
+    // after applying: the histogram of that wait shows where these Adds spent their time.
+    let members_waited = a.metric(MEMBERS_WAITED).await - members_waited_before;
+    assert!(
+        members_waited >= 20.0 * 0.05,
+        "A's members-wait histogram grew by {members_waited} s over 20 Adds held by the fallback"
     );
     // The lookups are sent while B is still stopped, through a proxy (connected before the stop) that says
     // when each is in B's socket, so that they wait there beside the stream's messages: B's very first

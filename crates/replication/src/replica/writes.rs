@@ -66,7 +66,8 @@ impl Replica {
     }
 
     /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule; returns its
-    /// seq and what applying it did.
+    /// seq and what applying it did. Each wait has its histogram (publish acknowledgement, applied here,
+    /// the members' reports), so a slow `Add` says whether NATS, this replica or another member held it.
     pub(crate) async fn publish_and_apply(
         &self,
         mutation: Mutation,
@@ -76,6 +77,7 @@ impl Replica {
         let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
         let published = self.publish_retrying(&mutation, &id).await?;
         let acked = self.lease.now();
+        let stored_at = Instant::now();
         let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
             .await
             .ok()
@@ -90,7 +92,14 @@ impl Replica {
                 ))
             })?;
         drop(waiting);
+        let applied_at = Instant::now();
+        self.metrics
+            .apply_wait
+            .record(applied_at.duration_since(stored_at).as_secs_f64());
         self.wait_for_replicas(published, acked).await;
+        self.metrics
+            .members_wait
+            .record(applied_at.elapsed().as_secs_f64());
         Ok((published, applied))
     }
 
