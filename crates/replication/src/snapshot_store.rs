@@ -19,7 +19,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 
-use super::stream::{MutationStream, StreamError};
+use super::stream::{open_or_create, MutationStream, StreamError};
 use async_nats::jetstream::object_store::{self, ObjectStore};
 
 /// The prefix of every snapshot object's name; the covered seq follows, zero-padded to sort.
@@ -48,24 +48,25 @@ impl SnapshotStore {
     pub async fn open(stream: &MutationStream, replicas: usize) -> Result<Self, StreamError> {
         let bucket = format!("{}-snapshots", stream.name());
         let jetstream = stream.jetstream();
-        let store = match jetstream.get_object_store(&bucket).await {
-            Ok(store) => store,
-            Err(_) => jetstream
-                .create_object_store(object_store::Config {
+        let store = open_or_create(
+            || async { jetstream.get_object_store(&bucket).await.ok() },
+            || {
+                jetstream.create_object_store(object_store::Config {
                     bucket: bucket.clone(),
                     description: Some("existence-gate snapshots".to_string()),
                     num_replicas: replicas,
                     ..Default::default()
                 })
-                .await
-                .map_err(|e| {
-                    StreamError::Setup(format!(
-                        "cannot open or create the JetStream object store {bucket:?} for snapshots: {e} (may \
-                         this account create streams? a stream name of letters, digits, '-' and '_' makes a \
-                         valid bucket name)"
-                    ))
-                })?,
-        };
+            },
+        )
+        .await
+        .map_err(|e| {
+            StreamError::Setup(format!(
+                "cannot open or create the JetStream object store {bucket:?} for snapshots: {e} (may this \
+                 account create streams? a stream name of letters, digits, '-' and '_' makes a valid bucket \
+                 name)"
+            ))
+        })?;
         Ok(Self {
             store,
             stream: stream.clone(),

@@ -44,11 +44,13 @@
 //! follows and purges the log; [`records`] keeps the identity and sizings; [`membership`] the membership
 //! records and barriers; [`reports`] the applied-seq reports.
 
+mod concurrent_setup;
 mod membership;
 mod mutations;
 mod records;
 mod reports;
 
+pub use concurrent_setup::open_or_create;
 pub use reports::AppliedReport;
 
 use std::path::PathBuf;
@@ -215,7 +217,12 @@ impl MutationStream {
             allow_direct: true,
             ..Default::default()
         };
-        let stream = jetstream.get_or_create_stream(config).await.map_err(|e| {
+        let stream = open_or_create(
+            || async { jetstream.get_stream(&options.stream).await.ok() },
+            || jetstream.create_stream(config),
+        )
+        .await
+        .map_err(|e| {
             StreamError::Setup(format!(
                 "cannot open or create the JetStream stream {:?} on {}: {e} (is JetStream enabled on the \
                  servers, and may this account create streams?)",
