@@ -131,7 +131,11 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
     assert_answers_absent(b).await;
     let by_lease_before = a.metric("existence_replica_acked_by_lease_total").await;
     const MEMBERS_WAITED: &str = "existence_replica_members_wait_duration_seconds_sum";
+    const MEMBERS_WAITS: &str = "existence_replica_members_wait_duration_seconds_count";
+    const APPLY_WAITS: &str = "existence_replica_apply_wait_duration_seconds_count";
     let members_waited_before = a.metric(MEMBERS_WAITED).await;
+    let (members_waits_before, apply_waits_before) =
+        (a.metric(MEMBERS_WAITS).await, a.metric(APPLY_WAITS).await);
     let proxy = Proxy::start(b.grpc_addr).await;
     let channel = ExistenceGateClient::new(
         Channel::from_shared(format!("http://{}", proxy.addr))
@@ -159,6 +163,16 @@ async fn a_stalled_replica_never_answers_absent_for_adds_it_missed() {
         members_waited >= 20.0 * 0.05,
         "A's members-wait histogram grew by {members_waited} s over 20 Adds held by the fallback"
     );
+    for (series, before) in [
+        (MEMBERS_WAITS, members_waits_before),
+        (APPLY_WAITS, apply_waits_before),
+    ] {
+        assert_eq!(
+            a.metric(series).await - before,
+            20.0,
+            "{series}: one per Add"
+        );
+    }
     // The lookups are sent while B is still stopped, through a proxy (connected before the stop) that says
     // when each is in B's socket, so that they wait there beside the stream's messages: B's very first
     // answers, before it has applied anything.

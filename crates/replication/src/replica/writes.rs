@@ -81,8 +81,13 @@ impl Replica {
         let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
             .await
             .ok()
-            .and_then(Result::ok)
-            .ok_or_else(|| {
+            .and_then(Result::ok);
+        // Recorded whether or not it applied in time: a replica that gives up shows its wait too.
+        let applied_at = Instant::now();
+        self.metrics
+            .apply_wait
+            .record(applied_at.duration_since(stored_at).as_secs_f64());
+        let applied = applied.ok_or_else(|| {
                 GateError::Unavailable(format!(
                     "the write is stored in the JetStream stream {:?} at seq {} but this replica has not \
                      applied it within {APPLY_WAIT:?} (it is behind or cut off from NATS); it will apply \
@@ -92,10 +97,6 @@ impl Replica {
                 ))
             })?;
         drop(waiting);
-        let applied_at = Instant::now();
-        self.metrics
-            .apply_wait
-            .record(applied_at.duration_since(stored_at).as_secs_f64());
         self.wait_for_replicas(published, acked).await;
         self.metrics
             .members_wait

@@ -8,7 +8,7 @@
 use std::future::Future;
 
 /// `open`; if it finds nothing, `create`; if that is refused, `open` once more, else the creation's error.
-pub async fn open_or_create<T, E, Open, Opened, Create, Created>(
+pub(crate) async fn open_or_create<T, E, Open, Opened, Create, Created>(
     open: Open,
     create: Create,
 ) -> Result<T, E>
@@ -32,16 +32,13 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    /// `open` answering `answers` in turn (`None` once they run out), counting its calls.
-    fn opener(answers: Vec<Option<u32>>) -> (Cell<usize>, Vec<Option<u32>>) {
-        (Cell::new(0), answers)
-    }
-
+    /// `open_or_create` with an `open` answering `answers` in turn (`None` once they run out) and a
+    /// `create` answering `created`: its result and how often it opened.
     async fn run(
         answers: Vec<Option<u32>>,
         created: Result<u32, &'static str>,
     ) -> (Result<u32, &'static str>, usize) {
-        let (calls, answers) = opener(answers);
+        let calls = Cell::new(0);
         let result = open_or_create(
             || {
                 let n = calls.get();

@@ -42,7 +42,8 @@
 //!
 //! The files: this one opens the stream (options, errors, what a read yields); [`mutations`] publishes,
 //! follows and purges the log; [`records`] keeps the identity and sizings; [`membership`] the membership
-//! records and barriers; [`reports`] the applied-seq reports.
+//! records and barriers; [`reports`] the applied-seq reports; [`concurrent_setup`] opens what a replica
+//! started at the same moment may be creating.
 
 mod concurrent_setup;
 mod membership;
@@ -50,7 +51,7 @@ mod mutations;
 mod records;
 mod reports;
 
-pub use concurrent_setup::open_or_create;
+pub(crate) use concurrent_setup::open_or_create;
 pub use reports::AppliedReport;
 
 use std::path::PathBuf;
