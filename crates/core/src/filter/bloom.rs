@@ -29,11 +29,24 @@
 //!
 //! # Concurrency
 //!
-//! Bits are `AtomicU64` words: an insert `fetch_or`s at most one word per probe, a lookup does relaxed loads.
-//! Neither ever waits. A lookup that races an insert of the same key may miss it — but the inserting `Add` has
-//! not returned yet, so no caller has been promised the key.
+//! Bits are `AtomicU64` words. Lookups do relaxed loads and never wait. A layer has **one writer at a time**:
+//! inserts go through a [`LayerWriter`], which holds the layer's writer lock (taken once per batch, not per
+//! key) and may therefore set a block's words with plain loads and stores — a word read and written back
+//! cannot lose a bit another insert set in between, because there is no other insert. A lookup that races an
+//! insert of the same key may miss it — but the inserting `Add` has not returned yet, so no caller has been
+//! promised the key.
+//!
+//! Why not lock-free `fetch_or`s: an insert reaches a block that is almost never in cache, and on x86-64 a
+//! locked `or` — or a branch on whether each loaded word already has its bits, which mispredicts for new
+//! keys — waits for that line, so a batch's prefetched misses are taken one after another. Reading the
+//! block's words, then writing them back or-ed after one branch on the whole block, keeps them overlapped.
+//! Measured side by side (`cargo bench --bench filter -- insert_batch_1000`, 1,000 new keys into a 12 MB
+//! layer, hashing included): 49.6 µs a batch with a `fetch_or` and a branch per word, 28.4–30.0 µs this way
+//! (fastbloom, a classic filter, 90–93 µs). Before this, filter inserts were a third of a replica's CPU
+//! under 1,000-key `Add`s (`perf` of `cargo bench --bench replicated`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::hashing::KeyHash;
 
@@ -137,15 +150,23 @@ fn bits_per_key_for(target: f64) -> (f64, u32) {
     (high, best_probes(high).1)
 }
 
-/// A fixed-size, cache-line-blocked Bloom filter with lock-free inserts.
+/// A fixed-size, cache-line-blocked Bloom filter: lock-free lookups, one writer at a time.
 pub struct BloomLayer {
     /// The bit array, one cache line per block.
     blocks: Box<[Block]>,
     /// The shape it was built with.
     geometry: Geometry,
     /// Inserts that set at least one new bit: an estimate of the distinct keys held, used to decide when the
-    /// layer is full (repeated keys set no new bit and are not counted).
+    /// layer is full (repeated keys set no new bit and are not counted). Written only by the writer.
     inserted: AtomicU64,
+    /// Held by the layer's one writer ([`LayerWriter`]): what makes its plain stores safe.
+    writer: Mutex<()>,
+}
+
+/// The right to set bits in one layer, held for a batch of inserts: the layer's writer lock.
+pub struct LayerWriter<'a> {
+    layer: &'a BloomLayer,
+    _exclusive: MutexGuard<'a, ()>,
 }
 
 impl std::fmt::Debug for BloomLayer {
@@ -161,10 +182,15 @@ impl BloomLayer {
     /// An empty filter of the given shape.
     pub fn new(geometry: Geometry) -> Self {
         let blocks = (0..geometry.blocks).map(|_| Block::default()).collect();
+        Self::with_blocks(blocks, geometry, 0)
+    }
+
+    fn with_blocks(blocks: Box<[Block]>, geometry: Geometry, inserted: u64) -> Self {
         Self {
             blocks,
             geometry,
-            inserted: AtomicU64::new(0),
+            inserted: AtomicU64::new(inserted),
+            writer: Mutex::new(()),
         }
     }
 
@@ -193,11 +219,7 @@ impl BloomLayer {
             .chunks_exact(WORDS_PER_BLOCK)
             .map(|chunk| Block(std::array::from_fn(|i| AtomicU64::new(chunk[i]))))
             .collect();
-        Ok(Self {
-            blocks,
-            geometry,
-            inserted: AtomicU64::new(inserted),
-        })
+        Ok(Self::with_blocks(blocks, geometry, inserted))
     }
 
     /// The shape of this filter.
@@ -232,27 +254,21 @@ impl BloomLayer {
         &self.blocks[index]
     }
 
-    /// Sets `hash`'s bits. Returns whether any bit was newly set (i.e. the key was not already present).
-    ///
-    /// Each word is read first and or-ed only when it lacks bits: an `fetch_or` whose old value is used
-    /// compiles to a `lock cmpxchg` retry loop on x86-64, one whose value is unused to a single `lock or`,
-    /// and a key already present costs no locked instruction at all. Two writers inserting the same key at
-    /// once may both count it: `inserted` is an estimate that only decides when a window grows (a little
-    /// early at worst); the bits themselves are set by atomic ors, so none is ever lost.
+    /// Becomes this layer's writer, waiting while another insert holds it. Hold it for a whole batch: the
+    /// lock is taken once, not per key.
+    pub fn writer(&self) -> LayerWriter<'_> {
+        LayerWriter {
+            layer: self,
+            // Poisoning cannot leave the bits inconsistent (a writer only ever adds bits), so a panicked
+            // writer's lock is taken over.
+            _exclusive: self.writer.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// Sets `hash`'s bits, as this layer's writer for one key. Returns whether any bit was newly set (the
+    /// key was not already present).
     pub fn insert(&self, hash: KeyHash) -> bool {
-        let masks = probe_masks(hash, self.geometry.probes);
-        let block = self.block(hash);
-        let mut newly_set = false;
-        for (word, mask) in block.0.iter().zip(masks) {
-            if word.load(Ordering::Relaxed) & mask != mask {
-                word.fetch_or(mask, Ordering::Relaxed);
-                newly_set = true;
-            }
-        }
-        if newly_set {
-            self.inserted.fetch_add(1, Ordering::Relaxed);
-        }
-        newly_set
+        self.writer().insert(hash)
     }
 
     /// Whether `hash` may have been inserted (false means it definitely was not).
@@ -284,11 +300,7 @@ impl BloomLayer {
                 }))
             })
             .collect();
-        Self {
-            blocks,
-            geometry: self.geometry,
-            inserted: AtomicU64::new(self.inserted()),
-        }
+        Self::with_blocks(blocks, self.geometry, self.inserted())
     }
 
     /// Copies of the raw bit words, block after block (what a snapshot stores).
@@ -302,6 +314,42 @@ impl BloomLayer {
     pub fn fill_ratio(&self) -> f64 {
         let ones: u64 = self.words().map(|w| u64::from(w.count_ones())).sum();
         ones as f64 / (self.blocks.len() as f64 * f64::from(BLOCK_BITS))
+    }
+}
+
+impl LayerWriter<'_> {
+    /// Sets `hash`'s bits. Returns whether any bit was newly set (i.e. the key was not already present).
+    ///
+    /// Reads the block's words, then — if any bit is missing — writes every word back or-ed with its mask:
+    /// plain stores, safe because this is the layer's only writer. One branch per key, on the whole block,
+    /// which is predictable for a batch of new keys (all missing) and of re-added ones (none missing, and
+    /// then nothing is written, so readers' copies of the line stay valid).
+    #[inline]
+    pub fn insert(&self, hash: KeyHash) -> bool {
+        let layer = self.layer;
+        let masks = probe_masks(hash, layer.geometry.probes);
+        let block = layer.block(hash);
+        let old: [u64; WORDS_PER_BLOCK] =
+            std::array::from_fn(|i| block.0[i].load(Ordering::Relaxed));
+        let missing = old
+            .iter()
+            .zip(masks)
+            .fold(0, |missing, (old, mask)| missing | (mask & !old));
+        if missing == 0 {
+            return false;
+        }
+        for ((word, old), mask) in block.0.iter().zip(old).zip(masks) {
+            word.store(old | mask, Ordering::Relaxed);
+        }
+        layer
+            .inserted
+            .store(layer.inserted() + 1, Ordering::Relaxed);
+        true
+    }
+
+    /// The layer written.
+    pub fn layer(&self) -> &BloomLayer {
+        self.layer
     }
 }
 

@@ -4,5 +4,5 @@
 pub mod bloom;
 pub mod windowed;
 
-pub use bloom::{BloomLayer, Geometry, MAX_LAYER_BYTES};
+pub use bloom::{BloomLayer, Geometry, LayerWriter, MAX_LAYER_BYTES};
 pub use windowed::{FilterSpec, FilterStats, Retention, WindowedFilter};

@@ -117,9 +117,8 @@ impl Namespace {
                 let Some(shadow) = writer.logged_rebuild(began) else {
                     return Applied::RebuildGone;
                 };
-                for key in &keys {
-                    shadow.filter.insert(self.hasher.hash(key), at_ms);
-                }
+                let hashes: Vec<KeyHash> = keys.iter().map(|key| self.hasher.hash(key)).collect();
+                shadow.filter.insert_many(&hashes, at_ms);
                 shadow.keys += keys.len() as u64;
                 shadow.last_step_ms = at_ms;
                 Applied::RebuildFed
