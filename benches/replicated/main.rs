@@ -64,7 +64,7 @@ use report::{CatchUp, Idle, Reads, Report, Writes};
 
 /// 1,000-key Adds that fill each deployment of the `compare` mode, and that it measures per stretch.
 const COMPARE_FILL: u64 = 200;
-const COMPARE_WRITES: u64 = 200;
+const COMPARE_WRITES: u64 = 1_000;
 /// Keys per `Add` (writes, the batched catch-up) and per `BatchMayExist`.
 const BATCH: u64 = 1_000;
 /// Calls in flight per replica written to: 9 in all on three replicas, 6 on the two of the catch-up.
@@ -252,6 +252,8 @@ struct Side<'a> {
     focus: Vec<u32>,
     total: Sample,
     focus_cpu: f64,
+    /// CPU seconds of the deployment's NATS servers over the measured stretches.
+    nats_cpu: f64,
     /// Calls per second of each stretch, to show how much the machine's load moved them.
     rates: Vec<f64>,
 }
@@ -277,6 +279,7 @@ impl<'a> Side<'a> {
             focus: replicas.iter().map(|r| r.server.pid()).collect(),
             total: Sample::default(),
             focus_cpu: 0.0,
+            nats_cpu: 0.0,
             rates: Vec::new(),
         }
     }
@@ -294,10 +297,18 @@ impl<'a> Side<'a> {
 
     /// A stretch that counts towards the result.
     async fn measure(&mut self) {
+        let nats = self.deployment.nats_pids();
+        let nats_before = procs::total_cpu_seconds(&nats);
         let (sample, focus_cpu) = self.stretch(self.calls).await;
+        self.nats_cpu += procs::total_cpu_seconds(&nats) - nats_before;
         self.rates.push(sample.calls_per_second());
         self.total.merge(sample);
         self.focus_cpu += focus_cpu;
+    }
+
+    /// The NATS servers' CPU seconds per measured call.
+    fn nats_cpu_per_call(&self) -> f64 {
+        self.nats_cpu / self.total.calls as f64
     }
 
     /// Everything measured (latencies sorted), the CPU seconds of the replicas called, the stretches'
@@ -644,8 +655,10 @@ async fn run_faults() {
     write_results("replicated-faults.md", &measured.markdown());
 }
 
-/// Lookups' CPU per call on a replica of this build and of `other` (another build of the gate), side by
-/// side, written to `benches/results/replicated-compare.md`.
+/// `Add`s and lookups on a replica of this build and of `other` (another build of the gate), side by side:
+/// calls/s, p50, the CPU per call of the replicas called and of the NATS server, written to
+/// `benches/results/replicated-compare.md`. 1,000 `Add`s a stretch: 200 (~0.15 s) moved with every burst of
+/// the machine's load.
 async fn run_compare(other: &std::path::Path) {
     let load_at_start = text::load_average();
     let this = procs::gate_binary();
@@ -701,28 +714,30 @@ async fn run_compare(other: &std::path::Path) {
         }
     }
     let mut markdown = format!(
-        "# Lookups: this build against another, side by side\n\n`cargo bench --bench replicated -- compare \
+        "# Adds and lookups: this build against another, side by side\n\n`cargo bench --bench replicated -- compare \
          {}`, {} on {} (load average at start: {load_at_start}). Two R1 deployments (one nats-server, three \
          replicas each), one of each build, each filled with {} keys in 1,000-key Adds; then {READ_ROUNDS} \
          stretches alternating between the builds: {COMPARE_WRITES} 1,000-key Adds through all three replicas \
          ({WRITES_PER_REPLICA} in flight on each, new keys), then lookups with {READ_IN_FLIGHT} calls in \
          flight to the first replica (half the keys added, half never). CPU is the user + system time per call \
-         of the replicas called (`/proc/<pid>/stat`), their lease upkeep included.\n\n| workload | build | \
-         calls | calls/s | p50 | CPU µs/call on the replicas called | fail-open |\n\
-         |---|---|---:|---:|---:|---:|---:|\n",
+         of the replicas called (`/proc/<pid>/stat`), their lease upkeep included, and apart the NATS \
+         server's.\n\n| workload | build | calls | calls/s | p50 | CPU µs/call on the replicas called | \
+         NATS CPU µs/call | fail-open |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
         other.display(),
         text::today(),
         text::machine(),
         text::si(written as f64),
     );
     for (build, workload, side) in sides {
+        let nats_cpu = side.nats_cpu_per_call();
         let (sample, replica_cpu, _, tally) = side.result();
         let calls = sample.calls;
         markdown += &format!(
-            "| {workload} | {build} | {calls} | {:.1}k | {:.0} µs | {:.1} | {} |\n",
-            sample.calls_per_second() / 1e3,
+            "| {workload} | {build} | {calls} | {:.0} | {:.0} µs | {:.1} | {:.1} | {} |\n",
+            sample.calls_per_second(),
             drive::percentile_us(&sample.latencies, 0.5),
             replica_cpu / calls as f64 * 1e6,
+            nats_cpu * 1e6,
             tally.fail_open(),
         );
     }
