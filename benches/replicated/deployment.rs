@@ -418,7 +418,7 @@ impl Launch {
         let mut command = Command::new(&self.binary);
         command
             .arg("serve")
-            .args(crate::ports::EPHEMERAL_PORTS)
+            .args(ports_flags(&self.binary))
             .args(["--nats", &self.urls, "--nats-stream", STREAM])
             .args(["--nats-replicas", &self.stream_replicas.to_string()])
             .args(["--replica-id", id, "--config"])
@@ -439,6 +439,22 @@ impl Launch {
         }
         command
     }
+}
+
+/// The flags that put `binary`'s ports on free loopback ports: those of them its `serve --help` knows, so
+/// that `compare` runs a build older than a port (`--resp-listen`) as it is.
+fn ports_flags(binary: &Path) -> Vec<&'static str> {
+    let help = Command::new(binary)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap_or_else(|e| panic!("running {} serve --help: {e}", binary.display()));
+    let help = String::from_utf8_lossy(&help.stdout);
+    crate::ports::EPHEMERAL_PORTS
+        .chunks(2)
+        .filter(|flag| help.contains(flag[0]))
+        .flatten()
+        .copied()
+        .collect()
 }
 
 /// Starts a replica, its output logged to `ID.log` in `dir`; returns once its ports serve.
