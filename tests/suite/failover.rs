@@ -288,14 +288,15 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         cluster.route(x, y, Mode::Silent);
         let partitioned = checker.try_acknowledged(20, &replicas[x], &all).await;
         cluster.heal();
+        let Err(stalled) = partitioned else {
+            break (x, y);
+        };
         let now_leading = cluster.stream_leader("existence", leader).await;
-        match partitioned {
-            Ok(()) => break (x, y),
-            Err(_) if now_leading != leader && cuts < 3 => leader = now_leading,
-            Err(stalled) => {
-                panic!("{stalled} (cut {cuts}: the stream led by n{leader}, now n{now_leading})")
-            }
-        }
+        assert!(
+            now_leading != leader && cuts < 3,
+            "{stalled} (cut {cuts}: the stream led by n{leader}, now n{now_leading})"
+        );
+        leader = now_leading;
     };
 
     // 3: latency between the writer's and the reader's servers, the reader paused past 2 x its lease.
