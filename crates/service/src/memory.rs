@@ -5,8 +5,10 @@
 //! taken from the allocator itself (glibc's `mallinfo2`: bytes in use and bytes held free), the namespaces'
 //! parts from the gate, and the program's pages from `/proc/self/status`, so RSS lies between the parts'
 //! sum without the allocator's free bytes and with them (an upper bound on their resident share), and
-//! "other heap" (connections, buffers, calls in flight) is a measured figure, not a remainder of RSS. What
-//! the sum leaves out is thread stacks and memory mapped outside the allocator.
+//! "other heap" (connections, buffers, calls in flight) is a measured figure, not a remainder of RSS. Filter
+//! layers of 2 MiB or more live in mappings of their own (huge pages: `core::filter::memory`), outside the
+//! allocator's count, so only the filters' heap part is taken from it. What the sum leaves out is thread
+//! stacks and other memory mapped outside the allocator.
 
 use crate::core::answer::NamespaceStats;
 
@@ -48,7 +50,10 @@ impl Memory {
         }
         if let Some(heap) = Heap::read() {
             memory.heap_measured = true;
-            memory.other_heap = heap.in_use.saturating_sub(memory.namespaces());
+            let on_heap = memory
+                .namespaces()
+                .saturating_sub(crate::core::filter::mapped_bytes());
+            memory.other_heap = heap.in_use.saturating_sub(on_heap);
             memory.allocator_free = heap.free;
         }
         memory

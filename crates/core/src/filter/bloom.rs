@@ -48,6 +48,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use super::memory::BlockMemory;
 use crate::hashing::KeyHash;
 
 /// Bits per block: one 64-byte cache line.
@@ -65,7 +66,7 @@ pub const MAX_LAYER_BYTES: u64 = (u32::MAX as u64) * (BLOCK_BITS as u64 / 8);
 /// One cache line of filter bits.
 #[repr(C, align(64))]
 #[derive(Default)]
-struct Block([AtomicU64; WORDS_PER_BLOCK]);
+pub(super) struct Block(pub(super) [AtomicU64; WORDS_PER_BLOCK]);
 
 /// The shape of a filter: how many blocks and how many probes per key.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -152,8 +153,8 @@ fn bits_per_key_for(target: f64) -> (f64, u32) {
 
 /// A fixed-size, cache-line-blocked Bloom filter: lock-free lookups, one writer at a time.
 pub struct BloomLayer {
-    /// The bit array, one cache line per block.
-    blocks: Box<[Block]>,
+    /// The bit array, one cache line per block (in huge pages where it spans one: [`super::memory`]).
+    blocks: BlockMemory,
     /// The shape it was built with.
     geometry: Geometry,
     /// Inserts that set at least one new bit: an estimate of the distinct keys held, used to decide when the
@@ -181,11 +182,15 @@ impl std::fmt::Debug for BloomLayer {
 impl BloomLayer {
     /// An empty filter of the given shape.
     pub fn new(geometry: Geometry) -> Self {
-        let blocks = (0..geometry.blocks).map(|_| Block::default()).collect();
-        Self::with_blocks(blocks, geometry, 0)
+        Self::with_words(geometry, 0, std::iter::empty())
     }
 
-    fn with_blocks(blocks: Box<[Block]>, geometry: Geometry, inserted: u64) -> Self {
+    /// A layer of `geometry` holding `words` from its first (the rest zero) and `inserted` keys.
+    fn with_words(geometry: Geometry, inserted: u64, words: impl Iterator<Item = u64>) -> Self {
+        let blocks = BlockMemory::zeroed(geometry.blocks);
+        let all = blocks.iter().flat_map(|block| &block.0);
+        all.zip(words)
+            .for_each(|(word, value)| word.store(value, Ordering::Relaxed));
         Self {
             blocks,
             geometry,
@@ -215,11 +220,7 @@ impl BloomLayer {
                 words.len()
             ));
         }
-        let blocks = words
-            .chunks_exact(WORDS_PER_BLOCK)
-            .map(|chunk| Block(std::array::from_fn(|i| AtomicU64::new(chunk[i]))))
-            .collect();
-        Ok(Self::with_blocks(blocks, geometry, inserted))
+        Ok(Self::with_words(geometry, inserted, words.iter().copied()))
     }
 
     /// The shape of this filter.
@@ -291,16 +292,7 @@ impl BloomLayer {
 
     /// A copy of this layer as it is now, which later inserts into this one do not change.
     pub fn copy(&self) -> Self {
-        let blocks = self
-            .blocks
-            .iter()
-            .map(|block| {
-                Block(std::array::from_fn(|i| {
-                    AtomicU64::new(block.0[i].load(Ordering::Relaxed))
-                }))
-            })
-            .collect();
-        Self::with_blocks(blocks, self.geometry, self.inserted())
+        Self::with_words(self.geometry, self.inserted(), self.words())
     }
 
     /// Copies of the raw bit words, block after block (what a snapshot stores).

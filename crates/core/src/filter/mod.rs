@@ -2,7 +2,9 @@
 //! rotated and grown by [`windowed`]. It answers "definitely not added within retention" or "maybe added".
 
 pub mod bloom;
+mod memory;
 pub mod windowed;
 
 pub use bloom::{BloomLayer, Geometry, LayerWriter, MAX_LAYER_BYTES};
+pub use memory::mapped_bytes;
 pub use windowed::{FilterSpec, FilterStats, Retention, WindowedFilter};
