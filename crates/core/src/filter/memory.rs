@@ -5,10 +5,11 @@
 //! needs `B / 4 KiB` TLB entries to avoid a page walk per key — 6,144 for a 24 MB layer, more than a CPU's
 //! second-level TLB holds (1,536–3,072 entries on current x86-64), and far more once the NATS server, the
 //! other replicas and the kernel share the core. In 2 MiB pages the same layer needs 12. Measured with three
-//! replicas and a NATS server on 2 cores, 1,000-key `Add`s into a 24 MB layer (a throwaway harness, three
-//! pairs of 8 s runs alternating the builds): the replicas' CPU per `Add` fell from 634 / 653 / 725 µs to
-//! 479 / 535 / 545 µs (−18 to −25%). A single-threaded microbenchmark of a 12 MB layer showed no gain: alone
-//! on a core, its page walks hit the caches.
+//! replicas and a NATS server on 2 cores, 1,000-key `Add`s into a 24 MB layer (a throwaway harness, seven
+//! pairs of 8 s runs alternating the builds): the replicas' CPU per `Add` fell by 17–25% in six pairs (e.g.
+//! 634 → 479 µs, 794 → 622 µs) and did not move in one (745 vs 748 µs). A single-threaded microbenchmark of a
+//! 12 MB layer showed no gain: alone on a core, its page walks hit the caches; nor did the side-by-side
+//! `compare` bench, whose layers are 4.8 MB (1,200 pages of 4 KiB: within the TLB).
 //!
 //! The advice is a request: with transparent huge pages off (`/sys/kernel/mm/transparent_hugepage/enabled`
 //! at `never`) or no 2 MiB page free, the kernel backs the mapping with 4 KiB pages and nothing else changes.
