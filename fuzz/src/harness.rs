@@ -190,7 +190,12 @@ pub fn log_record(data: &[u8]) {
     if let Ok(mutation) = codec::decode(data) {
         let mut again = Vec::new();
         codec::encode(&mutation, &mut again);
-        if data[0] == codec::RECORD_ABSENT_UNOBSERVED {
+        let older = [
+            codec::RECORD_ABSENT_UNOBSERVED,
+            codec::ADD_FIXED,
+            codec::REBUILD_FIXED,
+        ];
+        if older.contains(&data[0]) {
             let upgraded = codec::decode(&again).expect("a re-encoded record decodes");
             assert_eq!(
                 upgraded, mutation,

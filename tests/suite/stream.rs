@@ -346,6 +346,81 @@ async fn replicas_must_size_a_namespace_alike() {
     c.agree_sizing("orders", &spec(5_000)).await.unwrap();
 }
 
+/// The first byte of stream message `seq`: a mutation's type says how it frames its keys.
+async fn type_of(jetstream: &async_nats::jetstream::Context, stream: &str, seq: u64) -> u8 {
+    let stream = jetstream.get_stream(stream).await.unwrap();
+    stream.get_raw_message(seq).await.unwrap().payload[0]
+}
+
+/// A stream's identity names its format; a new stream is set up in format 2 (keys with varint lengths),
+/// a stream set up in format 1 keeps u32 key lengths (which the older replicas following it read: they
+/// would pass anything else over as junk), and a newer format is refused.
+#[tokio::test]
+async fn a_stream_frames_keys_as_its_identity_says() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let client = async_nats::connect(nats.url.as_str()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    let fresh = open(&nats).await;
+    let identity = jetstream
+        .get_stream("existence")
+        .await
+        .unwrap()
+        .get_raw_message(1)
+        .await
+        .unwrap()
+        .payload;
+    assert_eq!(
+        identity[8..12],
+        2u32.to_le_bytes(),
+        "a new stream is format 2"
+    );
+    fresh.publish(&add("users", "k"), "w1").await.unwrap();
+    assert_eq!(
+        type_of(&jetstream, "existence", 2).await,
+        5,
+        "varint key lengths"
+    );
+
+    for (name, format) in [("legacy", 1u32), ("future", 3)] {
+        jetstream
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: name.to_string(),
+                subjects: vec![format!("{name}.>")],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let mut payload = b"EXGIDNT1".to_vec();
+        payload.extend_from_slice(&format.to_le_bytes());
+        payload.extend_from_slice(&[7; 32]);
+        jetstream
+            .publish(format!("{name}.$identity"), payload.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let legacy = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "legacy"))
+        .await
+        .unwrap();
+    assert_eq!(legacy.seed(), [7; 32]);
+    legacy.publish(&add("users", "k"), "w1").await.unwrap();
+    assert_eq!(type_of(&jetstream, "legacy", 2).await, 1, "u32 key lengths");
+    assert_eq!(read(&legacy, 0, 1).await, [add("users", "k").with_seq(2)]);
+
+    let refused = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "future"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("newer existence-gate (identity format 3"),
+        "{refused}"
+    );
+}
+
 #[tokio::test]
 async fn a_stream_written_by_something_else_is_refused() {
     let Some(nats) = Nats::start().await else {

@@ -181,6 +181,27 @@ impl<'a> Fields<'a> {
         self.take(len)
     }
 
+    /// A byte string prefixed by its length as a LEB128 varint (at most 5 bytes, at most `u32::MAX`).
+    pub fn varint_bytes(&mut self) -> Result<&'a [u8], Malformed> {
+        let mut len = 0u64;
+        for shift in (0..35).step_by(7) {
+            let byte = self.u8()?;
+            len |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                if byte == 0 && shift > 0 {
+                    // The writer never pads: a record read back re-encodes to the same bytes.
+                    return Err(Malformed(
+                        "a length in more bytes than it needs".to_string(),
+                    ));
+                }
+                let len = u32::try_from(len)
+                    .map_err(|_| Malformed(format!("a length of {len} bytes")))?;
+                return self.take(len as usize);
+            }
+        }
+        Err(Malformed("a length runs past 5 bytes".to_string()))
+    }
+
     /// A UTF-8 string prefixed by its u16 length.
     pub fn string(&mut self) -> Result<&'a str, Malformed> {
         let len = self.u16()? as usize;
@@ -218,6 +239,17 @@ impl<'a> Fields<'a> {
 /// Appends a byte string prefixed by its u32 length.
 pub fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Appends a byte string prefixed by its length as a LEB128 varint (one byte up to 127 bytes).
+pub fn put_varint_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut len = bytes.len() as u32;
+    while len >= 0x80 {
+        out.push((len as u8) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
     out.extend_from_slice(bytes);
 }
 

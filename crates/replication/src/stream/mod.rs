@@ -63,6 +63,7 @@ use async_nats::ServerAddr;
 
 use super::protocol::MemberRecord;
 use crate::core::log::Mutation;
+use crate::storage::codec::KeyLengths;
 
 /// How long a first connection may take before the replica gives up with an error (it does not wait
 /// forever for a NATS that may never come: the operator sees why it did not start).
@@ -168,6 +169,8 @@ pub struct MutationStream {
     stream: stream::Stream,
     name: String,
     seed: [u8; 32],
+    /// How this stream's mutations frame their keys (its identity's format says).
+    key_lengths: KeyLengths,
 }
 
 impl MutationStream {
@@ -244,8 +247,9 @@ impl MutationStream {
             stream,
             name: options.stream.clone(),
             seed: [0; 32],
+            key_lengths: KeyLengths::Varint,
         };
-        opened.seed = opened.identity().await?;
+        (opened.seed, opened.key_lengths) = opened.identity().await?;
         Ok(opened)
     }
 

@@ -16,7 +16,7 @@ impl MutationStream {
     /// the stream's acknowledgement.
     pub async fn publish(&self, mutation: &Mutation, id: &str) -> Result<Published, StreamError> {
         let mut payload = Vec::new();
-        codec::encode_with_seq(mutation, 0, &mut payload);
+        codec::encode_with_seq(mutation, 0, self.key_lengths, &mut payload);
         let failed = |e: &dyn std::fmt::Display| {
             StreamError::Publish(format!(
                 "publishing to the JetStream stream {:?} failed: {e}; the write may or may not be stored, \

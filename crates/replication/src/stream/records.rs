@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use super::{MutationStream, StreamError};
 use crate::core::filter::FilterSpec;
 use crate::core::hashing::KeyHasher;
+use crate::storage::codec::KeyLengths;
 
 /// The subject token of the deployment identity.
 const IDENTITY: &str = "$identity";
@@ -21,15 +22,19 @@ const IDENTITY: &str = "$identity";
 const SIZING: &str = "$sizing";
 /// The start of an identity message, then a u32 format and the 32-byte seed.
 const IDENTITY_MAGIC: &[u8; 8] = b"EXGIDNT1";
-/// The identity format this build writes and reads.
-const IDENTITY_FORMAT: u32 = 1;
+/// The stream format this build writes into a new stream's identity: 2, mutations whose keys carry varint
+/// lengths. A stream set up in format 1 is still read and written in format 1 (u32 key lengths), which
+/// every older replica following it reads; a build older than format 2 refuses a format-2 stream at start
+/// (it would otherwise take each new mutation for junk and pass it over: its keys would answer `ABSENT`).
+const IDENTITY_FORMAT: u32 = 2;
 /// How long reading one of the stream's record subjects from its start may take (the membership at start,
 /// a record's history past junk).
 const SUBJECT_READ: Duration = Duration::from_secs(10);
 
 impl MutationStream {
-    /// Reads the identity, publishing one (at seq 1) into an empty stream.
-    pub(super) async fn identity(&self) -> Result<[u8; 32], StreamError> {
+    /// Reads the identity — the hash seed, and how the stream's mutations frame their keys — publishing
+    /// one (at seq 1) into an empty stream.
+    pub(super) async fn identity(&self) -> Result<([u8; 32], KeyLengths), StreamError> {
         let subject = format!("{}.{IDENTITY}", self.name);
         // The stream's length first: an identity is always seq 1, so if the stream held anything when its
         // length was read, an identity read after that is there — unless the stream is not ours.
@@ -54,18 +59,27 @@ impl MutationStream {
         self.parse_identity(&found)
     }
 
-    fn parse_identity(&self, message: &StreamMessage) -> Result<[u8; 32], StreamError> {
+    fn parse_identity(
+        &self,
+        message: &StreamMessage,
+    ) -> Result<([u8; 32], KeyLengths), StreamError> {
         let payload = &message.payload;
         let format = payload
             .get(8..12)
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        let lengths = match format {
+            Some(1) => KeyLengths::Fixed,
+            _ => KeyLengths::Varint,
+        };
         match (payload.get(..8), format) {
-            (Some(magic), Some(IDENTITY_FORMAT)) if magic == IDENTITY_MAGIC && payload.len() == 44 => {
-                Ok(payload[12..].try_into().expect("32 bytes"))
+            (Some(magic), Some(1..=IDENTITY_FORMAT))
+                if magic == IDENTITY_MAGIC && payload.len() == 44 =>
+            {
+                Ok((payload[12..].try_into().expect("32 bytes"), lengths))
             }
             (Some(magic), Some(format)) if magic == IDENTITY_MAGIC => Err(StreamError::Setup(format!(
                 "the JetStream stream {:?} was set up by a newer existence-gate (identity format {format}; \
-                 this build reads {IDENTITY_FORMAT}): run that version or a newer one",
+                 this build reads 1 to {IDENTITY_FORMAT}): run that version or a newer one",
                 self.name
             ))),
             _ => Err(StreamError::Setup(format!(

@@ -13,11 +13,12 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// The log format this build writes. Format 1 segments had no header and counted each namespace's seqs from
 /// 0; format 2 segments begin with a [header](SegmentHeader) and count from 1 (see
 /// [`crate::core::log::GENESIS_SEQ`]); format 3 records carry a `RecordAbsent`'s `observed_seq` (a new
-/// record type, see [`crate::codec`]), which an older build would take for damage. All three are read.
-pub const LOG_FORMAT: u32 = 3;
+/// record type, see [`crate::codec`]), which an older build would take for damage; format 4 records frame
+/// keys with varint lengths (new `Add` and `Rebuild` types). All four are read.
+pub const LOG_FORMAT: u32 = 4;
 
 /// The first frame of every segment since format 2: this magic, then `u32 format`, `u64 seed fingerprint`.
-/// No record can start with it (a record's first byte is its kind, 1 to 3).
+/// No record can start with it (a record's first byte is its kind, 1 to 6).
 const SEGMENT_MAGIC: &[u8; 8] = b"EXGWALHD";
 
 /// What a segment's header says.

@@ -244,9 +244,14 @@ fn write_segment(dir: &Path, number: u64, header: Option<SegmentHeader>, tail: &
     if let Some(header) = header {
         header.encode(&mut bytes);
     }
+    // Formats before 4 framed keys with u32 lengths (format 1 had no header).
+    let lengths = match header.map_or(1, |header| header.format) {
+        ..=3 => codec::KeyLengths::Fixed,
+        _ => codec::KeyLengths::Varint,
+    };
     for seq in 1..=3 {
         let mut payload = Vec::new();
-        codec::encode(&add(seq, &format!("key-{seq}")), &mut payload);
+        codec::encode_with_seq(&add(seq, &format!("key-{seq}")), seq, lengths, &mut payload);
         frame::encode(&payload, &mut bytes);
     }
     bytes.extend_from_slice(tail);
@@ -284,6 +289,22 @@ fn zeros_with_a_record_after_them_are_damage() {
     write_segment(dir.path(), 1, Some(CURRENT), &tail);
     let error = replayed(dir.path()).unwrap_err().to_string();
     assert!(error.contains("empty frame"), "{error}");
+}
+
+#[test]
+fn format_3_segments_with_u32_key_lengths_replay_beside_format_4_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let format_3 = SegmentHeader {
+        format: 3,
+        seed_fingerprint: FINGERPRINT,
+    };
+    write_segment(dir.path(), 1, Some(format_3), &[]);
+    write_segment(dir.path(), 2, Some(CURRENT), &[]);
+    let expected: Vec<Mutation> = (1..=3)
+        .chain(1..=3)
+        .map(|seq| add(seq, &format!("key-{seq}")))
+        .collect();
+    assert_eq!(replayed(dir.path()).unwrap(), expected);
 }
 
 #[test]
