@@ -144,6 +144,28 @@ struct Window {
     id: u64,
     /// Oldest first; only the last one takes inserts.
     layers: Vec<Arc<BloomLayer>>,
+    /// Its newest layer is full and the memory cap refused another: inserts stop asking to grow it until
+    /// a rotation or an expiry frees memory. Without this mark every key that set a bit in a saturated
+    /// window asked again, and each refusal sized the next layer anew (a bisection over the false-positive
+    /// formula): with three replicas applying 1,000-key `Add`s into a namespace at its cap (4M keys expected,
+    /// over 12M added), 63% of a replica's CPU went to sizing layers it would never get (`perf`), and the
+    /// replicas took 2,216 / 2,679 µs of CPU per `Add` against 616 / 632 µs with the mark (two pairs of runs).
+    saturated: bool,
+}
+
+impl Window {
+    fn new(id: u64, layers: Vec<Arc<BloomLayer>>) -> Self {
+        Self {
+            id,
+            layers,
+            saturated: false,
+        }
+    }
+
+    /// The same window, allowed to ask to grow again (memory was freed).
+    fn unsaturated(&self) -> Self {
+        Self::new(self.id, self.layers.clone())
+    }
 }
 
 /// The immutable set of windows a lookup sees; oldest window first.
@@ -196,7 +218,8 @@ impl<'g> Target<'g> {
         if older.iter().any(|layer| layer.contains(hash)) {
             return None;
         }
-        (self.writer.insert(hash) && self.writer.layer().is_full()).then_some(window.id)
+        let added = self.writer.insert(hash);
+        (added && !window.saturated && self.writer.layer().is_full()).then_some(window.id)
     }
 }
 
@@ -228,6 +251,9 @@ pub struct WindowedFilter {
     /// Bytes of every layer in the published list (windows past retention count until `expire` drops
     /// them), kept for stats; growth checks the cap against the list itself.
     bytes: AtomicU64,
+    /// Calls of `grow`: a test checks that a saturated window is not asked again.
+    #[cfg(test)]
+    growth_requests: AtomicU64,
 }
 
 impl std::fmt::Debug for WindowedFilter {
@@ -266,6 +292,8 @@ impl WindowedFilter {
             windows: Atomic::new(Windows::default()),
             structure: Mutex::new(()),
             bytes: AtomicU64::new(0),
+            #[cfg(test)]
+            growth_requests: AtomicU64::new(0),
         }
     }
 
@@ -274,7 +302,7 @@ impl WindowedFilter {
         let restored = Windows {
             list: windows
                 .into_iter()
-                .map(|(id, layers)| Window { id, layers })
+                .map(|(id, layers)| Window::new(id, layers))
                 .collect(),
         };
         Self {
@@ -283,6 +311,8 @@ impl WindowedFilter {
             bytes: AtomicU64::new(restored.bytes()),
             windows: Atomic::new(restored),
             structure: Mutex::new(()),
+            #[cfg(test)]
+            growth_requests: AtomicU64::new(0),
         }
     }
 
@@ -402,8 +432,12 @@ impl WindowedFilter {
         let current = self.load(&guard);
         let dead = current.list.iter().take_while(|w| w.id < oldest).count();
         if dead > 0 {
-            let mut next = current.clone();
-            next.list.drain(..dead);
+            let next = Windows {
+                list: current.list[dead..]
+                    .iter()
+                    .map(Window::unsaturated)
+                    .collect(),
+            };
             self.publish(next, &guard);
         }
         dead
@@ -423,26 +457,28 @@ impl WindowedFilter {
                 .list
                 .iter()
                 .filter(|w| w.id >= oldest)
-                .cloned()
+                .map(Window::unsaturated)
                 .collect(),
         };
-        next.list.push(Window {
-            id: target_id,
-            layers: vec![Arc::new(BloomLayer::new(self.base))],
-        });
+        next.list.push(Window::new(
+            target_id,
+            vec![Arc::new(BloomLayer::new(self.base))],
+        ));
         self.publish(next, guard)
     }
 
     /// Adds a larger, tighter layer to window `id` if the memory cap allows; otherwise the window saturates.
     fn grow(&self, id: u64, guard: &Guard) {
+        #[cfg(test)]
+        self.growth_requests.fetch_add(1, Ordering::Relaxed);
         let _structure = self.structure.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.load(guard);
         let Some(position) = current.list.iter().position(|w| w.id == id) else {
             return; // the window was dropped meanwhile
         };
         let layers = &current.list[position].layers;
-        if !layers.last().is_some_and(|l| l.is_full()) {
-            return; // another writer grew it first
+        if current.list[position].saturated || !layers.last().is_some_and(|l| l.is_full()) {
+            return; // another writer grew it, or found it at the cap, first
         }
         let growth = layers.len() as u32;
         let geometry = Geometry::for_target(
@@ -452,6 +488,9 @@ impl WindowedFilter {
                 / f64::from(1u32 << growth.min(30)),
         );
         if current.bytes() + geometry.bytes() > self.spec.max_bytes {
+            let mut next = current.clone();
+            next.list[position].saturated = true;
+            self.publish(next, guard);
             return;
         }
         let mut next = current.clone();
@@ -686,6 +725,24 @@ mod tests {
         for i in 0..50_000u32 {
             assert!(filter.contains(hasher.hash(&i.to_le_bytes()), 0));
         }
+    }
+
+    #[test]
+    fn a_window_at_the_memory_cap_is_asked_to_grow_once_not_per_key() {
+        let mut capped = spec(Retention::Forever, 1_000);
+        capped.max_bytes = capped.initial_bytes() * 8;
+        let filter = WindowedFilter::new(capped);
+        let hasher = KeyHasher::from_seed([3; 32]);
+        for batch in 0..100u32 {
+            let hashes: Vec<KeyHash> = (batch * 1_000..(batch + 1) * 1_000)
+                .map(|i| hasher.hash(&i.to_le_bytes()))
+                .collect();
+            filter.insert_many(&hashes, 0);
+        }
+        let layers = filter.stats(0).layers as u64;
+        assert!(layers > 1, "the filter grew before reaching its cap");
+        // One request per layer added, and one refused at the cap: not one per key inserted since.
+        assert_eq!(filter.growth_requests.load(Ordering::Relaxed), layers);
     }
 
     #[test]
