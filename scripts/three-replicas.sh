@@ -6,8 +6,9 @@
 #
 #   cargo build --release && scripts/three-replicas.sh [DIR]
 #
-# DIR holds the NATS servers' stores, the replicas' configuration (DIR/config.toml, written with one
-# `default` namespace unless it exists: edit it to try other namespaces) and every process's log
+# DIR holds the NATS servers' stores, each replica's data directory (DIR/r0..r2), the replicas'
+# configuration (DIR/config.toml, written with one `default` namespace unless it exists: edit it to try
+# other namespaces) and every process's log
 # (DIR/*.log; a start rewrites the replicas'); it is kept, and a later start on it resumes the stream.
 # Without DIR, a temporary directory is used and removed at exit.
 #
@@ -125,7 +126,7 @@ serving() { grep -q 'grpc_addr=.*http_addr=' "$1"; }
 start_replica() {
     RUST_LOG=${RUST_LOG:-info} NO_COLOR=1 "$gate" serve \
         --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --resp-listen 127.0.0.1:0 --config "$dir/config.toml" \
-        --nats "$nats_urls" --nats-replicas 3 --replica-id "r$1" \
+        --nats "$nats_urls" --nats-replicas 3 --replica-id "r$1" --data-dir "$dir/r$1" \
         >"$dir/r$1.log" 2>&1 &
     replica_pids+=($!)
 }

@@ -39,6 +39,7 @@ mod resp;
 mod failover;
 mod replicas;
 mod stream;
+mod three_replicas_script;
 
 // The binary's commands, the PostgreSQL change feed, and the clients in other languages.
 mod cli;

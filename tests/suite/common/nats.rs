@@ -32,7 +32,7 @@ pub struct Cluster {
 }
 
 /// The nats-server binary, or `None` (with a note on stderr) when it is not installed and not required.
-fn binary() -> Option<PathBuf> {
+pub fn binary() -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
