@@ -145,7 +145,7 @@ struct Window {
     /// Oldest first; only the last one takes inserts.
     layers: Vec<Arc<BloomLayer>>,
     /// Its newest layer is full and the memory cap refused another: inserts stop asking to grow it until
-    /// a rotation or an expiry frees memory. Without this mark every key that set a bit in a saturated
+    /// an expiry frees memory (a rotation starts a new window, which takes the inserts from then on). Without this mark every key that set a bit in a saturated
     /// window asked again, and each refusal sized the next layer anew (a bisection over the false-positive
     /// formula): with three replicas applying 1,000-key `Add`s into a namespace at its cap (4M keys expected,
     /// over 12M added), 63% of a replica's CPU went to sizing layers it would never get (`perf`), and the
@@ -457,7 +457,7 @@ impl WindowedFilter {
                 .list
                 .iter()
                 .filter(|w| w.id >= oldest)
-                .map(Window::unsaturated)
+                .cloned()
                 .collect(),
         };
         next.list.push(Window::new(
@@ -743,6 +743,48 @@ mod tests {
         assert!(layers > 1, "the filter grew before reaching its cap");
         // One request per layer added, and one refused at the cap: not one per key inserted since.
         assert_eq!(filter.growth_requests.load(Ordering::Relaxed), layers);
+    }
+
+    #[test]
+    fn a_saturated_window_grows_again_once_an_expiry_frees_memory() {
+        let mut capped = spec(Retention::Millis(3 * HOUR), 1_000);
+        // Four first layers' worth: window 0 can add one larger layer, then nothing fits beside it.
+        capped.max_bytes = capped.initial_bytes();
+        let filter = WindowedFilter::new(capped);
+        let hasher = KeyHasher::from_seed([4; 32]);
+        let add = |keys: std::ops::Range<u32>, at_ms: u64| {
+            let hashes: Vec<KeyHash> = keys.map(|i| hasher.hash(&i.to_le_bytes())).collect();
+            filter.insert_many(&hashes, at_ms);
+        };
+        let window_1_layers = || {
+            let windows = filter.export();
+            windows
+                .iter()
+                .find(|(id, _)| *id == 1)
+                .map(|(_, l)| l.len())
+        };
+        // Window 0 grows until the cap; window 1, beside it, saturates at its first layer.
+        add(0..20_000, 0);
+        add(20_000..22_000, HOUR + HOUR / 2);
+        assert_eq!(
+            window_1_layers(),
+            Some(1),
+            "window 1 saturated beside window 0"
+        );
+        let asked = filter.growth_requests.load(Ordering::Relaxed);
+        add(22_000..23_000, HOUR + HOUR / 2);
+        assert_eq!(
+            filter.growth_requests.load(Ordering::Relaxed),
+            asked,
+            "saturated: not asked again"
+        );
+        // Four hours in, window 0 is dead and expires; its memory lets window 1 grow.
+        assert_eq!(filter.expire(4 * HOUR), 1);
+        add(23_000..24_000, HOUR + HOUR / 2);
+        assert!(
+            window_1_layers() > Some(1),
+            "window 1 grew once window 0's memory was freed"
+        );
     }
 
     #[test]
