@@ -286,7 +286,7 @@ fn replay_files(dir: &Path, segments: &[&[u8]]) {
         };
         gate.replay_one(mutation)?;
         if let Some(keys) = applied_keys {
-            added.extend(keys.into_iter().take(64 - added.len().min(64)));
+            added.extend(keys.iter().take(64 - added.len().min(64)));
         }
         Ok(())
     });
@@ -1287,13 +1287,13 @@ fn sample_mutations() -> Vec<Mutation> {
             namespace: Arc::from("default"),
             seq: 1,
             at_ms: START_MS,
-            keys: vec![key("user:1"), key("user:2")],
+            keys: vec![key("user:1"), key("user:2")].into(),
         },
         Mutation::Add {
             namespace: Arc::from("users"),
             seq: 42,
             at_ms: START_MS + 3_600_000,
-            keys: vec![],
+            keys: vec![].into(),
         },
         Mutation::RecordAbsent {
             namespace: Arc::from("users"),

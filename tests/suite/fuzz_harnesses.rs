@@ -118,7 +118,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
                 namespace,
                 seq,
                 at_ms,
-                keys
+                keys: keys.into()
             }),
         (
             name.clone(),

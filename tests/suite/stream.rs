@@ -27,7 +27,7 @@ fn add(namespace: &str, key: &str) -> Mutation {
         namespace: Arc::from(namespace),
         seq: 0,
         at_ms: 1_800_000_000_000,
-        keys: vec![Bytes::copy_from_slice(key.as_bytes())],
+        keys: vec![Bytes::copy_from_slice(key.as_bytes())].into(),
     }
 }
 
@@ -523,7 +523,7 @@ async fn a_purge_removes_only_one_namespace_below_the_seq() {
     let keys: Vec<_> = left
         .iter()
         .map(|m| match m {
-            Mutation::Add { keys, .. } => keys[0].clone(),
+            Mutation::Add { keys, .. } => keys.iter().next().expect("a key"),
             other => panic!("{other:?}"),
         })
         .collect();

@@ -55,10 +55,14 @@ impl PackedKeys {
     /// Copies `keys` into one buffer. Keys are at most `max_key_bytes` and a batch at most `max_batch_keys`
     /// of them, so offsets fit in a `u32` (checked: a batch past 4 GiB would be refused long before here).
     pub fn pack(keys: &[Bytes]) -> Self {
-        let total: usize = keys.iter().map(Bytes::len).sum();
+        Self::from_slices(keys.iter().map(|key| &key[..]))
+    }
+
+    /// Copies the keys `keys` yields into one buffer (see [`pack`](Self::pack)).
+    pub fn from_slices<'a>(keys: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Self {
+        let total: usize = keys.clone().map(<[u8]>::len).sum();
         let mut data = Vec::with_capacity(total);
         let ends = keys
-            .iter()
             .map(|key| {
                 data.extend_from_slice(key);
                 u32::try_from(data.len()).expect("an Add's keys total under 4 GiB")
@@ -80,6 +84,14 @@ impl PackedKeys {
         self.ends.is_empty()
     }
 
+    /// The keys, in order, borrowed (no reference count taken).
+    pub fn slices(&self) -> impl ExactSizeIterator<Item = &[u8]> + Clone + '_ {
+        (0..self.ends.len()).map(|i| {
+            let start = if i == 0 { 0 } else { self.ends[i - 1] };
+            &self.data[start as usize..self.ends[i] as usize]
+        })
+    }
+
     /// The keys, in order (each shares the packed buffer: no copy).
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Bytes> + '_ {
         (0..self.ends.len()).map(|i| {
@@ -91,6 +103,18 @@ impl PackedKeys {
     /// Bytes held: the keys and their offsets.
     pub fn bytes(&self) -> usize {
         self.data.len() + std::mem::size_of_val(&*self.ends)
+    }
+}
+
+impl FromIterator<Bytes> for PackedKeys {
+    fn from_iter<I: IntoIterator<Item = Bytes>>(keys: I) -> Self {
+        Self::pack(&keys.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl From<Vec<Bytes>> for PackedKeys {
+    fn from(keys: Vec<Bytes>) -> Self {
+        Self::pack(&keys)
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::*;
 use crate::filter::WindowedFilter;
 use crate::hashing::KeyHash;
-use crate::invalidations::{Invalidation, PackedKeys};
+use crate::invalidations::Invalidation;
 use crate::log::{Mutation, RebuildStep};
 use crate::tombstones::{self, TombstoneKey};
 
@@ -23,13 +23,13 @@ impl Namespace {
             Mutation::Add {
                 seq, at_ms, keys, ..
             } => {
-                let hashes: Vec<KeyHash> = keys.iter().map(|key| self.hasher.hash(key)).collect();
+                let hashes: Vec<KeyHash> = keys.slices().map(|key| self.hasher.hash(key)).collect();
                 self.filter.load().insert_many(&hashes, at_ms);
                 if let Some(shadow) = &writer.shadow {
                     shadow.filter.insert_many(&hashes, at_ms);
                 }
                 let mut cleared = 0;
-                for (key, &hash) in keys.iter().zip(&hashes) {
+                for (key, &hash) in keys.slices().zip(&hashes) {
                     writer.recent_adds.record(hash, seq);
                     cleared += u32::from(self.tombstones.remove(
                         hash,
@@ -40,7 +40,6 @@ impl Namespace {
                 self.keys_added
                     .fetch_add(keys.len() as u64, Ordering::Relaxed);
                 self.metrics.keys_added.increment(keys.len() as u64);
-                let keys = PackedKeys::pack(&keys);
                 self.hub
                     .publish(Invalidation { seq, keys }, &self.latest_seq);
                 Applied::Added {

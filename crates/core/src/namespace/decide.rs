@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use super::*;
 use crate::hashing::KeyHash;
+use crate::invalidations::PackedKeys;
 use crate::log::{Log, Mutation};
 use crate::tombstones::AbsenceKind;
 
@@ -65,7 +66,7 @@ impl Namespace {
             namespace: Arc::clone(&self.name),
             seq,
             at_ms,
-            keys,
+            keys: PackedKeys::pack(&keys),
         }
     }
 

@@ -58,7 +58,7 @@ fn a_panic_while_applying_stops_writes_but_not_reads() {
         namespace: Arc::from("default"),
         seq: namespace.latest_seq() + 1,
         at_ms: 2_000,
-        keys: vec![key("replayed")],
+        keys: vec![key("replayed")].into(),
     };
     assert!(namespace.apply(replayed).is_err());
     assert_eq!(log.mutations().len(), 1, "nothing more was logged");

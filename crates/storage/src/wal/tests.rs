@@ -21,7 +21,7 @@ fn add(seq: u64, key: &str) -> Mutation {
         namespace: Arc::from("default"),
         seq,
         at_ms: 0,
-        keys: vec![Bytes::copy_from_slice(key.as_bytes())],
+        keys: vec![Bytes::copy_from_slice(key.as_bytes())].into(),
     }
 }
 
