@@ -145,11 +145,12 @@ struct Window {
     /// Oldest first; only the last one takes inserts.
     layers: Vec<Arc<BloomLayer>>,
     /// Its newest layer is full and the memory cap refused another: inserts stop asking to grow it until
-    /// an expiry frees memory (a rotation starts a new window, which takes the inserts from then on). Without this mark every key that set a bit in a saturated
-    /// window asked again, and each refusal sized the next layer anew (a bisection over the false-positive
-    /// formula): with three replicas applying 1,000-key `Add`s into a namespace at its cap (4M keys expected,
-    /// over 12M added), 63% of a replica's CPU went to sizing layers it would never get (`perf`), and the
-    /// replicas took 2,216 / 2,679 µs of CPU per `Add` against 616 / 632 µs with the mark (two pairs of runs).
+    /// an expiry frees memory (a rotation starts a new window, which takes the inserts from then on).
+    /// Without this mark every key that set a bit in a saturated window asked again, and each refusal sized
+    /// the next layer anew (a bisection over the false-positive formula): with three replicas applying
+    /// 1,000-key `Add`s into a namespace at its cap (4M keys expected, over 12M added), 63% of a replica's
+    /// CPU went to sizing layers it would never get (`perf`), and the replicas took 2,216 / 2,679 µs of CPU
+    /// per `Add` against 616 / 632 µs with the mark (two pairs of runs).
     saturated: bool,
 }
 
