@@ -94,10 +94,7 @@ impl PackedKeys {
 
     /// The keys, in order (each shares the packed buffer: no copy).
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Bytes> + '_ {
-        (0..self.ends.len()).map(|i| {
-            let start = if i == 0 { 0 } else { self.ends[i - 1] };
-            self.data.slice(start as usize..self.ends[i] as usize)
-        })
+        self.slices().map(|key| self.data.slice_ref(key))
     }
 
     /// Bytes held: the keys and their offsets.

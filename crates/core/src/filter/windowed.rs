@@ -728,6 +728,17 @@ mod tests {
         }
     }
 
+    /// Inserts the keys numbered `keys` as one batch at `at_ms`.
+    fn insert_batch(
+        filter: &WindowedFilter,
+        hasher: &KeyHasher,
+        keys: std::ops::Range<u32>,
+        at_ms: u64,
+    ) {
+        let hashes: Vec<KeyHash> = keys.map(|i| hasher.hash(&i.to_le_bytes())).collect();
+        filter.insert_many(&hashes, at_ms);
+    }
+
     #[test]
     fn a_window_at_the_memory_cap_is_asked_to_grow_once_not_per_key() {
         let mut capped = spec(Retention::Forever, 1_000);
@@ -735,10 +746,7 @@ mod tests {
         let filter = WindowedFilter::new(capped);
         let hasher = KeyHasher::from_seed([3; 32]);
         for batch in 0..100u32 {
-            let hashes: Vec<KeyHash> = (batch * 1_000..(batch + 1) * 1_000)
-                .map(|i| hasher.hash(&i.to_le_bytes()))
-                .collect();
-            filter.insert_many(&hashes, 0);
+            insert_batch(&filter, &hasher, batch * 1_000..(batch + 1) * 1_000, 0);
         }
         let layers = filter.stats(0).layers as u64;
         assert!(layers > 1, "the filter grew before reaching its cap");
@@ -753,10 +761,7 @@ mod tests {
         capped.max_bytes = capped.initial_bytes();
         let filter = WindowedFilter::new(capped);
         let hasher = KeyHasher::from_seed([4; 32]);
-        let add = |keys: std::ops::Range<u32>, at_ms: u64| {
-            let hashes: Vec<KeyHash> = keys.map(|i| hasher.hash(&i.to_le_bytes())).collect();
-            filter.insert_many(&hashes, at_ms);
-        };
+        let add = |keys, at_ms| insert_batch(&filter, &hasher, keys, at_ms);
         let window_1_layers = || {
             let windows = filter.export();
             windows
