@@ -262,6 +262,105 @@ async fn a_lost_publish_acknowledgement_is_retried_and_stored_once() {
 /// A replica whose consumer fails three times while the stream is written: each time it follows the
 /// stream again from what it has applied, so it skips nothing and applies nothing twice — every key
 /// acknowledged through the other replica is there, and both reach the same state digest.
+/// `Add`s reaching a replica while its publish is in progress (held here: the stream's acknowledgement of
+/// the first is delayed) leave together as one message when the publish is over: they share its seq, each
+/// caller is told of the tombstones of its own keys only, and every replica has every key.
+#[tokio::test]
+async fn adds_arriving_during_a_publish_share_the_next_message_and_each_is_answered_alone() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), REPLICATED);
+    let mut writer = Launch::new(&nats.url, &config, "r0");
+    // Three publishes of the setup pass; the fourth (the first of the concurrent Adds) is held 5 s.
+    writer.faults = "stream-publish-ack=3*off->1*sleep(5000)".to_string();
+    let (writer, reader) = (
+        writer.start().await,
+        Launch::new(&nats.url, &config, "r1").start().await,
+    );
+    writer.serving().await;
+    reader.serving().await;
+    let add_keys = |keys: &[&str]| {
+        let mut client = writer.client();
+        let keys: Vec<Bytes> = keys.iter().map(|k| Bytes::from(k.to_string())).collect();
+        async move {
+            client
+                .add(AddRequest {
+                    namespace: "users".to_string(),
+                    keys,
+                })
+                .await
+                .expect("the Add is acknowledged")
+                .into_inner()
+        }
+    };
+    // Tombstones for one key of the second call and the key of the third.
+    add_keys(&["held-b1", "held-c0"]).await;
+    for key in ["held-b1", "held-c0"] {
+        writer
+            .client()
+            .record_absent(existence_gate::proto::RecordAbsentRequest {
+                namespace: "users".to_string(),
+                key: Bytes::from(key),
+                ..Default::default()
+            })
+            .await
+            .expect("the tombstone is recorded");
+    }
+
+    let calls = [
+        vec!["held-a0"],
+        vec!["held-b0", "held-b1"],
+        vec!["held-c0"],
+        vec!["held-d0", "held-d1", "held-d2"],
+    ];
+    let answers = futures_util::future::join(
+        futures_util::future::join_all(calls.iter().map(|keys| add_keys(keys))),
+        // The first to arrive holds the publish; the other three wait for it.
+        wait_until(
+            PATIENCE,
+            "three Adds waiting for the held publish",
+            async || (writer.metric("existence_replica_adds_waiting").await == 3.0).then_some(()),
+        ),
+    )
+    .await
+    .0;
+
+    let cleared: Vec<u32> = answers.iter().map(|a| a.tombstones_cleared).collect();
+    assert_eq!(
+        cleared,
+        [0, 1, 1, 0],
+        "each call is told of its own keys' tombstones"
+    );
+    let mut seqs: Vec<u64> = answers.iter().map(|a| a.seq).collect();
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs[1..],
+        [seqs[3]; 3],
+        "the three that waited share a seq: {seqs:?}"
+    );
+    assert!(
+        seqs[0] < seqs[1],
+        "and leave after the one that held the publish: {seqs:?}"
+    );
+    assert_eq!(
+        (
+            writer
+                .metric("existence_replica_adds_per_message_sum")
+                .await,
+            writer
+                .metric("existence_replica_adds_per_message_count")
+                .await
+        ),
+        (5.0, 3.0),
+        "the setup's Add alone, the held one alone, then three in one message"
+    );
+    let keys: Vec<String> = calls.iter().flatten().map(|k| k.to_string()).collect();
+    assert_present(&writer, &keys).await;
+    assert_present(&reader, &keys).await;
+}
+
 #[tokio::test]
 async fn a_failing_consumer_is_followed_again_and_skips_nothing() {
     let Some(nats) = Nats::start().await else {

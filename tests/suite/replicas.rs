@@ -776,7 +776,12 @@ async fn a_replica_that_missed_purged_mutations_stops_and_restarts_from_the_shar
     let applied = stale.metric("existence_replica_applied_seq").await as u64;
     stale.signal("STOP");
     // More mutations than the stopped replica's client can hold already delivered (an ordered consumer
-    // pulls 500 at a time), so that some of those it has not received are purged.
+    // pulls 500 at a time), so that some of those it has not received are purged. Each `Add` padded past
+    // 8 KiB (`ALONE_BYTES` in `replica/add_queue.rs`) so that it is a message of its own: smaller ones
+    // reaching a replica during a publish would share the next.
+    let padding: Vec<String> = (0..9)
+        .map(|j| format!("{j}{}", "p".repeat(1_000)))
+        .collect();
     let mut added: Vec<String> = Vec::new();
     wait_until(
         PATIENCE,
@@ -785,10 +790,13 @@ async fn a_replica_that_missed_purged_mutations_stops_and_restarts_from_the_shar
             let keys: Vec<String> = (added.len()..added.len() + 100)
                 .map(|i| format!("missed-{i}"))
                 .collect();
-            let adds = keys
-                .iter()
-                .enumerate()
-                .map(|(i, key)| add(&replicas[i % 2], "users", std::slice::from_ref(key)));
+            let adds = keys.iter().enumerate().map(|(i, key)| {
+                let padded: Vec<String> = std::iter::once(key.clone())
+                    .chain(padding.iter().map(|pad| format!("{key}-{pad}")))
+                    .collect();
+                let replica = &replicas[i % 2];
+                async move { add(replica, "users", &padded).await }
+            });
             futures_util::future::join_all(adds).await;
             added.extend(keys);
             let shared = shared_snapshots(&nats.url).await;

@@ -74,6 +74,28 @@ impl PackedKeys {
         }
     }
 
+    /// The keys of `parts`, in order, in one buffer: one copy per part (concurrent `Add`s merged into one
+    /// message). One part is returned as it is, without a copy.
+    pub fn concat(parts: &[&PackedKeys]) -> Self {
+        if let [only] = parts {
+            return (*only).clone();
+        }
+        let mut data = Vec::with_capacity(parts.iter().map(|part| part.data.len()).sum());
+        let mut ends = Vec::with_capacity(parts.iter().map(|part| part.len()).sum());
+        for part in parts {
+            let base = u32::try_from(data.len()).expect("an Add's keys total under 4 GiB");
+            data.extend_from_slice(&part.data);
+            ends.extend(part.ends.iter().map(|end| {
+                base.checked_add(*end)
+                    .expect("an Add's keys total under 4 GiB")
+            }));
+        }
+        Self {
+            data: Bytes::from(data),
+            ends: ends.into_boxed_slice(),
+        }
+    }
+
     /// How many keys.
     pub fn len(&self) -> usize {
         self.ends.len()
@@ -327,6 +349,26 @@ mod tests {
         let key_bytes: usize = keys.iter().map(Bytes::len).sum();
         assert_eq!(packed.bytes(), key_bytes + 4 * keys.len());
         assert!(PackedKeys::pack(&[]).is_empty());
+    }
+
+    #[test]
+    fn concatenated_packed_keys_keep_every_part_in_order() {
+        let pack = |keys: &[&str]| {
+            PackedKeys::from_slices(
+                keys.iter()
+                    .map(|k| k.as_bytes())
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            )
+        };
+        let parts = [pack(&["a", "", "bc"]), pack(&[]), pack(&["", "defg"])];
+        let joined = PackedKeys::concat(&parts.iter().collect::<Vec<_>>());
+        assert_eq!(
+            joined.slices().collect::<Vec<_>>(),
+            ["a", "", "bc", "", "defg"].map(str::as_bytes)
+        );
+        assert_eq!(joined, pack(&["a", "", "bc", "", "defg"]));
+        assert_eq!(PackedKeys::concat(&[&parts[0]]), parts[0]);
     }
 
     #[test]

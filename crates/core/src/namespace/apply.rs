@@ -28,23 +28,22 @@ impl Namespace {
                 if let Some(shadow) = &writer.shadow {
                     shadow.filter.insert_many(&hashes, at_ms);
                 }
-                let mut cleared = 0;
-                for (key, &hash) in keys.slices().zip(&hashes) {
+                let mut cleared = Vec::new();
+                for (position, (key, &hash)) in keys.slices().zip(&hashes).enumerate() {
                     writer.recent_adds.record(hash, seq);
-                    cleared += u32::from(self.tombstones.remove(
-                        hash,
-                        || self.hasher.strong(key),
-                        at_ms,
-                    ));
+                    if self
+                        .tombstones
+                        .remove(hash, || self.hasher.strong(key), at_ms)
+                    {
+                        cleared.push(position as u32);
+                    }
                 }
                 self.keys_added
                     .fetch_add(keys.len() as u64, Ordering::Relaxed);
                 self.metrics.keys_added.increment(keys.len() as u64);
                 self.hub
                     .publish(Invalidation { seq, keys }, &self.latest_seq);
-                Applied::Added {
-                    tombstones_cleared: cleared,
-                }
+                Applied::Added { cleared }
             }
             Mutation::RecordAbsent {
                 seq,

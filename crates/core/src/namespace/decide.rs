@@ -43,14 +43,14 @@ impl Namespace {
         let mutation = self.addition(keys, now_ms, self.latest_seq() + 1);
         let seq = mutation.seq();
         let ticket = log.append(&mutation)?;
-        let Applied::Added { tombstones_cleared } = self.apply_locked(&mut writer, mutation) else {
+        let Applied::Added { cleared } = self.apply_locked(&mut writer, mutation) else {
             unreachable!("an Add applies as added")
         };
         drop(writer);
         log.commit(ticket)?;
         Ok(Added {
             seq,
-            tombstones_cleared,
+            tombstones_cleared: cleared.len() as u32,
         })
     }
 

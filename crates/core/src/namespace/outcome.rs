@@ -56,12 +56,14 @@ pub struct AbsenceReport {
 }
 
 /// What applying one mutation did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// An `Add`'s keys are in the filter; it removed this many live tombstones of them.
+    /// An `Add`'s keys are in the filter; it removed the live tombstones of the keys at `cleared`.
     Added {
-        /// Live tombstones of the added keys that were removed.
-        tombstones_cleared: u32,
+        /// The positions, in the `Add`'s key order, of the keys whose live tombstone it removed (empty, and
+        /// no allocation, in the common case): positions rather than a count because concurrent `Add`s
+        /// can share one message, and each caller is told how many of its own keys it cleared.
+        cleared: Vec<u32>,
     },
     /// A tombstone is stored.
     Recorded,

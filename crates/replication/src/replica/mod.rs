@@ -24,8 +24,10 @@
 //! - [`lease_keeper`]: reports, barriers, join and leave.
 //! - [`peers`]: the other replicas' reports.
 //! - [`writes`]: `Add` and `RecordAbsent` published, applied and acknowledged under the safety rule.
+//! - [`add_queue`]: concurrent `Add`s of one namespace merged into one message.
 //! - [`health`]: whether the replica should take traffic ([`Lagging`]).
 
+mod add_queue;
 mod applier;
 mod health;
 mod lease_keeper;
@@ -36,7 +38,7 @@ pub use health::Lagging;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
@@ -107,6 +109,7 @@ struct ReplicaMetrics {
     publish_ack: Histogram,
     apply_wait: Histogram,
     members_wait: Histogram,
+    adds_per_message: Histogram,
     acked_by_lease: Counter,
     publish_retries: Counter,
     skipped: Counter,
@@ -125,6 +128,7 @@ impl ReplicaMetrics {
             publish_ack: histogram!("existence_replica_publish_ack_duration_seconds"),
             apply_wait: histogram!("existence_replica_apply_wait_duration_seconds"),
             members_wait: histogram!("existence_replica_members_wait_duration_seconds"),
+            adds_per_message: histogram!("existence_replica_adds_per_message"),
             acked_by_lease: counter!("existence_replica_acked_by_lease_total"),
             publish_retries: counter!("existence_replica_publish_retries_total"),
             skipped: counter!("existence_replica_skipped_messages_total"),
@@ -163,6 +167,10 @@ pub struct Replica {
     last_asked: Mutex<Option<Instant>>,
     /// Writes published by this replica and not yet applied here, by message id.
     waiting: Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+    /// `Add`s waiting to be published together.
+    adds: add_queue::AddQueue,
+    /// This replica, for the tasks that publish its `Add`s.
+    this: Weak<Replica>,
     peers: Peers,
     /// Message ids: this process's random prefix, then a counter (a restarted replica must not reuse the
     /// ids of its previous run within the stream's duplicate window, or its new writes would be dropped).
@@ -207,7 +215,7 @@ impl Replica {
         let wanted = Arc::new(Notify::new());
         let wake = Arc::clone(&wanted);
         lease.on_wanted(move || wake.notify_one());
-        Arc::new(Self {
+        Arc::new_cyclic(|this| Self {
             protocol: Mutex::new(Protocol::new(me, timing)),
             progress: Notify::new(),
             wanted,
@@ -223,6 +231,8 @@ impl Replica {
             stream_seq: AtomicU64::new(applied_seq),
             caught_up_at: Mutex::new(Instant::now()),
             waiting: Mutex::new(HashMap::new()),
+            adds: add_queue::AddQueue::new(gauge!("existence_replica_adds_waiting")),
+            this: Weak::clone(this),
             peers: Peers::default(),
             next_id: AtomicU64::new(0),
             stopped: Mutex::new(None),

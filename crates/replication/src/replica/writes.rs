@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use super::add_queue::{Batch, QueuedAdd};
 use super::{unavailable, Replica, APPLY_WAIT, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
 use crate::core::gate::GateError;
 use crate::core::log::Mutation;
@@ -23,18 +24,56 @@ use crate::stream::StreamError;
 const PUBLISH_RETRY_FOR: Duration = Duration::from_secs(8);
 
 impl Replica {
-    /// `Add`: published, applied here, and acknowledged under the safety rule.
+    /// `Add`: published (with the `Add`s that arrive at this replica meanwhile: see [`add_queue`]),
+    /// applied here, and acknowledged under the safety rule.
+    ///
+    /// [`add_queue`]: super::add_queue
     pub async fn add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Added, GateError> {
-        let mutation = self.gate.prepare_add(namespace, keys)?;
-        let (seq, applied) = self.publish_and_apply(mutation).await?;
-        let tombstones_cleared = match applied {
-            Some(Applied::Added { tombstones_cleared }) => tombstones_cleared,
-            _ => 0,
+        let Mutation::Add {
+            namespace,
+            at_ms,
+            keys,
+            ..
+        } = self.gate.prepare_add(namespace, keys)?
+        else {
+            unreachable!("prepare_add prepares an Add")
         };
-        Ok(Added {
-            seq,
-            tombstones_cleared,
+        let (answer, answered) = oneshot::channel();
+        let queued = QueuedAdd {
+            namespace,
+            at_ms,
+            keys,
+            answer,
+        };
+        if let Some(batch) = self.adds.push(queued) {
+            // A free slot means nothing was waiting: this `Add` leaves alone, published by this call as
+            // if there were no queue (a caller that goes away takes only its own publish with it).
+            if let Some(replica) = self.this.upgrade() {
+                replica.publish_batch(batch).await;
+            }
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(GateError::Unavailable(
+                "the replica stopped before the write was acknowledged; it may or may not be stored, and \
+                 retrying is safe"
+                    .to_string(),
+            ))
         })
+    }
+
+    /// Publishes `batch` as one message, then answers its callers. The publish slot it holds passes to the
+    /// next batch as soon as the stream has acknowledged this one.
+    async fn publish_batch(self: Arc<Self>, batch: Batch) {
+        self.metrics.adds_per_message.record(batch.len() as f64);
+        let slot = batch.slotted.then(|| Slot(Arc::clone(&self)));
+        let outcome = self
+            .publish_and_apply_releasing(batch.mutation(), slot, batch.len())
+            .await
+            .map(|(seq, applied)| match applied {
+                Some(Applied::Added { cleared }) => (seq, cleared),
+                _ => (seq, Vec::new()),
+            });
+        batch.answer(outcome);
     }
 
     /// `RecordAbsent`: decided here where it can be (`REDUNDANT`, `SUPERSEDED`, `THROTTLED` publish
@@ -72,10 +111,24 @@ impl Replica {
         &self,
         mutation: Mutation,
     ) -> Result<(u64, Option<Applied>), GateError> {
+        self.publish_and_apply_releasing(mutation, (), 1).await
+    }
+
+    /// [`publish_and_apply`](Self::publish_and_apply) of a message that answers `calls` write calls,
+    /// dropping `held` as soon as the publish is over (acknowledged or failed), before the waits for the
+    /// replicas.
+    async fn publish_and_apply_releasing<Held>(
+        &self,
+        mutation: Mutation,
+        held: Held,
+        calls: usize,
+    ) -> Result<(u64, Option<Applied>), GateError> {
         let id = self.message_id()?;
         let (applied_tx, applied_rx) = oneshot::channel();
         let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
-        let published = self.publish_retrying(&mutation, &id).await?;
+        let published = self.publish_retrying(&mutation, &id).await;
+        drop(held);
+        let published = published?;
         let acked = self.lease.now();
         let stored_at = Instant::now();
         let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
@@ -97,7 +150,7 @@ impl Replica {
                 ))
             })?;
         drop(waiting);
-        self.wait_for_replicas(published, acked).await;
+        self.wait_for_replicas(published, acked, calls).await;
         self.metrics
             .members_wait
             .record(applied_at.elapsed().as_secs_f64());
@@ -154,8 +207,9 @@ impl Replica {
     }
 
     /// Waits until the protocol lets the write at `seq` be acknowledged: every member reported it, or the
-    /// fallback passed since its publish was acknowledged at `published_at`.
-    async fn wait_for_replicas(&self, seq: u64, published_at: u64) {
+    /// fallback passed since its publish was acknowledged at `published_at` (then counted for the `calls`
+    /// it answers).
+    async fn wait_for_replicas(&self, seq: u64, published_at: u64, calls: usize) {
         loop {
             let changed = self.progress.notified();
             let mut changed = std::pin::pin!(changed);
@@ -164,7 +218,7 @@ impl Replica {
             let until = match self.protocol().ack(seq, published_at, now) {
                 Ack::Early => return,
                 Ack::ByFallback => {
-                    self.metrics.acked_by_lease.increment(1);
+                    self.metrics.acked_by_lease.increment(calls as u64);
                     return;
                 }
                 Ack::Wait(until) => until,
@@ -197,6 +251,23 @@ impl Writes for Replica {
 
     fn reach(&self, seq: u64, bound: Duration) -> Pending<'_, bool> {
         Box::pin(self.wait_applied(seq, bound))
+    }
+}
+
+/// A publish slot of the `Add` queue, held by a batch until its publish is over; freeing it publishes the
+/// `Add`s that gathered meanwhile, as one message, on a task of their own (none of their callers is the one
+/// to wait on it: any of them may go away).
+struct Slot(Arc<Replica>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let Some(next) = self.0.adds.published() else {
+            return;
+        };
+        // With the runtime gone (shutting down), dropping the batch tells its callers.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(Arc::clone(&self.0).publish_batch(next));
+        }
     }
 }
 
