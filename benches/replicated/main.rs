@@ -6,8 +6,8 @@
 //! both deployments side by side and measures, in one run of about two minutes:
 //!
 //! 0. **at rest**: the CPU each deployment uses to keep its replicas' read leases;
-//! 1. **writes**: `Add` of one key (one call in flight per replica), then of 1,000 keys (three in flight per
-//!    replica), through all three replicas for a fixed number of calls per deployment, in stretches
+//! 1. **writes**: `Add` of one key (one call in flight per replica, then thirty: how many share a message),
+//!    then of 1,000 keys (three in flight per replica), through all three replicas for a fixed number of calls per deployment, in stretches
 //!    alternating between R1 and R3 so that a change in the machine's load hits both: keys/s and the latency
 //!    of the acknowledgement (published, applied here, reported by every member or the fallback passed);
 //! 2. **catch-up**: one replica stopped (SIGSTOP) while single-key Adds, then 1,000-key Adds, go through
@@ -90,6 +90,7 @@ const IDLE: Duration = Duration::from_secs(2);
 const WRITTEN: u64 = 0;
 const CAUGHT_UP_SINGLE: u64 = 1 << 40;
 const SINGLE_WRITTEN: u64 = 1 << 39;
+const CROWDED_WRITTEN: u64 = 1 << 38;
 const CAUGHT_UP_BATCHES: u64 = 1 << 41;
 const NEVER_ADDED: u64 = 1 << 42;
 /// Distinct keys unary lookups cycle through; prebuilt lookup batches.
@@ -346,6 +347,16 @@ const SINGLE_WRITES: WriteWorkload = WriteWorkload {
     calls: 4_000,
 };
 
+/// Single-key Adds, thirty in flight on each replica: many callers adding a key each (small Adds reaching a
+/// replica during a publish share the next message).
+const CROWDED_WRITES: WriteWorkload = WriteWorkload {
+    label: "1 key, 90 in flight",
+    base: CROWDED_WRITTEN,
+    batch: 1,
+    per_replica: 30,
+    calls: 40_000,
+};
+
 /// The run's deployments.
 struct Bench {
     r1: Deployment,
@@ -441,6 +452,7 @@ impl Bench {
                 publish_ack_mean: after.publish_ack.mean_since(&before.publish_ack),
                 apply_wait_mean: after.apply_wait.mean_since(&before.apply_wait),
                 members_wait_mean: after.members_wait.mean_since(&before.members_wait),
+                adds_per_message: after.adds_per_message.mean_since(&before.adds_per_message),
                 errors: tally.messages(),
             });
         }
@@ -480,6 +492,7 @@ struct WriteMetrics {
     publish_ack: Histogram,
     apply_wait: Histogram,
     members_wait: Histogram,
+    adds_per_message: Histogram,
 }
 
 impl WriteMetrics {
@@ -490,14 +503,15 @@ impl WriteMetrics {
                 "existence_replica_acked_by_lease_total",
             )
             .await,
-            publish_ack: Histogram::read(deployment, "publish_ack").await,
-            apply_wait: Histogram::read(deployment, "apply_wait").await,
-            members_wait: Histogram::read(deployment, "members_wait").await,
+            publish_ack: Histogram::read(deployment, "publish_ack_duration_seconds").await,
+            apply_wait: Histogram::read(deployment, "apply_wait_duration_seconds").await,
+            members_wait: Histogram::read(deployment, "members_wait_duration_seconds").await,
+            adds_per_message: Histogram::read(deployment, "adds_per_message").await,
         }
     }
 }
 
-/// A duration histogram of the replicas (`existence_replica_<name>_duration_seconds`), summed over them.
+/// A histogram of the replicas (`existence_replica_<name>`), summed over them.
 struct Histogram {
     sum: f64,
     count: f64,
@@ -505,14 +519,14 @@ struct Histogram {
 
 impl Histogram {
     async fn read(deployment: &Deployment, name: &str) -> Self {
-        let series = |part| format!("existence_replica_{name}_duration_seconds_{part}");
+        let series = |part| format!("existence_replica_{name}_{part}");
         Self {
             sum: deployment::total_metric(&deployment.replicas, &series("sum")).await,
             count: deployment::total_metric(&deployment.replicas, &series("count")).await,
         }
     }
 
-    /// The mean of what was recorded since `before`, in seconds.
+    /// The mean of what was recorded since `before`.
     fn mean_since(&self, before: &Self) -> f64 {
         (self.sum - before.sum) / (self.count - before.count).max(1.0)
     }
@@ -760,6 +774,7 @@ async fn run() {
     let bench = Bench::start(&mut report).await;
     bench.idle(&mut report).await;
     bench.writes(&mut report, SINGLE_WRITES).await;
+    bench.writes(&mut report, CROWDED_WRITES).await;
     bench.writes(&mut report, BATCHED_WRITES).await;
     let r1 = bench.catch_up(&mut report).await;
     reads(&r1, &mut report).await;

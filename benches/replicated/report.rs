@@ -31,6 +31,8 @@ pub struct Writes {
     /// Mean seconds from then until the write could be acknowledged (every member reported it, or the
     /// fallback passed).
     pub members_wait_mean: f64,
+    /// Mean `Add` calls per stream message.
+    pub adds_per_message: f64,
     pub errors: Vec<(String, u64)>,
 }
 
@@ -215,8 +217,10 @@ impl Report {
             "## Writes: `Add`\n\n\
              16-byte keys, each call new ones, to `default` through all three replicas, one call on each \
              connection, in {} stretches alternating R1 and R3 after 50 unmeasured calls: single-key Adds \
-             (one connection per replica: how soon a key is acknowledged), then 1,000-key Adds (three per \
-             replica: throughput). An `Add`'s time at the replica called, in three means: publish to JetStream's \
+             (one connection per replica: how soon a key is acknowledged; thirty per replica: many callers \
+             adding a key each), then 1,000-key Adds (three per replica: throughput). \"Adds per message\": \
+             small Adds reaching a replica during a publish share the next message \
+             (`existence_replica_adds_per_message`). A message's time at the replica called, in three means: publish to JetStream's \
              acknowledgement (`existence_replica_publish_ack_duration_seconds`), then until that replica has \
              applied it (`..._apply_wait_duration_seconds`), then until every member has reported it or the \
              fallback passed (`..._members_wait_duration_seconds`); \"acked by fallback\" counts Adds answered \
@@ -226,18 +230,18 @@ impl Report {
         );
         let _ = writeln!(
             w,
-            "| Add | stream | calls | keys/s | keys/s by stretch | Adds/s | p50 | p99 | p99.9 | max | mean: publish ack | applied here | \
+            "| Add | stream | calls | keys/s | keys/s by stretch | Adds/s | p50 | p99 | p99.9 | max | Adds per message | mean: publish ack | applied here | \
              members | acked by fallback | CPU µs/Add: deployment | replicas | nats | client CPU µs/Add | other load (cores) | errors |"
         );
         let _ = writeln!(
             w,
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for x in &self.writes {
             let s = &x.sample;
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} |",
                 x.workload,
                 x.stream,
                 s.calls,
@@ -248,6 +252,7 @@ impl Report {
                 latency(s.latency_us(0.99)),
                 latency(s.latency_us(0.999)),
                 latency(s.latency_us(1.0)),
+                x.adds_per_message,
                 latency(x.publish_ack_mean * 1e6),
                 latency(x.apply_wait_mean * 1e6),
                 latency(x.members_wait_mean * 1e6),
@@ -272,7 +277,7 @@ impl Report {
              r1 ({in_flight} calls in flight, {} connections per replica), then SIGCONT. \"Caught up\" is from SIGCONT \
              until r2's `existence_replica_applied_seq` reached the stream's last seq, polled every 10 ms (the \
              gauge is refreshed every 20 ms, so this is up to ~30 ms late); \"serving\" until its gRPC health \
-             was `SERVING` again. A mutation is one stream message (one Add call, whatever its keys). R3 is \
+             was `SERVING` again. A mutation is one stream message (one Add call whatever its keys, or small ones that shared it). R3 is \
              measured first, then stopped; then R1.\n",
             in_flight / (REPLICAS - 1)
         );
