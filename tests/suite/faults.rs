@@ -210,6 +210,20 @@ async fn assert_present(replica: &Replica, keys: &[String]) {
     }
 }
 
+/// Replicas r0, with fault points `faults`, and r1 of `users` on `nats` (their files in `dir`), both serving.
+async fn faulty_writer_and_reader(nats: &Nats, dir: &Path, faults: &str) -> (Replica, Replica) {
+    let config = config_file(dir, REPLICATED);
+    let mut writer = Launch::new(&nats.url, &config, "r0");
+    writer.faults = faults.to_string();
+    let (writer, reader) = (
+        writer.start().await,
+        Launch::new(&nats.url, &config, "r1").start().await,
+    );
+    writer.serving().await;
+    reader.serving().await;
+    (writer, reader)
+}
+
 async fn add_key(replica: &Replica, key: &str) {
     replica
         .client()
@@ -231,15 +245,8 @@ async fn a_lost_publish_acknowledgement_is_retried_and_stored_once() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), REPLICATED);
-    let mut writer = Launch::new(&nats.url, &config, "r0");
-    writer.faults = "stream-publish-ack=1*return".to_string();
-    let (writer, reader) = (
-        writer.start().await,
-        Launch::new(&nats.url, &config, "r1").start().await,
-    );
-    writer.serving().await;
-    reader.serving().await;
+    let (writer, reader) =
+        faulty_writer_and_reader(&nats, dir.path(), "stream-publish-ack=1*return").await;
 
     add_key(&writer, "ack-lost").await;
     assert_eq!(
@@ -259,9 +266,6 @@ async fn a_lost_publish_acknowledgement_is_retried_and_stored_once() {
     );
 }
 
-/// A replica whose consumer fails three times while the stream is written: each time it follows the
-/// stream again from what it has applied, so it skips nothing and applies nothing twice — every key
-/// acknowledged through the other replica is there, and both reach the same state digest.
 /// `Add`s reaching a replica while its publish is in progress (held here: the stream's acknowledgement of
 /// the first is delayed) leave together as one message when the publish is over: they share its seq, each
 /// caller is told of the tombstones of its own keys only, and every replica has every key.
@@ -271,16 +275,9 @@ async fn adds_arriving_during_a_publish_share_the_next_message_and_each_is_answe
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), REPLICATED);
-    let mut writer = Launch::new(&nats.url, &config, "r0");
     // Three publishes of the setup pass; the fourth (the first of the concurrent Adds) is held 5 s.
-    writer.faults = "stream-publish-ack=3*off->1*sleep(5000)".to_string();
-    let (writer, reader) = (
-        writer.start().await,
-        Launch::new(&nats.url, &config, "r1").start().await,
-    );
-    writer.serving().await;
-    reader.serving().await;
+    let faults = "stream-publish-ack=3*off->1*sleep(5000)";
+    let (writer, reader) = faulty_writer_and_reader(&nats, dir.path(), faults).await;
     let add_keys = |keys: &[&str]| {
         let mut client = writer.client();
         let keys: Vec<Bytes> = keys.iter().map(|k| Bytes::from(k.to_string())).collect();
@@ -361,6 +358,9 @@ async fn adds_arriving_during_a_publish_share_the_next_message_and_each_is_answe
     assert_present(&reader, &keys).await;
 }
 
+/// A replica whose consumer fails three times while the stream is written: each time it follows the
+/// stream again from what it has applied, so it skips nothing and applies nothing twice — every key
+/// acknowledged through the other replica is there, and both reach the same state digest.
 #[tokio::test]
 async fn a_failing_consumer_is_followed_again_and_skips_nothing() {
     let Some(nats) = Nats::start().await else {

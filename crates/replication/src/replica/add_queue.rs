@@ -33,12 +33,13 @@ use crate::core::invalidations::PackedKeys;
 use crate::core::log::Mutation;
 use crate::core::namespace::Added;
 
-/// Messages of `Add`s one replica publishes at once. One: while a message waits for its publish
+/// Messages of small `Add`s one replica publishes at once. One: while a message waits for its publish
 /// acknowledgement (~0.4 ms on one `nats-server`, ~1 ms at R3) the `Add`s arriving gather for the next;
 /// the waits after the acknowledgement (applied here, the members' reports) overlap the next publish.
 pub(super) const PUBLISHING: usize = 1;
 
-/// Keys' bytes (4 bytes per key of framing counted) past which no further `Add` joins a message.
+/// Keys' bytes (4 bytes per key of framing counted) past which no further `Add` joins a message: well under
+/// NATS's default `max_payload` (1 MiB), which refuses a larger message.
 pub(super) const MERGED_BYTES: usize = 64 * 1024;
 
 /// An `Add` whose keys take this many bytes or more leaves at once and alone, beside any publish in
@@ -96,15 +97,18 @@ impl AddQueue {
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.queued.push_back(add);
-        let batch = state.take_slot();
-        self.waiting.set(state.queued.len() as f64);
-        batch
+        self.take_slot(&mut state)
     }
 
     /// A slot's publish is over (acknowledged or failed): the next batch to publish in it, if any waits.
     pub fn published(&self) -> Option<Batch> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.publishing -= 1;
+        self.take_slot(&mut state)
+    }
+
+    /// [`State::take_slot`], then the gauge of those still waiting.
+    fn take_slot(&self, state: &mut State) -> Option<Batch> {
         let batch = state.take_slot();
         self.waiting.set(state.queued.len() as f64);
         batch
@@ -114,11 +118,11 @@ impl AddQueue {
 impl State {
     /// The `Add`s at the front that share its namespace and fit one message, if a slot is free.
     fn take_slot(&mut self) -> Option<Batch> {
-        if self.publishing == PUBLISHING || self.queued.is_empty() {
+        if self.publishing == PUBLISHING {
             return None;
         }
-        self.publishing += 1;
         let first = self.queued.pop_front()?;
+        self.publishing += 1;
         let mut bytes = first.keys.bytes();
         let mut batch = vec![first];
         while let Some(next) = self.queued.front() {

@@ -24,7 +24,7 @@
 //! - [`lease_keeper`]: reports, barriers, join and leave.
 //! - [`peers`]: the other replicas' reports.
 //! - [`writes`]: `Add` and `RecordAbsent` published, applied and acknowledged under the safety rule.
-//! - [`add_queue`]: concurrent `Add`s of one namespace merged into one message.
+//! - [`add_queue`]: concurrent small `Add`s of one namespace merged into one message.
 //! - [`health`]: whether the replica should take traffic ([`Lagging`]).
 
 mod add_queue;
