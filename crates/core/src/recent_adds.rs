@@ -69,10 +69,27 @@ impl RecentAdds {
     }
 
     /// Records that `hash` was added at `seq` (seqs arrive in increasing order).
-    pub fn record(&mut self, hash: KeyHash, seq: u64) {
+    fn record(&mut self, hash: KeyHash, seq: u64) {
         for cell in Self::cells(hash) {
             self.cells[cell] = seq;
         }
+    }
+
+    /// Records that every one of `hashes` was added at `seq`, each key's cells prefetched
+    /// [`LOOKAHEAD`](crate::prefetch::LOOKAHEAD) keys ahead. The cells are 1 MiB, so a key's two stores
+    /// almost always miss the core's cache; taken one after another they filled the store buffer and
+    /// were ~8% of a replica's CPU applying 1,000-key `Add`s (`perf annotate` of `apply_locked`).
+    pub fn record_all(&mut self, hashes: &[KeyHash], seq: u64) {
+        crate::prefetch::visit_prefetched_ahead(
+            hashes,
+            self,
+            |adds, hash| {
+                Self::cells(*hash)
+                    .into_iter()
+                    .for_each(|cell| crate::prefetch::prefetch(&adds.cells[cell]))
+            },
+            |adds, _, hash| adds.record(*hash, seq),
+        );
     }
 
     /// Its whole content, for a snapshot: the floor and every cell that is not 0, as `(cell, seq)`. A
@@ -129,6 +146,21 @@ mod tests {
             let hash = hasher.hash(&seq.to_le_bytes());
             assert!(adds.may_have_been_added_after(hash, seq - 1));
         }
+    }
+
+    #[test]
+    fn a_batch_records_every_key_as_one_by_one() {
+        let hasher = KeyHasher::from_seed([4; 32]);
+        let (mut batched, mut one_by_one) = (RecentAdds::default(), RecentAdds::default());
+        for seq in 1..=40u64 {
+            let hashes: Vec<KeyHash> = (0..seq * 25)
+                .map(|i| hasher.hash(&(seq << 32 | i).to_le_bytes()))
+                .collect();
+            batched.record_all(&hashes, seq);
+            hashes.iter().for_each(|hash| one_by_one.record(*hash, seq));
+        }
+        assert_eq!(batched.export(), one_by_one.export());
+        assert!(batched.export().cells.len() > 10_000);
     }
 
     #[test]

@@ -28,9 +28,9 @@ impl Namespace {
                 if let Some(shadow) = &writer.shadow {
                     shadow.filter.insert_many(&hashes, at_ms);
                 }
+                writer.recent_adds.record_all(&hashes, seq);
                 let mut cleared = Vec::new();
                 for (position, (key, &hash)) in keys.slices().zip(&hashes).enumerate() {
-                    writer.recent_adds.record(hash, seq);
                     if self
                         .tombstones
                         .remove(hash, || self.hasher.strong(key), at_ms)
