@@ -94,7 +94,8 @@ async fn assert_answers_absent(replica: &Replica) {
     );
 }
 
-/// Test 1: keys added through any replica answer `MAY_EXIST` on all three right after the acknowledgement.
+/// Test 1: keys added through any replica answer `MAY_EXIST` on all three right after the acknowledgement;
+/// and each member reported applying another's `Add` to its writer alone.
 #[tokio::test]
 async fn an_acknowledged_add_is_seen_by_every_replica_at_once() {
     let Some((_nats, _dir, replicas)) = deployment(3).await else {
@@ -102,6 +103,11 @@ async fn an_acknowledged_add_is_seen_by_every_replica_at_once() {
     };
     for replica in &replicas {
         assert_answers_absent(replica).await;
+    }
+    const TO_WRITER: &str = "existence_replica_reports_total{to=\"writer\"}";
+    let mut to_writer_before = Vec::new();
+    for replica in &replicas {
+        to_writer_before.push(replica.metric(TO_WRITER).await);
     }
     for round in 0..30 {
         let writer = &replicas[round % 3];
@@ -117,6 +123,16 @@ async fn an_acknowledged_add_is_seen_by_every_replica_at_once() {
                 reader.id
             );
         }
+    }
+    // One at a time, each of the 30 Adds was acknowledged only once both other members had applied it: a
+    // batch holding one writer's Add, which its members report to that writer alone.
+    for (replica, before) in replicas.iter().zip(to_writer_before) {
+        let sent = replica.metric(TO_WRITER).await - before;
+        assert!(
+            sent >= 20.0,
+            "{} reported {sent} Adds to their writer",
+            replica.id
+        );
     }
 }
 

@@ -233,32 +233,54 @@ async fn replicas_applying_the_stream_agree_bit_for_bit() {
     }
 }
 
-/// Replicas hear each other's applied seqs (what an acknowledgement waits on), and none of it enters the
-/// stream: reports take no stream seq.
+/// Replicas hear each other's applied seqs (what an acknowledgement waits on), those sent to all and those
+/// sent to them alone, never those sent to another; and none of it enters the stream: reports take no
+/// stream seq.
 #[tokio::test]
 async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let (a, b) = (open(&nats).await, open(&nats).await);
-    let reports = a.applied_reports().await.unwrap();
-    b.report_applied("replica-b", 2, 7).await.unwrap();
-    a.report_applied("replica-a", 1, 9).await.unwrap();
-    let mut heard: Vec<AppliedReport> =
-        tokio::time::timeout(common::PATIENCE, reports.take(2).collect())
-            .await
-            .expect("both reports arrive");
-    // Two connections: the server may get them in either order.
-    heard.sort_by(|x, y| x.replica.cmp(&y.replica));
+    let (a, b, c) = (open(&nats).await, open(&nats).await, open(&nats).await);
+    let a_hears = a.applied_reports(1).await.unwrap();
+    let c_hears = c.applied_reports(3).await.unwrap();
+    b.report_applied("replica-b", 2, 7, None).await.unwrap();
+    b.report_applied("replica-b", 2, 8, Some(1)).await.unwrap();
+    b.report_applied("replica-b", 2, 10, None).await.unwrap();
+    a.report_applied("replica-a", 1, 9, None).await.unwrap();
     let report = |replica: &str, nonce, seq| AppliedReport {
         replica: replica.to_string(),
         nonce,
         seq,
     };
+    let mut heard: Vec<AppliedReport> =
+        tokio::time::timeout(common::PATIENCE, a_hears.take(4).collect())
+            .await
+            .expect("the reports to all and to a arrive at a");
+    // Two connections: the server may pass on theirs in either order, each connection's in its order.
+    heard.sort_by_key(|r| r.seq);
     assert_eq!(
         heard,
-        [report("replica-a", 1, 9), report("replica-b", 2, 7)]
+        [
+            report("replica-b", 2, 7),
+            report("replica-b", 2, 8),
+            report("replica-a", 1, 9),
+            report("replica-b", 2, 10)
+        ]
     );
+    // c hears b's reports in the order b sent them: the one to a alone would come before b's seq 10.
+    let mut c_hears = std::pin::pin!(c_hears);
+    let mut from_b = Vec::new();
+    while from_b.last() != Some(&10) {
+        let next = tokio::time::timeout(common::PATIENCE, c_hears.next())
+            .await
+            .expect("b's reports to all arrive at c")
+            .expect("c is still subscribed");
+        if next.replica == "replica-b" {
+            from_b.push(next.seq);
+        }
+    }
+    assert_eq!(from_b, [7, 10], "c does not hear the report meant for a");
     assert_eq!(
         a.last_seq().await.unwrap(),
         1,

@@ -1,5 +1,6 @@
 //! The applier: follows the stream after the applied seq and applies each message in order — mutations into
-//! the gate, membership records and barriers into the protocol — then settles and reports; a gap in stream
+//! the gate, membership records and barriers into the protocol — then settles and reports to the writers of
+//! what it applied (see [`Protocol::recipients`](crate::protocol::Protocol::recipients)); a gap in stream
 //! seqs is explained (lost by the consumer, purged, or deleted) rather than stepped over.
 
 use std::sync::atomic::Ordering;
@@ -8,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::{Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use super::{writer_nonce, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use crate::protocol::Recipients;
 use crate::snapshot_store::oldest_retained;
 use crate::stream::{StreamError, Streamed};
 
@@ -18,7 +20,7 @@ use crate::stream::{StreamError, Streamed};
 /// replica stopped for 70 s took 2.1 s to catch up on 4,000 Adds (`cargo bench --bench replicated`); a
 /// needless re-follow costs one consumer creation.
 const STALL: Duration = Duration::from_millis(500);
-/// Messages the applier takes from the stream at once when they are waiting (one report per batch).
+/// Messages the applier takes from the stream at once when they are waiting (at most one report per batch).
 const APPLY_BATCH: usize = 256;
 
 impl Replica {
@@ -66,11 +68,18 @@ impl Replica {
                     continue;
                 }
             };
+            let writers: Vec<u64> = batch
+                .iter()
+                .flatten()
+                .filter(|read| read.mutation.is_some())
+                .filter_map(|read| read.id.as_deref().and_then(writer_nonce))
+                .collect();
             let applying = self.applying.lock().await;
             let gap = self.apply_in_order(batch)?;
             drop(applying);
             self.settle();
-            self.report().await;
+            let recipients = self.protocol().recipients(writers);
+            self.report(recipients).await;
             if let Some(missing) = gap {
                 return Err(self.explain_gap(missing).await);
             }
@@ -191,14 +200,20 @@ impl Replica {
         Ok(())
     }
 
-    /// Tells the other replicas how far this one has applied; whether the report was sent.
-    pub(super) async fn report(&self) -> bool {
+    /// Tells `recipients` how far this one has applied; whether the report was sent (or needed none).
+    pub(super) async fn report(&self, recipients: Recipients) -> bool {
+        let (to, sent_count) = match recipients {
+            Recipients::Nobody => return true,
+            Recipients::Writer(nonce) => (Some(nonce), &self.metrics.reports_to_writer),
+            Recipients::Everyone => (None, &self.metrics.reports_to_all),
+        };
         let sent = self
             .stream
-            .report_applied(&self.options.id, self.nonce(), self.applied_seq())
+            .report_applied(&self.options.id, self.nonce(), self.applied_seq(), to)
             .await;
-        if let Err(error) = &sent {
-            tracing::debug!(%error, "an applied-seq report was not sent");
+        match &sent {
+            Ok(()) => sent_count.increment(1),
+            Err(error) => tracing::debug!(%error, "an applied-seq report was not sent"),
         }
         sent.is_ok()
     }

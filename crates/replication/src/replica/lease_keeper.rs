@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Replica, APPLY_WAIT, PROBE};
-use crate::protocol::{MemberRecord, Standing};
+use crate::protocol::{MemberRecord, Recipients, Standing};
 
 /// How long after the last lookup that asked for the lease it is still renewed every quarter lease: a caller
 /// with a lookup every few seconds finds it held, and an idle replica publishes only the probe.
@@ -27,7 +27,7 @@ impl Replica {
                 _ = ticks.tick() => {}
                 () = self.wanted.notified() => {}
             }
-            self.report().await;
+            self.report(Recipients::Everyone).await;
             if self.wants_barrier() {
                 self.renew().await;
             }

@@ -111,6 +111,8 @@ struct ReplicaMetrics {
     members_wait: Histogram,
     adds_per_message: Histogram,
     acked_by_lease: Counter,
+    reports_to_writer: Counter,
+    reports_to_all: Counter,
     publish_retries: Counter,
     skipped: Counter,
     read_failures: Counter,
@@ -130,6 +132,8 @@ impl ReplicaMetrics {
             members_wait: histogram!("existence_replica_members_wait_duration_seconds"),
             adds_per_message: histogram!("existence_replica_adds_per_message"),
             acked_by_lease: counter!("existence_replica_acked_by_lease_total"),
+            reports_to_writer: counter!("existence_replica_reports_total", "to" => "writer"),
+            reports_to_all: counter!("existence_replica_reports_total", "to" => "all"),
             publish_retries: counter!("existence_replica_publish_retries_total"),
             skipped: counter!("existence_replica_skipped_messages_total"),
             read_failures: counter!("existence_replica_stream_read_failures_total"),
@@ -172,8 +176,7 @@ pub struct Replica {
     /// This replica, for the tasks that publish its `Add`s.
     this: Weak<Replica>,
     peers: Peers,
-    /// Message ids: this process's random prefix, then a counter (a restarted replica must not reuse the
-    /// ids of its previous run within the stream's duplicate window, or its new writes would be dropped).
+    /// Message ids: this process's prefix (its id and nonce, see [`message_id_prefix`]), then a counter.
     id_prefix: String,
     next_id: AtomicU64,
     stopped: Mutex<Option<String>>,
@@ -193,6 +196,23 @@ impl std::fmt::Debug for Replica {
     }
 }
 
+/// The start of every message id this process publishes under: `<replica id>:<nonce, 16 hex digits>:`.
+/// The nonce makes it unique to the process (a restarted replica must not reuse the ids of its previous run
+/// within the stream's duplicate window, or its new writes would be dropped), and tells every replica that
+/// applies the message which process waits for its report ([`writer_nonce`]).
+fn message_id_prefix(id: &str, nonce: u64) -> String {
+    format!("{id}:{nonce:016x}")
+}
+
+/// The nonce of the process that published a message under id `message_id` (`None` for an id of another
+/// shape: an older build's, whose middle part is not its nonce, names no member, and gets a report to all).
+/// Read from the right, since a replica id may itself hold colons (`host:port` by default).
+pub(super) fn writer_nonce(message_id: &str) -> Option<u64> {
+    let mut parts = message_id.rsplitn(3, ':');
+    let (_counter, nonce, _id) = (parts.next()?, parts.next()?, parts.next()?);
+    (nonce.len() == 16).then(|| u64::from_str_radix(nonce, 16).ok())?
+}
+
 impl Replica {
     /// A replica of `stream` applying into `gate` (built with `lease`), having applied nothing yet (see
     /// [`start_after`](Self::start_after)).
@@ -207,6 +227,7 @@ impl Replica {
             id: options.id.clone(),
             nonce: rand::random::<u64>(),
         };
+        let id_prefix = message_id_prefix(&options.id, me.nonce);
         let timing = Timing {
             lease: options.read_lease.as_nanos() as u64,
             drift_ppm: options.max_clock_drift_ppm,
@@ -225,7 +246,7 @@ impl Replica {
             stream,
             gate,
             lease,
-            id_prefix: format!("{}:{:016x}", options.id, rand::random::<u64>()),
+            id_prefix,
             options,
             applied: watch::Sender::new(applied_seq),
             stream_seq: AtomicU64::new(applied_seq),
@@ -365,4 +386,24 @@ impl Replica {
 
 fn unavailable(error: StreamError) -> GateError {
     GateError::Unavailable(format!("NATS: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_id_names_its_writers_nonce_whatever_the_replica_id_holds() {
+        for id in ["r0", "gate-7:50051", "a:b:c", ""] {
+            let message_id = format!("{}:{}", message_id_prefix(id, 0xfeed_0000_0000_0001), 42);
+            assert_eq!(
+                writer_nonce(&message_id),
+                Some(0xfeed_0000_0000_0001),
+                "{id:?}"
+            );
+        }
+        assert_eq!(writer_nonce("r0:42"), None);
+        assert_eq!(writer_nonce("r0:xyz:42"), None);
+        assert_eq!(writer_nonce("r0:0000000000000zz1:42"), None);
+    }
 }

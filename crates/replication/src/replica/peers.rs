@@ -77,7 +77,7 @@ impl Replica {
         loop {
             let reports = tokio::select! {
                 () = &mut stop => return,
-                reports = self.stream.applied_reports() => reports,
+                reports = self.stream.applied_reports(self.nonce()) => reports,
             };
             match reports {
                 Ok(reports) => {

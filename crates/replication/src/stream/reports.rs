@@ -27,15 +27,22 @@ impl MutationStream {
         format!("_existence.{}.applied", self.name)
     }
 
-    /// Tells every replica watching [`applied_reports`](Self::applied_reports) that `replica` has applied
-    /// the stream up to `seq`. Flushed before it returns (the client would otherwise hold it in its write
-    /// buffer while idle): a report only helps if it leaves now. Not acknowledged: a report lost in a
-    /// reconnect is followed by the next one.
+    /// The subject of reports meant for the process with nonce `to` alone (the writer of what was applied).
+    fn reports_subject_to(&self, to: u64) -> String {
+        format!("_existence.{}.applied.{to:016x}", self.name)
+    }
+
+    /// Tells the replicas watching [`applied_reports`](Self::applied_reports) that `replica` has applied
+    /// the stream up to `seq`: every one of them (`to` = `None`), or only the process with nonce `to`.
+    /// Flushed before it returns (the client would otherwise hold it in its write buffer while idle): a
+    /// report only helps if it leaves now. Not acknowledged: a report lost in a reconnect is followed by
+    /// the next one.
     pub async fn report_applied(
         &self,
         replica: &str,
         nonce: u64,
         seq: u64,
+        to: Option<u64>,
     ) -> Result<(), StreamError> {
         let mut payload = REPORT_MAGIC.to_vec();
         payload.extend_from_slice(&seq.to_le_bytes());
@@ -47,31 +54,42 @@ impl MutationStream {
                 "reporting the applied seq of replica {replica:?} to NATS failed: {e}"
             ))
         };
+        let subject = match to {
+            Some(to) => self.reports_subject_to(to),
+            None => self.reports_subject(),
+        };
         client
-            .publish(self.reports_subject(), Bytes::from(payload))
+            .publish(subject, Bytes::from(payload))
             .await
             .map_err(|e| failed(&e))?;
         client.flush().await.map_err(|e| failed(&e))
     }
 
-    /// Every replica's applied-seq reports from now on, as they arrive (this replica's own included). The
-    /// subscription is live once this returns: a report sent after that is seen.
+    /// The applied-seq reports meant for the process with nonce `me` from now on, as they arrive: those
+    /// sent to every replica (this replica's own included) and those sent to it alone. The subscriptions
+    /// are live once this returns: a report sent after that is seen.
     pub async fn applied_reports(
         &self,
+        me: u64,
     ) -> Result<impl Stream<Item = AppliedReport> + Send + 'static, StreamError> {
         let client = self.jetstream.client();
-        let reports = client
-            .subscribe(self.reports_subject())
-            .await
-            .map_err(|e| {
-                StreamError::Read(format!(
-                    "cannot watch the replicas' applied seqs on NATS: {e}"
-                ))
-            })?;
-        // The server has the subscription once it has answered a request sent after it on the same
+        let watch = |subject: String| {
+            let client = client.clone();
+            async move {
+                client.subscribe(subject).await.map_err(|e| {
+                    StreamError::Read(format!(
+                        "cannot watch the replicas' applied seqs on NATS: {e}"
+                    ))
+                })
+            }
+        };
+        let to_all = watch(self.reports_subject()).await?;
+        let to_me = watch(self.reports_subject_to(me)).await?;
+        // The server has the subscriptions once it has answered a request sent after them on the same
         // connection (it reads a connection's commands in order; a flush only empties the client's buffer).
         self.last_seq().await?;
-        Ok(reports.filter_map(|message| std::future::ready(parse_report(&message.payload))))
+        Ok(futures_util::stream::select(to_all, to_me)
+            .filter_map(|message| std::future::ready(parse_report(&message.payload))))
     }
 }
 
