@@ -6,10 +6,11 @@
 //!  write RPC ─▶ prepare (validate, REDUNDANT/THROTTLED here) ─▶ publish(Nats-Msg-Id) ─▶ stream seq N
 //!                                                                                       │
 //!  applier: follow the stream ─▶ gate.apply_streamed + protocol.apply (in order) ◀──────┘
-//!           └─▶ after each batch: report "incarnation I applied through N" on a core subject
+//!           └─▶ after each batch holding another process's write: report "incarnation I applied through
+//!               N" on a core subject, to that writer alone (several writers: to all; see Protocol::recipients)
 //!  write RPC answered when: applied here, and every member as of N reported N (or departed over a fallback
 //!                           ago) — or lease × (1 + ρ) + margin after the publish ack (Protocol::ack)
-//!  lease keeper: every lease/4 — report; every quarter lease while lookups asked for the lease in the last
+//!  lease keeper: every lease/4 — report to all; every quarter lease while lookups asked for the lease in the last
 //!                30 s (or to catch up and join, or once a second as a probe) publish a barrier at t, stored
 //!                at B; once applied through B as a member, ABSENT may be answered until t + lease. Joins
 //!                once caught up; leaves at shutdown.
