@@ -200,10 +200,11 @@ impl Replica {
         Ok(())
     }
 
-    /// Tells `recipients` how far this one has applied; whether the report was sent (or needed none).
-    pub(super) async fn report(&self, recipients: Recipients) -> bool {
+    /// Tells `recipients` how far this one has applied. A report that fails to leave is logged and
+    /// counted by its absence: the next one (at the latest the quarter-lease report) says as much.
+    pub(super) async fn report(&self, recipients: Recipients) {
         let (to, sent_count) = match recipients {
-            Recipients::Nobody => return true,
+            Recipients::Nobody => return,
             Recipients::Writer(nonce) => (Some(nonce), &self.metrics.reports_to_writer),
             Recipients::Everyone => (None, &self.metrics.reports_to_all),
         };
@@ -211,11 +212,10 @@ impl Replica {
             .stream
             .report_applied(&self.options.id, self.nonce(), self.applied_seq(), to)
             .await;
-        match &sent {
+        match sent {
             Ok(()) => sent_count.increment(1),
             Err(error) => tracing::debug!(%error, "an applied-seq report was not sent"),
         }
-        sent.is_ok()
     }
 
     /// After a batch (or a barrier's acknowledgement): the protocol grants what it now may, and writers

@@ -211,7 +211,10 @@ fn message_id_prefix(id: &str, nonce: u64) -> String {
 pub(super) fn writer_nonce(message_id: &str) -> Option<u64> {
     let mut parts = message_id.rsplitn(3, ':');
     let (_counter, nonce, _id) = (parts.next()?, parts.next()?, parts.next()?);
-    (nonce.len() == 16).then(|| u64::from_str_radix(nonce, 16).ok())?
+    if nonce.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(nonce, 16).ok()
 }
 
 impl Replica {
