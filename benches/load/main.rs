@@ -543,6 +543,7 @@ async fn fill(
                     let request = AddRequest {
                         namespace: namespace.to_string(),
                         keys: keys((b * ADD_BATCH..end).map(|i| base + i)),
+                        ..Default::default()
                     };
                     client.add(request).await.expect("Add while filling");
                 }
@@ -1362,6 +1363,7 @@ fn add_to_rot_for(clients: &Clients, duration: Duration) -> JoinHandle<Vec<u64>>
             let request = AddRequest {
                 namespace: "rot".to_string(),
                 keys: keys((next..next + ROTATION_ADD_KEYS).map(|i| ROT + i)),
+                ..Default::default()
             };
             let sent = Instant::now();
             client

@@ -118,6 +118,7 @@ async fn fill(replicas: &[Replica], first: u64, calls: u64) {
                 let request = AddRequest {
                     namespace: String::new(),
                     keys: keys(from..from + BATCH),
+                    ..Default::default()
                 };
                 client.add(request).await.expect("an Add while filling");
             }

@@ -110,6 +110,7 @@ async fn add_one(
         .add(AddRequest {
             namespace: String::new(),
             keys: vec![key.into()],
+            ..Default::default()
         })
         .await
         .expect("an Add through r0");

@@ -156,6 +156,7 @@ fn add(clients: &Clients, base: u64, batch: u64, next: Arc<AtomicU64>, tally: &A
             let request = AddRequest {
                 namespace: String::new(),
                 keys: keys(first..first + batch),
+                ..Default::default()
             };
             match client.add(request).await {
                 Ok(_) => Ok(batch),

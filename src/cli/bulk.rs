@@ -78,6 +78,7 @@ pub async fn load(args: LoadArgs) -> Result<(), String> {
         let request = AddRequest {
             namespace: bulk.namespace.clone(),
             keys: batch.keys,
+            ..Default::default()
         };
         let mut client = gate.gate();
         calls.spawn(async move {

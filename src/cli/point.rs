@@ -187,6 +187,7 @@ pub async fn add(args: AddArgs) -> Result<(), String> {
         .add(AddRequest {
             namespace: args.namespace.clone(),
             keys,
+            ..Default::default()
         })
         .await
         .map_err(|status| failure::refused("Add", &status))?

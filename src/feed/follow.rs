@@ -279,6 +279,7 @@ impl GateWriter {
         let probe = AddRequest {
             namespace: namespace.to_string(),
             keys: Vec::new(),
+            ..Default::default()
         };
         match self.gate.clone().add(probe).await {
             Err(status) if status.code() == Code::InvalidArgument => Ok(()),
@@ -295,6 +296,7 @@ impl GateWriter {
                 let request = AddRequest {
                     namespace: namespace.clone(),
                     keys: keys.clone(),
+                    ..Default::default()
                 };
                 gate.add(request).await?;
             }

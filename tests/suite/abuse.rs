@@ -182,6 +182,7 @@ fn overload_is_shed_fast_and_health_stays_answerable() {
                     .add(AddRequest {
                         namespace: String::new(),
                         keys: vec![Bytes::from_static(key)],
+                        ..Default::default()
                     })
                     .await
             })
@@ -228,6 +229,7 @@ fn overload_is_shed_fast_and_health_stays_answerable() {
                             .add(AddRequest {
                                 namespace: String::new(),
                                 keys,
+                                ..Default::default()
                             })
                             .await
                             .map(|_| ())
@@ -288,6 +290,7 @@ fn overload_is_shed_fast_and_health_stays_answerable() {
             .add(AddRequest {
                 namespace: String::new(),
                 keys: vec![Bytes::from_static(b"still-alive")],
+                ..Default::default()
             })
             .await
             .expect("the server still serves");
@@ -433,6 +436,7 @@ async fn subscribers_that_never_read_get_resync_and_memory_stays_bounded() {
             .add(AddRequest {
                 namespace: String::new(),
                 keys,
+                ..Default::default()
             })
             .await
             .unwrap();

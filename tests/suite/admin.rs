@@ -47,6 +47,7 @@ async fn stats_report_each_namespace() {
     gate.add(AddRequest {
         namespace: String::new(),
         keys: keys("k", 0..500),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -150,6 +151,7 @@ async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
         gate.add(AddRequest {
             namespace: String::new(),
             keys: batch,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -175,6 +177,7 @@ async fn rebuild_replaces_the_filter_and_loses_no_concurrent_add() {
                 gate.add(AddRequest {
                     namespace: String::new(),
                     keys: keys("new", batch * 20..batch * 20 + 20),
+                    ..Default::default()
                 })
                 .await
                 .unwrap();
@@ -234,6 +237,7 @@ async fn a_rebuild_with_no_keys_is_refused_unless_allowed() {
         .add(AddRequest {
             namespace: String::new(),
             keys: live.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -300,6 +304,7 @@ async fn an_abandoned_rebuild_leaves_the_live_filter_and_only_one_runs_at_a_time
     gate.add(AddRequest {
         namespace: String::new(),
         keys: keys("old", 0..100),
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -320,6 +320,7 @@ async fn rebuild_replaces_the_filter_with_the_input() {
     gate.add(AddRequest {
         namespace: "users".into(),
         keys: old.clone(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -417,6 +418,7 @@ async fn an_interrupted_rebuild_leaves_the_live_filter() {
         .add(AddRequest {
             namespace: "users".into(),
             keys: live.clone(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -615,6 +617,7 @@ async fn watch_prints_invalidations_as_json_lines_until_interrupted() {
     gate.add(AddRequest {
         namespace: "users".into(),
         keys: vec![Bytes::from_static(b"ghost")],
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -643,6 +646,7 @@ async fn watch_prints_invalidations_as_json_lines_until_interrupted() {
         .add(AddRequest {
             namespace: "users".into(),
             keys: vec![Bytes::from_static(b"ghost")],
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -83,6 +83,7 @@ async fn populate(server: &RunningServer, n: u32) -> u64 {
             .add(AddRequest {
                 namespace: String::new(),
                 keys: (start..(start + 100).min(n)).map(key).collect(),
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -137,6 +138,7 @@ async fn assert_restored(server: &RunningServer, n: u32, seq: u64, digest: (u64,
         .add(AddRequest {
             namespace: String::new(),
             keys: vec![key(n)],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -455,6 +457,7 @@ async fn spawn_writers(
                     let request = AddRequest {
                         namespace: String::new(),
                         keys: keys.clone(),
+                        ..Default::default()
                     };
                     match client.add(request).await {
                         Ok(_) => acknowledged.lock().unwrap().extend(keys),
@@ -554,6 +557,7 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
             .add(AddRequest {
                 namespace: String::new(),
                 keys: vec![Bytes::from_static(b"before the stall")],
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -568,6 +572,7 @@ fn a_stalled_fsync_holds_writes_but_never_reads_or_health() {
                     .add(AddRequest {
                         namespace: String::new(),
                         keys: vec![Bytes::from(key)],
+                        ..Default::default()
                     })
                     .await
             })
@@ -641,6 +646,7 @@ fn a_stalled_disk_does_not_hold_shutdown() {
                 .add(AddRequest {
                     namespace: String::new(),
                     keys: vec![Bytes::from_static(b"never synced")],
+                    ..Default::default()
                 })
                 .await
         });
@@ -679,6 +685,7 @@ async fn readiness_reports_writes_refused_and_a_full_disk_recovers() {
     let add = |key: &'static str| AddRequest {
         namespace: String::new(),
         keys: vec![Bytes::from_static(key.as_bytes())],
+        ..Default::default()
     };
     client.add(add("before")).await.unwrap();
     assert_eq!(common::http_get(&server, "/readyz").await.0, 200);

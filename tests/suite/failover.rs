@@ -48,6 +48,7 @@ async fn add_until(
         let request = AddRequest {
             namespace: "users".to_string(),
             keys: vec![key.clone().into_bytes().into()],
+            ..Default::default()
         };
         let n = clients.len();
         match clients[i % n].add(request).await {
@@ -134,6 +135,7 @@ impl Checker {
         let request = AddRequest {
             namespace: "users".to_string(),
             keys: vec![key.clone().into_bytes().into()],
+            ..Default::default()
         };
         match writer.client().add(request).await {
             Ok(_) => {}

@@ -36,6 +36,7 @@ async fn add(channel: &Channel, range: std::ops::Range<u32>) {
         .add(AddRequest {
             namespace: String::new(),
             keys: range.map(key).collect(),
+            ..Default::default()
         })
         .await
         .expect("the Add is acknowledged");
@@ -230,6 +231,7 @@ async fn add_key(replica: &Replica, key: &str) {
         .add(AddRequest {
             namespace: "users".to_string(),
             keys: vec![Bytes::from(key.to_string())],
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|status| panic!("Add of {key} through {}: {status:?}", replica.id));
@@ -286,6 +288,7 @@ async fn adds_arriving_during_a_publish_share_the_next_message_and_each_is_answe
                 .add(AddRequest {
                     namespace: "users".to_string(),
                     keys,
+                    ..Default::default()
                 })
                 .await
                 .expect("the Add is acknowledged")

@@ -483,6 +483,7 @@ async fn stale_delete_after_an_add(
         .add(existence_gate::proto::AddRequest {
             namespace: "users".into(),
             keys: vec![Bytes::from("1")],
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -30,6 +30,7 @@ fn add(namespace: &str, ks: &[&str]) -> AddRequest {
     AddRequest {
         namespace: namespace.to_string(),
         keys: keys(ks),
+        ..Default::default()
     }
 }
 
@@ -151,6 +152,7 @@ async fn batches_answer_in_order_with_duplicates_and_up_to_the_limit() {
         .add(AddRequest {
             namespace: String::new(),
             keys: full[..5_000].to_vec(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -529,6 +531,7 @@ async fn a_lagging_subscriber_gets_resync_then_continues() {
             .add(AddRequest {
                 namespace: String::new(),
                 keys,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -585,6 +588,89 @@ async fn shutdown_ends_streams_with_unavailable() {
     stopping.await.unwrap().unwrap();
 }
 
+/// An `Add` with `packed_keys` adds exactly its keys, and is refused as a packed batch lookup is.
+#[tokio::test]
+async fn packed_adds_add_their_keys_and_are_refused_like_packed_lookups() {
+    let server = start(SMALL).await;
+    let mut client = client(&server).await;
+    let all: Vec<Bytes> = (0..3_000u32)
+        .map(|i| Bytes::from(format!("k{i}")))
+        .collect();
+    let added: Vec<Bytes> = all.iter().step_by(2).cloned().collect();
+    let reply = client
+        .add(AddRequest {
+            packed_keys: pack(&added),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.seq > 0);
+    let answers = client
+        .batch_may_exist(BatchMayExistRequest {
+            keys: all.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let absent = answers.answers().filter(|a| *a == Answer::Absent).count();
+    for (i, answer) in answers.answers().enumerate().step_by(2) {
+        assert_eq!(answer, Answer::MayExist, "added key {i}");
+    }
+    assert!(absent > 1_400, "the other half stays absent: {absent}");
+
+    let refuse = |request: AddRequest, needle: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let status = client.add(request).await.expect_err("refused");
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            assert!(
+                status.message().contains(needle),
+                "{:?} lacks {needle:?}",
+                status.message()
+            );
+        }
+    };
+    refuse(
+        AddRequest {
+            keys: keys(&["a"]),
+            packed_keys: pack(&keys(&["b"])),
+            ..Default::default()
+        },
+        "not both",
+    )
+    .await;
+    refuse(
+        AddRequest {
+            packed_keys: Bytes::from_static(&[5, b'a', b'b']),
+            ..Default::default()
+        },
+        "claims 5 bytes",
+    )
+    .await;
+    let over: Vec<Bytes> = (0..10_001u32)
+        .map(|i| Bytes::from(i.to_be_bytes().to_vec()))
+        .collect();
+    refuse(
+        AddRequest {
+            packed_keys: pack(&over),
+            ..Default::default()
+        },
+        "max_batch_keys = 10000",
+    )
+    .await;
+    refuse(
+        AddRequest {
+            packed_keys: pack(&keys(&["ok", ""])),
+            ..Default::default()
+        },
+        "keys[1] is empty",
+    )
+    .await;
+    refuse(AddRequest::default(), "at least one key").await;
+}
+
 #[tokio::test]
 async fn packed_batches_answer_with_a_bitmap_matching_the_plain_answers() {
     let server = start(SMALL).await;
@@ -596,6 +682,7 @@ async fn packed_batches_answer_with_a_bitmap_matching_the_plain_answers() {
         .add(AddRequest {
             namespace: String::new(),
             keys: all.iter().step_by(3).cloned().collect(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -114,6 +114,7 @@ async fn http_port_serves_health_readiness_and_metrics() {
         .add(AddRequest {
             namespace: "metered".into(),
             keys: vec![Bytes::from_static(b"k")],
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -54,6 +54,7 @@ async fn add(replica: &Replica, namespace: &str, keys: &[impl AsRef<str>]) -> u6
                 .iter()
                 .map(|k| k.as_ref().as_bytes().to_vec().into())
                 .collect(),
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|status| panic!("Add through {}: {status:?}", replica.id))
@@ -539,6 +540,7 @@ async fn a_whole_nats_outage_fails_open_and_loses_nothing() {
         .add(AddRequest {
             namespace: "users".to_string(),
             keys: bytes(&named("during", 1)),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -872,6 +874,7 @@ async fn a_wiped_replica_bootstraps_from_the_shared_snapshot_and_the_stream_tail
                 let request = AddRequest {
                     namespace: if i % 2 == 0 { "users" } else { "orders" }.to_string(),
                     keys: vec![key.clone().into_bytes().into()],
+                    ..Default::default()
                 };
                 if writers[i % 2].clone().add(request).await.is_ok() {
                     acknowledged.push(key);

@@ -75,6 +75,7 @@ fn add(namespace: &str) -> AddRequest {
     AddRequest {
         namespace: namespace.into(),
         keys: vec![Bytes::from_static(b"k")],
+        ..Default::default()
     }
 }
 

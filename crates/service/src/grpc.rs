@@ -264,6 +264,24 @@ fn absence_kind(value: i32) -> Result<AbsenceKind, Status> {
     }
 }
 
+/// An `Add`'s keys: `keys` as they are, or `packed_keys` split into slices that share its buffer.
+fn add_keys(
+    keys: Vec<bytes::Bytes>,
+    packed: &bytes::Bytes,
+    max_keys: usize,
+) -> Result<Vec<bytes::Bytes>, Status> {
+    match (keys.is_empty(), packed.is_empty()) {
+        (_, true) => Ok(keys),
+        (true, false) => Ok(unpack_keys(packed, max_keys)?
+            .into_iter()
+            .map(|key| packed.slice_ref(key))
+            .collect()),
+        (false, false) => Err(Status::invalid_argument(
+            "send keys or packed_keys, not both",
+        )),
+    }
+}
+
 fn add_response(added: Result<namespace::Added, GateError>) -> Result<proto::AddResponse, Status> {
     let added = added.map_err(status)?;
     Ok(proto::AddResponse {
@@ -373,12 +391,14 @@ impl ExistenceGate for GateService {
         &self,
         request: Request<proto::AddRequest>,
     ) -> Result<Response<proto::AddResponse>, Status> {
+        let max_keys = self.gate.limits().max_batch_keys;
         self.admitted_write(
             Rpc::Add,
             request,
             |r| &mut r.namespace,
             |writes, request| async move {
-                add_response(writes.add(&request.namespace, request.keys).await)
+                let keys = add_keys(request.keys, &request.packed_keys, max_keys)?;
+                add_response(writes.add(&request.namespace, keys).await)
             },
         )
         .await

@@ -1,0 +1,87 @@
+//! An `Add` of 1,000 16-byte keys (the size of a UUID) sent as `keys` (a protobuf field per key) and as
+//! `packed_keys` (one field: each key preceded by its varint length): what the caller spends building and
+//! encoding the request, and what the gate spends decoding it into its keys (`unpack_keys`, each key a
+//! `Bytes` slice of the request, as the `Add` handler takes them). `cargo bench --bench add_request`;
+//! figures in README.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use existence_gate::proto::AddRequest;
+use existence_gate::service::grpc::unpack_keys;
+use prost::Message;
+
+const KEYS: usize = 1_000;
+
+/// The `i`-th key: 16 random-looking bytes.
+fn key(i: u64) -> [u8; 16] {
+    let mix = |x: u64| x.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29) ^ x;
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&mix(i).to_le_bytes());
+    key[8..].copy_from_slice(&mix(!i).to_le_bytes());
+    key
+}
+
+/// A caller's keys as they arrive from its own code: one buffer, sliced.
+fn caller_keys() -> Vec<Bytes> {
+    let buffer = Bytes::from((0..KEYS as u64).flat_map(key).collect::<Vec<u8>>());
+    (0..KEYS)
+        .map(|k| buffer.slice(k * 16..k * 16 + 16))
+        .collect()
+}
+
+fn encode_keys(keys: &[Bytes]) -> Bytes {
+    let request = AddRequest {
+        keys: keys.to_vec(),
+        ..Default::default()
+    };
+    request.encode_to_vec().into()
+}
+
+fn encode_packed(keys: &[Bytes]) -> Bytes {
+    let mut packed = BytesMut::with_capacity(keys.len() * 17);
+    for key in keys {
+        prost::encoding::encode_varint(key.len() as u64, &mut packed);
+        packed.put_slice(key);
+    }
+    let request = AddRequest {
+        packed_keys: packed.freeze(),
+        ..Default::default()
+    };
+    request.encode_to_vec().into()
+}
+
+/// The gate's side: the request decoded, then its keys as the handler takes them.
+fn decode(body: &Bytes) -> Vec<Bytes> {
+    let request = AddRequest::decode(body.clone()).unwrap();
+    if request.packed_keys.is_empty() {
+        return request.keys;
+    }
+    let packed = &request.packed_keys;
+    unpack_keys(packed, KEYS)
+        .unwrap()
+        .into_iter()
+        .map(|key| packed.slice_ref(key))
+        .collect()
+}
+
+fn add_request(c: &mut Criterion) {
+    let keys = caller_keys();
+    let mut group = c.benchmark_group("add_1000_keys");
+    group.throughput(Throughput::Elements(KEYS as u64));
+    group.bench_function("caller_encodes_keys", |b| b.iter(|| encode_keys(&keys)));
+    group.bench_function("caller_encodes_packed_keys", |b| {
+        b.iter(|| encode_packed(&keys))
+    });
+    let (plain, packed) = (encode_keys(&keys), encode_packed(&keys));
+    assert_eq!(
+        decode(&plain),
+        decode(&packed),
+        "both forms carry the same keys"
+    );
+    group.bench_function("gate_decodes_keys", |b| b.iter(|| decode(&plain)));
+    group.bench_function("gate_decodes_packed_keys", |b| b.iter(|| decode(&packed)));
+    group.finish();
+}
+
+criterion_group!(benches, add_request);
+criterion_main!(benches);
