@@ -4,30 +4,18 @@
 //! `Bytes` slice of the request, as the `Add` handler takes them). `cargo bench --bench add_request`;
 //! figures in README.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use existence_gate::proto::AddRequest;
 use existence_gate::service::grpc::unpack_keys;
 use prost::Message;
 
+/// The load harness's keys: 16 random-looking bytes each, sliced from one buffer.
+#[allow(dead_code)]
+#[path = "../load/keys.rs"]
+mod keys;
+
 const KEYS: usize = 1_000;
-
-/// The `i`-th key: 16 random-looking bytes.
-fn key(i: u64) -> [u8; 16] {
-    let mix = |x: u64| x.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29) ^ x;
-    let mut key = [0u8; 16];
-    key[..8].copy_from_slice(&mix(i).to_le_bytes());
-    key[8..].copy_from_slice(&mix(!i).to_le_bytes());
-    key
-}
-
-/// A caller's keys as they arrive from its own code: one buffer, sliced.
-fn caller_keys() -> Vec<Bytes> {
-    let buffer = Bytes::from((0..KEYS as u64).flat_map(key).collect::<Vec<u8>>());
-    (0..KEYS)
-        .map(|k| buffer.slice(k * 16..k * 16 + 16))
-        .collect()
-}
 
 fn encode_keys(keys: &[Bytes]) -> Bytes {
     let request = AddRequest {
@@ -38,13 +26,8 @@ fn encode_keys(keys: &[Bytes]) -> Bytes {
 }
 
 fn encode_packed(keys: &[Bytes]) -> Bytes {
-    let mut packed = BytesMut::with_capacity(keys.len() * 17);
-    for key in keys {
-        prost::encoding::encode_varint(key.len() as u64, &mut packed);
-        packed.put_slice(key);
-    }
     let request = AddRequest {
-        packed_keys: packed.freeze(),
+        packed_keys: keys::pack(keys),
         ..Default::default()
     };
     request.encode_to_vec().into()
@@ -65,7 +48,7 @@ fn decode(body: &Bytes) -> Vec<Bytes> {
 }
 
 fn add_request(c: &mut Criterion) {
-    let keys = caller_keys();
+    let keys = keys::keys(0..KEYS as u64);
     let mut group = c.benchmark_group("add_1000_keys");
     group.throughput(Throughput::Elements(KEYS as u64));
     group.bench_function("caller_encodes_keys", |b| b.iter(|| encode_keys(&keys)));

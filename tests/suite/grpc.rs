@@ -620,55 +620,15 @@ async fn packed_adds_add_their_keys_and_are_refused_like_packed_lookups() {
     }
     assert!(absent > 1_400, "the other half stays absent: {absent}");
 
-    let refuse = |request: AddRequest, needle: &'static str| {
-        let mut client = client.clone();
-        async move {
-            let status = client.add(request).await.expect_err("refused");
-            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-            assert!(
-                status.message().contains(needle),
-                "{:?} lacks {needle:?}",
-                status.message()
-            );
-        }
-    };
-    refuse(
-        AddRequest {
-            keys: keys(&["a"]),
-            packed_keys: pack(&keys(&["b"])),
+    for (keys, packed_keys, needle) in refused_packings() {
+        let request = AddRequest {
+            keys,
+            packed_keys,
             ..Default::default()
-        },
-        "not both",
-    )
-    .await;
-    refuse(
-        AddRequest {
-            packed_keys: Bytes::from_static(&[5, b'a', b'b']),
-            ..Default::default()
-        },
-        "claims 5 bytes",
-    )
-    .await;
-    let over: Vec<Bytes> = (0..10_001u32)
-        .map(|i| Bytes::from(i.to_be_bytes().to_vec()))
-        .collect();
-    refuse(
-        AddRequest {
-            packed_keys: pack(&over),
-            ..Default::default()
-        },
-        "max_batch_keys = 10000",
-    )
-    .await;
-    refuse(
-        AddRequest {
-            packed_keys: pack(&keys(&["ok", ""])),
-            ..Default::default()
-        },
-        "keys[1] is empty",
-    )
-    .await;
-    refuse(AddRequest::default(), "at least one key").await;
+        };
+        assert_invalid(client.add(request).await, needle);
+    }
+    assert_invalid(client.add(AddRequest::default()).await, "at least one key");
 }
 
 #[tokio::test]
@@ -716,52 +676,41 @@ async fn packed_batches_answer_with_a_bitmap_matching_the_plain_answers() {
         }
     }
 
-    let refuse = |request: BatchMayExistRequest, needle: &'static str| {
-        let mut client = client.clone();
-        async move {
-            let status = client.batch_may_exist(request).await.expect_err("refused");
-            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-            assert!(
-                status.message().contains(needle),
-                "{:?} lacks {needle:?}",
-                status.message()
-            );
-        }
-    };
-    refuse(
-        BatchMayExistRequest {
-            keys: keys(&["a"]),
-            packed_keys: pack(&keys(&["b"])),
+    for (keys, packed_keys, needle) in refused_packings() {
+        let request = BatchMayExistRequest {
+            keys,
+            packed_keys,
             ..Default::default()
-        },
-        "not both",
-    )
-    .await;
-    refuse(
-        BatchMayExistRequest {
-            packed_keys: Bytes::from_static(&[5, b'a', b'b']),
-            ..Default::default()
-        },
-        "claims 5 bytes",
-    )
-    .await;
+        };
+        assert_invalid(client.batch_may_exist(request).await, needle);
+    }
+}
+
+/// Requests that carry `packed_keys` wrongly, as (`keys`, `packed_keys`, what the refusal must say): both
+/// forms at once, a length past the end, more keys than `max_batch_keys`, an empty key.
+fn refused_packings() -> Vec<(Vec<Bytes>, Bytes, &'static str)> {
     let over: Vec<Bytes> = (0..10_001u32)
         .map(|i| Bytes::from(i.to_be_bytes().to_vec()))
         .collect();
-    refuse(
-        BatchMayExistRequest {
-            packed_keys: pack(&over),
-            ..Default::default()
-        },
-        "max_batch_keys = 10000",
-    )
-    .await;
-    refuse(
-        BatchMayExistRequest {
-            packed_keys: pack(&keys(&["ok", ""])),
-            ..Default::default()
-        },
-        "keys[1] is empty",
-    )
-    .await;
+    vec![
+        (keys(&["a"]), pack(&keys(&["b"])), "not both"),
+        (
+            Vec::new(),
+            Bytes::from_static(&[5, b'a', b'b']),
+            "claims 5 bytes",
+        ),
+        (Vec::new(), pack(&over), "max_batch_keys = 10000"),
+        (Vec::new(), pack(&keys(&["ok", ""])), "keys[1] is empty"),
+    ]
+}
+
+/// `reply` is an `INVALID_ARGUMENT` whose message holds `needle`.
+fn assert_invalid<T: std::fmt::Debug>(reply: Result<T, tonic::Status>, needle: &str) {
+    let status = reply.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains(needle),
+        "{:?} lacks {needle:?}",
+        status.message()
+    );
 }

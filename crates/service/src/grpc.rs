@@ -126,16 +126,12 @@ fn answer_batch(
     gate: &Gate,
     request: &proto::BatchMayExistRequest,
 ) -> Result<proto::BatchMayExistResponse, Status> {
-    let (mut response, lookups) = if request.packed_keys.is_empty() {
-        batch_answers(gate, &request.namespace, &request.keys)
-    } else if request.keys.is_empty() {
-        let keys = unpack_keys(&request.packed_keys, gate.limits().max_batch_keys)?;
-        batch_bitmap(gate, &request.namespace, &keys)
-    } else {
-        Err(Status::invalid_argument(
-            "send keys or packed_keys, not both",
-        ))
-    }?;
+    let max_keys = gate.limits().max_batch_keys;
+    let (mut response, lookups) =
+        match packed_instead(&request.keys, &request.packed_keys, max_keys)? {
+            None => batch_answers(gate, &request.namespace, &request.keys),
+            Some(keys) => batch_bitmap(gate, &request.namespace, &keys),
+        }?;
     if request.with_bases {
         response.bases = lookups.iter().map(|l| basis(l.basis) as i32).collect();
     }
@@ -270,12 +266,25 @@ fn add_keys(
     packed: &bytes::Bytes,
     max_keys: usize,
 ) -> Result<Vec<bytes::Bytes>, Status> {
-    match (keys.is_empty(), packed.is_empty()) {
-        (_, true) => Ok(keys),
-        (true, false) => Ok(unpack_keys(packed, max_keys)?
+    Ok(match packed_instead(&keys, packed, max_keys)? {
+        None => keys,
+        Some(slices) => slices
             .into_iter()
             .map(|key| packed.slice_ref(key))
-            .collect()),
+            .collect(),
+    })
+}
+
+/// A request's `packed_keys` unpacked if it sent them instead of `keys` (`None`: it sent `keys`); both
+/// at once is refused.
+fn packed_instead<'a>(
+    keys: &[bytes::Bytes],
+    packed: &'a [u8],
+    max_keys: usize,
+) -> Result<Option<Vec<&'a [u8]>>, Status> {
+    match (keys.is_empty(), packed.is_empty()) {
+        (_, true) => Ok(None),
+        (true, false) => unpack_keys(packed, max_keys).map(Some),
         (false, false) => Err(Status::invalid_argument(
             "send keys or packed_keys, not both",
         )),
