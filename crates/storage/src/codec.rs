@@ -138,28 +138,36 @@ fn put_keys<'a>(
 }
 
 /// A record's keys, borrowed from its payload.
-fn keys<'a>(
-    fields: &mut Fields<'a>,
-    payload: &Bytes,
-    lengths: KeyLengths,
-) -> Result<Vec<&'a [u8]>, Malformed> {
+/// How many keys a record says follow; a count more than the rest of the record could hold is damage,
+/// not a reason to allocate.
+fn key_count(fields: &mut Fields<'_>, lengths: KeyLengths) -> Result<usize, Malformed> {
     let count = fields.u32()? as usize;
-    // Each key takes at least its length's bytes: a count beyond that is damage, not a reason to allocate.
+    // Each key takes at least its length's bytes.
     let least = match lengths {
         KeyLengths::Varint => 1,
         KeyLengths::Fixed => 4,
     };
-    if count > payload.len() / least {
+    if count > fields.remaining() / least {
         return Err(Malformed(format!(
             "claims {count} keys in {} bytes",
-            payload.len()
+            fields.remaining()
         )));
     }
-    let mut key = || match lengths {
+    Ok(count)
+}
+
+/// The record's next key.
+fn next_key<'a>(fields: &mut Fields<'a>, lengths: KeyLengths) -> Result<&'a [u8], Malformed> {
+    match lengths {
         KeyLengths::Varint => fields.varint_bytes(),
         KeyLengths::Fixed => fields.bytes(),
-    };
-    (0..count).map(|_| key()).collect()
+    }
+}
+
+/// An `Add`'s keys, copied into one packed buffer as they are read (see [`decode_shared`]).
+fn packed_keys(fields: &mut Fields<'_>, lengths: KeyLengths) -> Result<PackedKeys, Malformed> {
+    let count = key_count(fields, lengths)?;
+    PackedKeys::read(count, fields.remaining(), || next_key(fields, lengths))
 }
 
 fn rebuild_step(
@@ -175,10 +183,12 @@ fn rebuild_step(
     Ok(match tag {
         KEYS => RebuildStep::Keys {
             began,
-            keys: keys(fields, payload, lengths)?
-                .into_iter()
-                .map(|key| payload.slice_ref(key))
-                .collect(),
+            keys: {
+                let count = key_count(fields, lengths)?;
+                (0..count)
+                    .map(|_| next_key(fields, lengths).map(|key| payload.slice_ref(key)))
+                    .collect::<Result<_, _>>()?
+            },
         },
         COMMIT => RebuildStep::Commit { began },
         ABORT => RebuildStep::Abort { began },
@@ -212,7 +222,7 @@ pub fn decode_shared(payload: &Bytes) -> Result<Mutation, Malformed> {
             namespace,
             seq,
             at_ms,
-            keys: PackedKeys::from_slices(keys(&mut fields, payload, lengths)?.into_iter()),
+            keys: packed_keys(&mut fields, lengths)?,
         },
         REBUILD | REBUILD_FIXED => Mutation::Rebuild {
             namespace,

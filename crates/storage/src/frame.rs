@@ -157,6 +157,11 @@ impl<'a> Fields<'a> {
         Self { bytes }
     }
 
+    /// How many bytes are left.
+    pub fn remaining(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// The next `n` bytes.
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
         if self.bytes.len() < n {
