@@ -659,8 +659,13 @@ fn main() {
     } else if args.iter().any(|a| a == "faults") {
         runtime.block_on(run_faults());
     } else if let Some(at) = args.iter().position(|a| a == "compare") {
-        let other = args.get(at + 1).expect("compare OTHER_BINARY");
-        runtime.block_on(run_compare(std::path::Path::new(other)));
+        let other = args.get(at + 1).expect("compare OTHER_BINARY [r3]");
+        let servers = if args.get(at + 2).is_some_and(|a| a == "r3") {
+            3
+        } else {
+            1
+        };
+        runtime.block_on(run_compare(std::path::Path::new(other), servers));
     } else {
         runtime.block_on(run());
     }
@@ -680,15 +685,16 @@ async fn run_faults() {
 
 /// `Add`s and lookups on a replica of this build and of `other` (another build of the gate), side by side:
 /// calls/s, p50, the CPU per call of the replicas called and of the NATS server, written to
-/// `benches/results/replicated-compare.md`. 1,000 `Add`s a stretch: 200 (~0.15 s) moved with every burst of
-/// the machine's load.
-async fn run_compare(other: &std::path::Path) {
+/// `benches/results/replicated-compare.md`, or with `r3` after the binary, of two R3 deployments (three
+/// nats-servers each) to `replicated-compare-r3.md`. 1,000 `Add`s a stretch: 200 (~0.15 s) moved with every
+/// burst of the machine's load.
+async fn run_compare(other: &std::path::Path, servers: usize) {
     let load_at_start = text::load_average();
     let this = procs::gate_binary();
     let mut deployments = Vec::new();
     for (name, binary) in [("other", other.to_path_buf()), ("this", this)] {
-        println!("starting R1 of {name} ({})...", binary.display());
-        let deployment = Deployment::start(name, 1, &binary, COMPARE_CONFIG).await;
+        println!("starting R{servers} of {name} ({})...", binary.display());
+        let deployment = Deployment::start(name, servers, &binary, COMPARE_CONFIG).await;
         let next = Arc::new(AtomicU64::new(0));
         let mut fill = Side::new(
             &deployment,
@@ -738,17 +744,19 @@ async fn run_compare(other: &std::path::Path) {
     }
     let mut markdown = format!(
         "# Adds and lookups: this build against another, side by side\n\n`cargo bench --bench replicated -- compare \
-         {}`, {} on {} (load average at start: {load_at_start}). Two R1 deployments (one nats-server, three \
+         {}{}`, {} on {} (load average at start: {load_at_start}). Two R{servers} deployments ({}, three \
          replicas each), one of each build, each filled with {} keys in 1,000-key Adds; then {READ_ROUNDS} \
          stretches alternating between the builds: {COMPARE_WRITES} 1,000-key Adds through all three replicas \
          ({WRITES_PER_REPLICA} in flight on each, new keys), then lookups with {READ_IN_FLIGHT} calls in \
          flight to the first replica (half the keys added, half never). CPU is the user + system time per call \
          of the replicas called (`/proc/<pid>/stat`), their lease upkeep included, and apart the NATS \
-         server's.\n\n| workload | build | calls | calls/s | p50 | CPU µs/call on the replicas called | \
+         servers'.\n\n| workload | build | calls | calls/s | p50 | CPU µs/call on the replicas called | \
          NATS CPU µs/call | fail-open |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
         other.display(),
+        if servers == 3 { " r3" } else { "" },
         text::today(),
         text::machine(),
+        if servers == 3 { "a JetStream cluster of three nats-servers" } else { "one nats-server" },
         text::si(written as f64),
     );
     for (build, workload, side) in sides {
@@ -764,7 +772,12 @@ async fn run_compare(other: &std::path::Path) {
             tally.fail_open(),
         );
     }
-    write_results("replicated-compare.md", &markdown);
+    let file = if servers == 3 {
+        "replicated-compare-r3.md"
+    } else {
+        "replicated-compare.md"
+    };
+    write_results(file, &markdown);
 }
 
 /// Writes `markdown` to `benches/results/FILE` and shows it.
