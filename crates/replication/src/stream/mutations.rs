@@ -83,10 +83,10 @@ impl MutationStream {
     /// server holds a copy of the stream. nats-server 2.9 places such a consumer (one replica) on a peer of
     /// the stream picked at random, and one placed on another server sends every message through a route
     /// to this process's server first: at R3, two in three replicas paid that. So a consumer that lands
-    /// elsewhere is deleted and created again, up to [`PLACEMENT_TRIES`] times in all (a third of the
-    /// stream's peers each time at R3: all but about 1 in 17,000 land here), the last one kept wherever it
-    /// is. (One that the client library recreates by itself, after missed heartbeats, lands at random.)
-    /// Measured with three servers and three replicas on one 2-core machine, 9 1,000-key `Add`s in flight,
+    /// elsewhere is deleted and created again, up to [`PLACEMENT_TRIES`] times in all (at R3 each lands
+    /// here one time in three: all but about one follow in 17,000 end with a consumer here), the last one
+    /// kept wherever it is. (One that the client library recreates by itself, after missed heartbeats,
+    /// lands at random.) Measured with three servers and three replicas on one 2-core machine, 9 1,000-key `Add`s in flight,
     /// three pairs of runs: bytes crossing routes per `Add` 5.7, 4.4, 5.7 times the message before, 3.0,
     /// 2.7, 2.7 after; the servers' CPU per `Add` 1,116, 989, 1,123 µs before, 984, 942, 958 after.
     async fn ordered_consumer_here(
@@ -95,11 +95,7 @@ impl MutationStream {
     ) -> Result<jetstream::consumer::Consumer<consumer::pull::OrderedConfig>, async_nats::Error>
     {
         let here = self.jetstream.client().server_info().server_name;
-        let peers = self.stream.get_info().await?.cluster;
-        let is_peer = peers.is_some_and(|cluster| {
-            cluster.leader.as_deref() == Some(here.as_str())
-                || cluster.replicas.iter().any(|peer| peer.name == here)
-        });
+        let is_peer = self.keeps_the_stream(&here).await;
         let mut tries = 1;
         loop {
             let consumer = self
@@ -120,6 +116,18 @@ impl MutationStream {
             let _ = self.stream.delete_consumer(&info.name).await;
             tries += 1;
         }
+    }
+
+    /// Whether the NATS server `server` keeps a copy of the stream. Only asked to place a consumer: when
+    /// it cannot be asked now, the stream is read all the same, from wherever the first consumer lands.
+    async fn keeps_the_stream(&self, server: &str) -> bool {
+        let Ok(info) = self.stream.get_info().await else {
+            return false;
+        };
+        info.cluster.is_some_and(|cluster| {
+            cluster.leader.as_deref() == Some(server)
+                || cluster.replicas.iter().any(|peer| peer.name == server)
+        })
     }
 
     /// Removes the lease barriers below `seq` (they carry no state; a retained snapshot is past them).
