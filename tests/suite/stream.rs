@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::nats::{Cluster, Nats};
+use common::nats::Nats;
 use existence_gate::core::answer::Answer;
 use existence_gate::core::clock::ManualClock;
 use existence_gate::core::config::GateConfig;
@@ -554,54 +554,4 @@ async fn a_purge_removes_only_one_namespace_below_the_seq() {
         try_open(&nats).await.is_ok(),
         "the identity record is still there"
     );
-}
-
-/// The placement of every consumer of the stream "existence": its name and the server it is on.
-async fn consumer_servers(jetstream: &async_nats::jetstream::Context) -> Vec<(String, String)> {
-    let stream = jetstream.get_stream("existence").await.unwrap();
-    stream
-        .consumers()
-        .map(|info| {
-            let info = info.unwrap();
-            let server = info.cluster.and_then(|c| c.leader).unwrap_or_default();
-            (info.name, server)
-        })
-        .collect()
-        .await
-}
-
-/// At R3, every reader follows the stream from a consumer on the server it is connected to. nats-server 2.9
-/// places each on a peer of the stream at random: two in three would be elsewhere, and every message would
-/// cross a route to reach their readers (all six readers here land at home by chance 1 time in 729).
-#[tokio::test]
-async fn each_reader_follows_the_stream_from_a_consumer_on_its_own_server() {
-    let Some(cluster) = Cluster::start().await else {
-        return;
-    };
-    let on = |i: usize| {
-        let mut options = StreamOptions::new(vec![cluster.client_url(i).to_string()], "existence");
-        options.replicas = 3;
-        options
-    };
-    let client = async_nats::connect(cluster.client_url(0)).await.unwrap();
-    let jetstream = async_nats::jetstream::new(client);
-    let mut following = Vec::new();
-    for i in [0, 1, 2, 0, 1, 2] {
-        let reader = MutationStream::open(&on(i)).await.unwrap();
-        let before = consumer_servers(&jetstream).await;
-        following.push(reader.follow(0).await.unwrap());
-        let new: Vec<_> = consumer_servers(&jetstream)
-            .await
-            .into_iter()
-            .filter(|consumer| !before.contains(consumer))
-            .collect();
-        let [(name, server)] = &new[..] else {
-            panic!("one new consumer per follow, and the misplaced ones deleted: {new:?}");
-        };
-        assert_eq!(
-            server,
-            &format!("n{i}"),
-            "consumer {name} of a reader connected to n{i}"
-        );
-    }
 }

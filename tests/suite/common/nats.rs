@@ -370,11 +370,6 @@ impl Cluster {
             .join("\n")
     }
 
-    /// Server `i`'s client URL (`n{i}`'s).
-    pub fn client_url(&self, i: usize) -> &str {
-        &self.client_urls[i]
-    }
-
     /// Kills the server called `name` (SIGKILL).
     pub fn kill(&mut self, name: &str) {
         let (_, child) = self

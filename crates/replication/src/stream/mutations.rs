@@ -11,10 +11,6 @@ use crate::core::log::Mutation;
 use crate::protocol::MemberRecord;
 use crate::storage::codec;
 
-/// Ordered consumers created at most for one follow while they land on another NATS server than this
-/// process's (see [`MutationStream::ordered_consumer_here`]).
-const PLACEMENT_TRIES: u32 = 24;
-
 impl MutationStream {
     /// Publishes `mutation` (its seq is ignored: the stream assigns it) with message id `id`, and waits for
     /// the stream's acknowledgement.
@@ -65,7 +61,13 @@ impl MutationStream {
             ))
         };
         let consumer = self
-            .ordered_consumer_here(after_seq)
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: after_seq + 1,
+                },
+                ..Default::default()
+            })
             .await
             .map_err(|e| failed(&e))?;
         let messages = consumer.messages().await.map_err(|e| failed(&e))?;
@@ -77,57 +79,6 @@ impl MutationStream {
             ))));
             decode(&name, &control, message)
         }))
-    }
-
-    /// An ordered consumer from `after_seq + 1`, on the NATS server this process is connected to if that
-    /// server holds a copy of the stream. nats-server 2.9 places such a consumer (one replica) on a peer of
-    /// the stream picked at random, and one placed on another server sends every message through a route
-    /// to this process's server first: at R3, two in three replicas paid that. So a consumer that lands
-    /// elsewhere is deleted and created again, up to [`PLACEMENT_TRIES`] times in all (at R3 each lands
-    /// here one time in three: all but about one follow in 17,000 end with a consumer here), the last one
-    /// kept wherever it is. (One that the client library recreates by itself, after missed heartbeats,
-    /// lands at random.) Measured with three servers and three replicas on one 2-core machine, 9 1,000-key `Add`s in flight,
-    /// three pairs of runs: bytes crossing routes per `Add` 5.7, 4.4, 5.7 times the message before, 3.0,
-    /// 2.7, 2.7 after; the servers' CPU per `Add` 1,116, 989, 1,123 µs before, 984, 942, 958 after.
-    async fn ordered_consumer_here(
-        &self,
-        after_seq: u64,
-    ) -> Result<jetstream::consumer::Consumer<consumer::pull::OrderedConfig>, async_nats::Error>
-    {
-        let here = self.jetstream.client().server_info().server_name;
-        let is_peer = self.keeps_the_stream(&here).await;
-        let mut tries = 1;
-        loop {
-            let consumer = self
-                .stream
-                .create_consumer(consumer::pull::OrderedConfig {
-                    deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                        start_sequence: after_seq + 1,
-                    },
-                    ..Default::default()
-                })
-                .await?;
-            let info = consumer.cached_info();
-            let placed = info.cluster.as_ref().and_then(|c| c.leader.as_deref());
-            if !is_peer || placed.is_none_or(|server| server == here) || tries == PLACEMENT_TRIES {
-                return Ok(consumer);
-            }
-            // Unused, it would go by itself after the server's inactivity threshold; deleted so it goes now.
-            let _ = self.stream.delete_consumer(&info.name).await;
-            tries += 1;
-        }
-    }
-
-    /// Whether the NATS server `server` keeps a copy of the stream. Only asked to place a consumer: when
-    /// it cannot be asked now, the stream is read all the same, from wherever the first consumer lands.
-    async fn keeps_the_stream(&self, server: &str) -> bool {
-        let Ok(info) = self.stream.get_info().await else {
-            return false;
-        };
-        info.cluster.is_some_and(|cluster| {
-            cluster.leader.as_deref() == Some(server)
-                || cluster.replicas.iter().any(|peer| peer.name == server)
-        })
     }
 
     /// Removes the lease barriers below `seq` (they carry no state; a retained snapshot is past them).
