@@ -137,7 +137,6 @@ fn put_keys<'a>(
     }
 }
 
-/// A record's keys, borrowed from its payload.
 /// How many keys a record says follow; a count more than the rest of the record could hold is damage,
 /// not a reason to allocate.
 fn key_count(fields: &mut Fields<'_>, lengths: KeyLengths) -> Result<usize, Malformed> {
