@@ -588,14 +588,17 @@ async fn shutdown_ends_streams_with_unavailable() {
     stopping.await.unwrap().unwrap();
 }
 
+/// Keys `k0`, `k1`, ... `k{n-1}`.
+fn numbered_keys(n: u32) -> Vec<Bytes> {
+    (0..n).map(|i| Bytes::from(format!("k{i}"))).collect()
+}
+
 /// An `Add` with `packed_keys` adds exactly its keys, and is refused as a packed batch lookup is.
 #[tokio::test]
 async fn packed_adds_add_their_keys_and_are_refused_like_packed_lookups() {
     let server = start(SMALL).await;
     let mut client = client(&server).await;
-    let all: Vec<Bytes> = (0..3_000u32)
-        .map(|i| Bytes::from(format!("k{i}")))
-        .collect();
+    let all = numbered_keys(3_000);
     let added: Vec<Bytes> = all.iter().step_by(2).cloned().collect();
     let reply = client
         .add(AddRequest {
@@ -635,9 +638,7 @@ async fn packed_adds_add_their_keys_and_are_refused_like_packed_lookups() {
 async fn packed_batches_answer_with_a_bitmap_matching_the_plain_answers() {
     let server = start(SMALL).await;
     let mut client = client(&server).await;
-    let all: Vec<Bytes> = (0..10_000u32)
-        .map(|i| Bytes::from(format!("k{i}")))
-        .collect();
+    let all = numbered_keys(10_000);
     client
         .add(AddRequest {
             namespace: String::new(),
