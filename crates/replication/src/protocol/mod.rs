@@ -54,6 +54,7 @@
 //! is displaced by its restart, or is removed by an operator. A replica without a lease answers `MAY_EXIST`
 //! + `WARMING`: callers read the source, never a wrong `ABSENT`.
 
+pub mod gap;
 pub mod membership;
 #[cfg(test)]
 mod simulation;

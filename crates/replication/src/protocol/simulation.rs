@@ -6,7 +6,9 @@
 //! as an isolated leader does —; reports on a bus that loses, delays without bound, duplicates and reorders
 //! them, with routes between pairs of replicas going silent (non-transitive partitions); pauses, crashes,
 //! restarts from a snapshot or wiped, graceful leaves, operators' removals, replicas moving between servers,
-//! and monotonic clocks whose rates differ by up to ρ.
+//! and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
+//! junk an operator deleted (gone for good), or messages the consumer lost (still held) — judged, as the
+//! applier does, from the answer of a server that may be the stale one ([`gap`](super::gap)).
 //!
 //! `cargo test` runs `EXISTENCE_GATE_SIM_SEEDS` seeds (10,000 by default) over two threads;
 //! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
@@ -40,6 +42,18 @@ enum Entry {
     },
     Barrier,
     Record(MemberRecord),
+    /// A message no replica wrote, which an operator may delete.
+    Junk,
+}
+
+/// A server cut off from the quorum, serving what it held then.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    server: usize,
+    /// How many messages it holds.
+    held: usize,
+    /// How many of the deletions it has applied.
+    deletions: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +95,8 @@ enum Event {
     Fault,
     Restart(usize),
     Heal,
+    /// An operator deletes the junk at this seq.
+    Delete(u64),
 }
 
 #[derive(Debug)]
@@ -102,6 +118,8 @@ struct Process {
     writes: Vec<Write>,
     barrier_sent: Option<u64>,
     join_sent: Option<u64>,
+    /// Its consumer loses a stretch of the next delivery.
+    loses_next: bool,
     /// Incarnations seen so far: new ones draw nonces from this.
     nonces: u64,
 }
@@ -124,8 +142,10 @@ struct Sim {
     queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
     events: Vec<Option<Event>>,
     log: Vec<Entry>,
-    /// The server cut off from the quorum, and how much of the stream it holds.
-    isolated: Option<(usize, usize)>,
+    /// The server cut off from the quorum.
+    isolated: Option<Cut>,
+    /// Seqs deleted from the stream, in the order they were deleted.
+    deletions: Vec<u64>,
     /// Pairs of replicas whose reports do not reach each other.
     silent: HashSet<(usize, usize)>,
     /// Cut this replica's server off right after the replica's next barrier is stored.
@@ -193,6 +213,7 @@ impl Sim {
                     writes: Vec::new(),
                     barrier_sent: None,
                     join_sent: None,
+                    loses_next: false,
                     nonces: 0,
                 }
             })
@@ -205,6 +226,7 @@ impl Sim {
             events: Vec::new(),
             log: Vec::new(),
             isolated: None,
+            deletions: Vec::new(),
             silent: HashSet::new(),
             cut_after_barrier: None,
             procs,
@@ -330,6 +352,10 @@ impl Sim {
                     .for_each(|r| self.at(self.now, Event::Deliver(r)));
             }
             Event::Restart(r) => self.restart(r),
+            Event::Delete(seq) => {
+                self.note(|| format!("an operator deletes seq {seq}"));
+                self.deletions.push(seq);
+            }
             Event::Store {
                 r,
                 epoch,
@@ -384,7 +410,7 @@ impl Sim {
                     self.note(|| format!("r{r} add published at seq {seq}"));
                     self.check_writes(r, local);
                 }
-                Entry::Record(_) => {}
+                Entry::Record(_) | Entry::Junk => {}
             },
             Event::Acked { .. } => {}
             Event::Report { nonce, applied, .. } => {
@@ -431,13 +457,17 @@ impl Sim {
     /// A publish reaches the replica's server: stored only if that server is with the quorum.
     fn store(&mut self, r: usize, epoch: u64, entry: Entry, sent_at: Nanos) {
         let server = self.procs[r].server;
-        if self.isolated.is_some_and(|(cut, _)| cut == server) {
+        if self.isolated.is_some_and(|cut| cut.server == server) {
             self.note(|| format!("r{r}'s publish is lost at its isolated server"));
             return;
         }
         let is_barrier = matches!(entry, Entry::Barrier);
         self.log.push(entry.clone());
         let seq = self.log.len() as u64;
+        if matches!(entry, Entry::Junk) {
+            let when = self.now + self.rng.random_range(0..20 * MS);
+            self.at(when, Event::Delete(seq));
+        }
         self.note(|| format!("stored seq {seq}: {entry:?} from r{r}"));
         let lost = self.faults && self.rng.random_bool(0.02);
         if !lost {
@@ -466,9 +496,7 @@ impl Sim {
     /// The sharpest partition: a server cut off holding a replica's fresh barrier, and an `Add` stored
     /// through another server right behind it.
     fn cut_off_with_an_add_behind(&mut self, server: usize) {
-        let held = self.log.len();
-        self.note(|| format!("server {server} is cut off right after a barrier, holding {held}"));
-        self.isolated = Some((server, held));
+        self.cut_off(server);
         let writers: Vec<usize> = (0..self.procs.len())
             .filter(|w| self.procs[*w].server != server)
             .collect();
@@ -480,55 +508,134 @@ impl Sim {
         self.at(when, Event::Heal);
     }
 
-    /// How much of the stream replica `r`'s server holds.
-    fn visible(&self, r: usize) -> usize {
+    /// Cuts `server` off from the quorum, holding what it holds now.
+    fn cut_off(&mut self, server: usize) {
+        let held = self.log.len();
+        self.note(|| format!("server {server} is cut off from the quorum, holding {held}"));
+        self.isolated = Some(Cut {
+            server,
+            held,
+            deletions: self.deletions.len(),
+        });
+    }
+
+    /// What `server` holds: how many messages, and the seqs it has seen deleted.
+    fn view(&self, server: usize) -> (usize, &[u64]) {
         match self.isolated {
-            Some((cut, held)) if cut == self.procs[r].server => held,
-            _ => self.log.len(),
+            Some(cut) if cut.server == server => (cut.held, &self.deletions[..cut.deletions]),
+            _ => (self.log.len(), &self.deletions),
         }
     }
 
+    /// The first seq at or after `seq` that `server` holds, as its answer to the applier's question.
+    fn next_held(&self, server: usize, seq: u64) -> Option<u64> {
+        let (held, deleted) = self.view(server);
+        (seq..=held as u64).find(|s| !deleted.contains(s))
+    }
+
+    /// What replica `r`'s consumer delivers next, after its applied seq: the seqs, in order, up to the first
+    /// gap (deleted, or lost by the consumer), and the gap if one shows (a gap at the end shows only once a
+    /// message follows it).
+    fn delivery(&mut self, r: usize) -> (Vec<u64>, Option<(u64, u64)>) {
+        let from = self.procs[r].proto.applied() + 1;
+        let server = self.procs[r].server;
+        let held = self.view(server).0 as u64;
+        let mut lost = None;
+        if std::mem::take(&mut self.procs[r].loses_next) && held > from {
+            let first = self.rng.random_range(from..held);
+            lost = Some((first, self.rng.random_range(first..held)));
+        }
+        let deleted = self.view(server).1;
+        let skipped =
+            |s: u64| deleted.contains(&s) || lost.is_some_and(|(a, b)| (a..=b).contains(&s));
+        let mut seqs = Vec::new();
+        let mut seq = from;
+        while seq <= held {
+            if !skipped(seq) {
+                seqs.push(seq);
+                seq += 1;
+                continue;
+            }
+            let first = seq;
+            while seq <= held && skipped(seq) {
+                seq += 1;
+            }
+            if seq > held {
+                break;
+            }
+            return (seqs, Some((first, seq - 1)));
+        }
+        (seqs, None)
+    }
+
     fn deliver(&mut self, r: usize, local: Nanos) {
-        let from = self.procs[r].proto.applied() as usize;
-        let to = self.visible(r);
-        if to <= from {
+        let (seqs, gap) = self.delivery(r);
+        if seqs.is_empty() && gap.is_none() {
             return;
         }
         let mut writers = Vec::new();
-        for index in from..to {
-            let record = match &self.log[index] {
+        for seq in seqs {
+            let record = match &self.log[seq as usize - 1] {
                 Entry::Record(record) => Some(record.clone()),
                 Entry::Add { writer } => {
                     writers.push(*writer);
                     None
                 }
-                Entry::Barrier => None,
+                Entry::Barrier | Entry::Junk => None,
             };
-            self.procs[r]
-                .proto
-                .apply(index as u64 + 1, record.as_ref(), local);
+            self.procs[r].proto.apply(seq, record.as_ref(), local);
         }
         self.procs[r].proto.settle(local);
-        self.note(|| format!("r{r} applied through {to}"));
+        let applied = self.procs[r].proto.applied();
+        self.note(|| format!("r{r} applied through {applied}"));
         let p = &self.procs[r];
         let (nonce, applied) = (p.proto.me().nonce, p.proto.applied());
         let recipients = p.proto.recipients(writers);
         self.report(r, nonce, applied, recipients);
-        if self.procs[r].proto.should_join()
-            && self.procs[r]
-                .join_sent
-                .is_none_or(|at| local > at + PUBLISH_TIMEOUT)
-        {
-            self.procs[r].join_sent = Some(local);
-            let p = &self.procs[r];
-            let join = MemberRecord::Join {
-                id: p.id.clone(),
-                nonce,
-                origin: format!("process {nonce:x}"),
-            };
-            self.publish(r, Entry::Record(join), local);
+        if let Some(gap) = gap {
+            self.explain_gap(r, gap, local);
         }
+        self.join_if_caught_up(r, local);
         self.check_writes(r, local);
+    }
+
+    /// As the applier does: asks the server that believes it leads (the stale one, at times) for the first
+    /// message at or after the gap, passes over a gap proven deleted, and follows again a while later.
+    fn explain_gap(&mut self, r: usize, (first, last): (u64, u64), local: Nanos) {
+        let leader = match self.isolated {
+            Some(cut) if self.rng.random_bool(0.5) => cut.server,
+            _ => self.rng.random_range(0..SERVERS),
+        };
+        let next_held = self.next_held(leader, first);
+        let verdict = gap::judge(first, last, next_held, None);
+        self.note(|| {
+            format!("r{r} skipped {first}..={last}: server {leader} holds {next_held:?} next: {verdict:?}")
+        });
+        if verdict == gap::Gap::Deleted {
+            self.procs[r].proto.apply(last, None, local);
+            self.procs[r].proto.settle(local);
+        }
+        let when = self.now + self.rng.random_range(100 * US..2 * MS);
+        self.at(when, Event::Deliver(r));
+    }
+
+    fn join_if_caught_up(&mut self, r: usize, local: Nanos) {
+        if !self.procs[r].proto.should_join()
+            || self.procs[r]
+                .join_sent
+                .is_some_and(|at| local <= at + PUBLISH_TIMEOUT)
+        {
+            return;
+        }
+        self.procs[r].join_sent = Some(local);
+        let p = &self.procs[r];
+        let nonce = p.proto.me().nonce;
+        let join = MemberRecord::Join {
+            id: p.id.clone(),
+            nonce,
+            origin: format!("process {nonce:x}"),
+        };
+        self.publish(r, Entry::Record(join), local);
     }
 
     /// Sends `from`'s report on the bus to `recipients` (each copy lost, duplicated and delayed at will).
@@ -638,8 +745,24 @@ impl Sim {
     fn fault(&mut self) {
         let n = self.procs.len();
         let r = self.rng.random_range(0..n);
-        match self.rng.random_range(0..9) {
+        match self.rng.random_range(0..11) {
             8 => self.cut_after_barrier = Some(r),
+            9 => {
+                // While another server is cut off: the stale one that may answer the applier's question.
+                self.note(|| format!("r{r}'s consumer will lose messages"));
+                self.procs[r].loses_next = true;
+                if self.isolated.is_none() {
+                    let cut = (self.procs[r].server + self.rng.random_range(1..SERVERS)) % SERVERS;
+                    self.cut_off(cut);
+                    let when = self.now + self.rng.random_range(5 * MS..60 * MS);
+                    self.at(when, Event::Heal);
+                }
+            }
+            10 => {
+                self.note(|| format!("junk is published through r{r}'s server"));
+                let local = self.procs[r].local(self.now);
+                self.publish(r, Entry::Junk, local);
+            }
             0 => {
                 let d = self.rng.random_range(MS..60 * MS);
                 self.note(|| format!("r{r} pauses for {} ms", d / MS));
@@ -653,9 +776,7 @@ impl Sim {
             }
             3 => {
                 let cut = self.rng.random_range(0..SERVERS);
-                let held = self.log.len();
-                self.note(|| format!("server {cut} is cut off from the quorum, holding {held}"));
-                self.isolated = Some((cut, held));
+                self.cut_off(cut);
                 let when = self.now + self.rng.random_range(5 * MS..60 * MS);
                 self.at(when, Event::Heal);
             }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::{writer_nonce, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use crate::protocol::gap::{self, Gap};
 use crate::protocol::Recipients;
 use crate::snapshot_store::oldest_retained;
 use crate::stream::{StreamError, Streamed};
@@ -116,33 +117,36 @@ impl Replica {
         Ok(None)
     }
 
-    /// Why the stream skipped `first..=last`, and what to do: if the stream still holds `first`, the consumer
-    /// lost it (following again from the applied seq reads it). If not, either a purge removed it — purges
-    /// reach only seqs at or below the oldest snapshot the bucket retains, and that index is written before
-    /// the purge — and only a newer snapshot can replace it; or the messages were deleted one by one (junk an
-    /// operator removed), which every replica passes over alike.
+    /// Why the stream skipped `first..=last`, and what to do ([`gap::judge`]): read again if the stream
+    /// holds a skipped seq or the answering server cannot show the gap is gone (it may be stale); stop if the
+    /// seqs were purged — purges reach only seqs at or below the oldest snapshot the bucket retains, and that
+    /// index is written before the purge — since only a newer snapshot can replace them; pass over seqs
+    /// deleted one by one (junk an operator removed), as every replica does.
     async fn explain_gap(&self, (first, last): (u64, u64)) -> StreamError {
-        match self.stream.holds(first).await {
-            Ok(true) => StreamError::Read(format!(
-                "the stream's consumer skipped seq {first}, which the stream holds; reading it again"
+        let judged = async {
+            let next_held = self.stream.next_held(first).await?;
+            let oldest = oldest_retained(&self.stream).await?;
+            Ok::<_, StreamError>((next_held, gap::judge(first, last, next_held, oldest)))
+        };
+        match judged.await {
+            Ok((next_held, Gap::ReadAgain)) => StreamError::Read(format!(
+                "the stream's consumer skipped seqs {first} to {last}, and the first message held at or after \
+                 {first} is {next_held:?} (the answering server may be behind): reading again"
             )),
-            Ok(false) => match oldest_retained(&self.stream).await {
-                Ok(Some(oldest)) if first <= oldest => StreamError::Setup(format!(
-                    "the JetStream stream {:?} no longer holds seq {first}: the mutations after seq {} were \
-                     purged (covered by a shared snapshot) before this replica applied them; restart it to \
-                     load the newest snapshot",
-                    self.stream.name(),
-                    first - 1
-                )),
-                Ok(_) => {
-                    self.pass_over_deleted(first, last);
-                    StreamError::Read(format!(
-                        "seqs {first} to {last} were deleted from the stream (not purged: no retained snapshot \
-                         covers them); passed over, following on"
-                    ))
-                }
-                Err(error) => error,
-            },
+            Ok((_, Gap::Purged)) => StreamError::Setup(format!(
+                "the JetStream stream {:?} no longer holds seq {first}: the mutations after seq {} were purged \
+                 (covered by a shared snapshot) before this replica applied them; restart it to load the newest \
+                 snapshot",
+                self.stream.name(),
+                first - 1
+            )),
+            Ok((_, Gap::Deleted)) => {
+                self.pass_over_deleted(first, last);
+                StreamError::Read(format!(
+                    "seqs {first} to {last} were deleted from the stream (not purged: no retained snapshot \
+                     covers them); passed over, following on"
+                ))
+            }
             Err(error) => error,
         }
     }

@@ -258,13 +258,20 @@ impl MutationStream {
         self.seed
     }
 
-    /// Whether the stream still holds the message at `seq` (it was not purged).
-    pub async fn holds(&self, seq: u64) -> Result<bool, StreamError> {
-        match self.stream.get_raw_message(seq).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
+    /// The seq of the first message at or after `seq` held by the server that answers (the one that believes
+    /// it leads the stream, possibly stale: see [`protocol::gap`](crate::protocol::gap) for what the answer
+    /// proves); `None` if it holds none.
+    pub async fn next_held(&self, seq: u64) -> Result<Option<u64>, StreamError> {
+        let every_subject = format!("{}.>", self.name);
+        match self
+            .stream
+            .get_first_raw_message_by_subject(every_subject, seq)
+            .await
+        {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(StreamError::Read(format!(
-                "cannot read message {seq} of the JetStream stream {:?}: {e}",
+                "cannot read the first message at or after seq {seq} of the JetStream stream {:?}: {e}",
                 self.name
             ))),
         }
