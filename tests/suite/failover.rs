@@ -278,14 +278,17 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         replica.serving().await;
     }
 
-    // 2: a non-transitive partition between two servers that both reach the leader. The stream's Raft group
-    // may elect a leader on one side of the cut meanwhile (a starved server misses heartbeats on a loaded
-    // machine): the writer's server then cannot reach it and writes are refused, as they must be. That is
-    // another scenario, not this one, so the cut is made again around the new leader.
-    let mut leader = cluster.stream_leader("existence", (leader + 1) % 3).await;
+    // 2: a non-transitive partition between two servers that both reach the leader. NATS routes do not
+    // relay, so a server cut from the meta group's leader can have no consumer created: the stream's leader
+    // is first moved onto the meta leader's server, and the cut is made between the other two. Either
+    // group may elect a leader on one side of the cut meanwhile (a starved server misses heartbeats on a
+    // loaded machine): the writer's server then cannot reach it and writes are refused, as they must be.
+    // That is another scenario, not this one, so the leaders are brought together again and the cut made
+    // again around them; a stall with both leaders where they were is a failure.
     let mut cuts = 0;
     let (x, y) = loop {
         cuts += 1;
+        let leader = cluster.lead_stream_from_meta_leader("existence").await;
         let (x, y) = ((leader + 1) % 3, (leader + 2) % 3);
         cluster.route(x, y, Mode::Silent);
         let partitioned = checker.try_acknowledged(20, &replicas[x], &all).await;
@@ -293,12 +296,15 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         let Err(stalled) = partitioned else {
             break (x, y);
         };
-        let now_leading = cluster.stream_leader("existence", leader).await;
-        assert!(
-            now_leading != leader && cuts < 3,
-            "{stalled} (cut {cuts}: the stream led by n{leader}, now n{now_leading})"
+        let (meta, stream) = (
+            cluster.meta_leader().await,
+            cluster.stream_leader("existence", leader).await,
         );
-        leader = now_leading;
+        assert!(
+            (meta, stream) != (leader, leader) && cuts < 3,
+            "{stalled} (cut {cuts}: both leaders on n{leader}, now the meta group's on n{meta} and the \
+             stream's on n{stream})"
+        );
     };
 
     // 3: latency between the writer's and the reader's servers, the reader paused past 2 x its lease.

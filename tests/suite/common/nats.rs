@@ -171,6 +171,8 @@ pub struct ProxiedCluster {
     routes: std::collections::HashMap<(usize, usize), Proxy>,
     /// The proxy in front of each server's client port.
     clients: Vec<Proxy>,
+    /// Each server's monitoring port (`/jsz` says who leads the JetStream meta group).
+    monitors: Vec<u16>,
 }
 
 impl ProxiedCluster {
@@ -185,6 +187,7 @@ impl ProxiedCluster {
     async fn start_once(binary: &std::path::Path) -> Result<Self, String> {
         let route_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let monitors: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let mut routes = std::collections::HashMap::new();
         for i in 0..3 {
             for j in (0..3).filter(|j| *j != i) {
@@ -202,18 +205,19 @@ impl ProxiedCluster {
                 .map(|j| routes[&(i, j)].url())
                 .collect()
         };
-        let cluster = Cluster::start_with(
-            binary,
-            client_ports,
-            route_ports,
-            dialed,
-            &["--no_advertise", "--cluster_advertise", "127.0.0.1:1"],
-        )
+        let cluster = Cluster::start_with(binary, client_ports, route_ports, dialed, |i| {
+            ["--no_advertise", "--cluster_advertise", "127.0.0.1:1", "-m"]
+                .map(String::from)
+                .into_iter()
+                .chain([monitors[i].to_string()])
+                .collect()
+        })
         .await?;
         Ok(Self {
             cluster,
             routes,
             clients,
+            monitors,
         })
     }
 
@@ -264,6 +268,51 @@ impl ProxiedCluster {
         .await
     }
 
+    /// The index of the server leading the JetStream meta group (which every stream and consumer creation
+    /// goes through), once all three servers name the same one.
+    pub async fn meta_leader(&self) -> usize {
+        wait_until(
+            PATIENCE,
+            "the three servers to agree on a meta leader",
+            async || {
+                let mut named = Vec::new();
+                for port in &self.monitors {
+                    named.push(meta_leader_named_at(*port).await?);
+                }
+                named.dedup();
+                match named[..] {
+                    [leader] => Some(leader),
+                    _ => None,
+                }
+            },
+        )
+        .await
+    }
+
+    /// Moves stream `stream`'s leader onto the server leading the meta group (stepping it down until an
+    /// election lands it there), so that a cut between the other two leaves both reaching both leaders: a
+    /// replica on either side can still publish *and* have a new consumer created. Returns that server.
+    pub async fn lead_stream_from_meta_leader(&self, stream: &str) -> usize {
+        for _ in 0..20 {
+            let meta = self.meta_leader().await;
+            let leader = self.stream_leader(stream, meta).await;
+            if leader == meta {
+                return leader;
+            }
+            let client = async_nats::connect(self.cluster.client_urls[meta].as_str())
+                .await
+                .unwrap();
+            let stepdown = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
+            let _ = client.request(stepdown, "".into()).await;
+            wait_until(PATIENCE, "a new stream leader", async || {
+                let now = self.stream_leader(stream, meta).await;
+                (now != leader).then_some(())
+            })
+            .await;
+        }
+        panic!("twenty stream leader elections never landed on the meta leader's server");
+    }
+
     /// A JetStream context on server `i`, directly (not through its proxy).
     pub async fn jetstream(&self, i: usize) -> async_nats::jetstream::Context {
         let client = async_nats::connect(self.cluster.client_urls[i].as_str())
@@ -286,13 +335,13 @@ impl Cluster {
                     .iter()
                     .map(|p| format!("nats://127.0.0.1:{p}"))
                     .collect();
-                Self::start_with(&binary, clients, routes, |_| route_urls.clone(), &[]).await
+                Self::start_with(&binary, clients, routes, |_| route_urls.clone(), |_| vec![]).await
             })
             .await,
         )
     }
 
-    /// Three servers on `clients` and `routes` ports, server `i` dialing `dialed(i)`, with `more` flags,
+    /// Three servers on `clients` and `routes` ports, server `i` dialing `dialed(i)`, with flags `more(i)`,
     /// each logging to `<store>/<name>.log`. `Err` (naming the server, quoting the logs) if one exits
     /// before a JetStream leader is elected — a port that [`free_port`] found free can be taken by another
     /// socket before the server binds it — or if none is elected within [`PATIENCE`].
@@ -301,9 +350,16 @@ impl Cluster {
         clients: Vec<u16>,
         routes: Vec<u16>,
         dialed: impl Fn(usize) -> Vec<String>,
-        more: &[&str],
+        more: impl Fn(usize) -> Vec<String>,
     ) -> Result<Self, String> {
-        let store = tempfile::tempdir().expect("a temporary directory");
+        let mut store = tempfile::tempdir().expect("a temporary directory");
+        if std::env::var_os("EXISTENCE_GATE_TEST_LOGS").is_some() {
+            store.disable_cleanup(true);
+            eprintln!(
+                "the cluster's stores and logs are kept in {}",
+                store.path().display()
+            );
+        }
         let servers = (0..3)
             .map(|i| {
                 let name = format!("n{i}");
@@ -326,7 +382,7 @@ impl Cluster {
                         "--routes",
                         &dialed(i).join(","),
                     ])
-                    .args(more)
+                    .args(more(i))
                     .stdout(Stdio::null())
                     .stderr(log)
                     .spawn()
@@ -380,6 +436,25 @@ impl Cluster {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// The server that the one monitored on `port` names as the meta group's leader (`None` if it names none
+/// or does not answer).
+async fn meta_leader_named_at(port: u16) -> Option<usize> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut connection = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    connection
+        .write_all(b"GET /jsz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .ok()?;
+    let mut response = String::new();
+    connection.read_to_string(&mut response).await.ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    let jsz: serde_json::Value = serde_json::from_str(body).ok()?;
+    let leader = jsz["meta_cluster"]["leader"].as_str()?;
+    leader.strip_prefix('n')?.parse().ok()
 }
 
 /// Runs `attempt` up to three times: a server or cluster whose start failed is dropped (its processes
