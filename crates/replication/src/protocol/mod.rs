@@ -43,6 +43,18 @@
 //!    is no member), so `s` precedes `D`'s storing, which precedes the moment W applied D; W's grace ran a
 //!    fallback from that moment, so again R's lease had ended.
 //!
+//! # What JetStream is trusted with, and what is checked
+//! The argument needs a replica's consumer to read the quorum's history. nats-server 2.9.10 does not always
+//! give that: a stream leader cut off from the others stored proposals that never reached a quorum — its
+//! own replica's barriers and an `Add` — and, once the partition healed, went on with the quorum's messages
+//! one seq off, so a replica reading that server's copy applied a history missing 90 acknowledged `Add`s
+//! and, reading the seqs its barriers were acknowledged at, took leases over it (the partition test with
+//! real servers, about once in 40 runs on a loaded machine; the stores showed it). So a barrier carries
+//! its send time, and grants a lease only if what the replica read at its acknowledged seq is that very
+//! barrier: a copy that differs from the quorum's at a barrier's seq is caught there, and the replica
+//! stops ([`diverged`](Protocol::diverged)) rather than answer from it. A barrier whose seq was passed
+//! over (deleted, purged) grants nothing either.
+//!
 //! Restarted and wiped replicas are new incarnations: they hold no lease until they have joined and applied
 //! a barrier, both after anything acknowledged before they started. No step trusts a report's timing, the
 //! stream's reported end, or an upper bound on any delay; delays cost only liveness.
@@ -155,6 +167,11 @@ struct Barrier {
     seq: u64,
 }
 
+/// How many of its own barriers a process remembers having read (seq, send time), and how many stretches
+/// of seqs passed over, for acknowledgements that arrive after the consumer delivered the barrier (a
+/// barrier's acknowledgement is awaited for one lease: a few of a process's barriers at most).
+const REMEMBERED: usize = 256;
+
 /// Reports kept from incarnations that are not (yet) known members: a joiner's reports can arrive before
 /// its join is applied here. Beyond this many, unknown reporters are forgotten (a wait by the fallback).
 const UNKNOWN_REPORTERS: usize = 256;
@@ -171,6 +188,12 @@ pub struct Protocol {
     reports: HashMap<u64, u64>,
     graces: Vec<Grace>,
     barriers: VecDeque<Barrier>,
+    /// Its own barriers read from the stream, (seq, send time), oldest first.
+    barriers_read: VecDeque<(u64, Nanos)>,
+    /// Stretches of seqs passed over (gone from the stream), oldest first.
+    passed_over: VecDeque<(u64, u64)>,
+    /// The seq at which what this process read is not what the quorum acknowledged: no lease ever again.
+    diverged: Option<u64>,
     /// Whether a barrier has been applied since this process started: it has caught up once.
     caught_up: bool,
     lease_until: Nanos,
@@ -188,6 +211,9 @@ impl Protocol {
             reports: HashMap::new(),
             graces: Vec::new(),
             barriers: VecDeque::new(),
+            barriers_read: VecDeque::new(),
+            passed_over: VecDeque::new(),
+            diverged: None,
             caught_up: false,
             lease_until: 0,
         }
@@ -229,6 +255,12 @@ impl Protocol {
         self.lease_until
     }
 
+    /// The seq at which this process's copy of the stream was found to differ from the quorum's: an
+    /// acknowledged barrier of its own was not what it read there. It takes no lease from then on.
+    pub fn diverged(&self) -> Option<u64> {
+        self.diverged
+    }
+
     /// Whether it may answer `ABSENT` at `now`.
     pub fn may_answer_absent(&self, now: Nanos) -> bool {
         now < self.lease_until
@@ -239,8 +271,15 @@ impl Protocol {
         self.caught_up && self.standing == Standing::Joining
     }
 
+    /// Notes that the message at `seq`, about to be applied, is a barrier of this process sent at `sent_at`
+    /// (its payload says so).
+    pub fn read_own_barrier(&mut self, seq: u64, sent_at: Nanos) {
+        remember(&mut self.barriers_read, (seq, sent_at));
+    }
+
     /// Applies the message at `seq` (a membership record, or anything else), at `now`. Seqs at or below the
-    /// applied one are ignored. Call [`settle`](Self::settle) after a batch.
+    /// applied one are ignored. Call [`settle`](Self::settle) after a batch. A barrier of this process's own
+    /// is noted first ([`read_own_barrier`](Self::read_own_barrier)).
     pub fn apply(&mut self, seq: u64, record: Option<&MemberRecord>, now: Nanos) {
         if seq <= self.applied {
             return;
@@ -270,14 +309,59 @@ impl Protocol {
         });
     }
 
-    /// After applying: grants the lease of the newest acknowledged barrier now applied, and forgets what no
-    /// longer matters.
+    /// Counts `first..=last`, gone from the stream (see [`gap`]), as applied: nothing read there, so no
+    /// barrier acknowledged there grants a lease.
+    pub fn pass_over(&mut self, last: u64) {
+        let first = self.applied + 1;
+        if first > last {
+            return;
+        }
+        self.barriers.retain(|b| !(first..=last).contains(&b.seq));
+        remember(&mut self.passed_over, (first, last));
+        self.applied = last;
+    }
+
+    /// What became of this process's barrier sent at `sent_at`, acknowledged at `seq`, now applied:
+    /// `Some(true)` read as sent, `Some(false)` something else was read there, `None` not known (passed
+    /// over, or read too long before its acknowledgement to be remembered).
+    fn read_as_sent(&self, seq: u64, sent_at: Nanos) -> Option<bool> {
+        if self.barriers_read.contains(&(seq, sent_at)) {
+            return Some(true);
+        }
+        let passed = self
+            .passed_over
+            .iter()
+            .any(|(a, b)| (*a..=*b).contains(&seq));
+        let forgotten = self.barriers_read.len() == REMEMBERED
+            && self
+                .barriers_read
+                .front()
+                .is_some_and(|(oldest, _)| seq < *oldest);
+        (!passed && !forgotten).then_some(false)
+    }
+
+    fn diverge(&mut self, seq: u64) {
+        self.diverged.get_or_insert(seq);
+        self.lease_until = 0;
+    }
+
+    /// After applying: grants the lease of the newest acknowledged barrier now applied and read as sent,
+    /// and forgets what no longer matters.
     pub fn settle(&mut self, now: Nanos) {
         let mut reached = None;
-        while self.barriers.front().is_some_and(|b| b.seq <= self.applied) {
-            reached = self.barriers.pop_front();
+        while let Some(barrier) = self.barriers.front().copied() {
+            if barrier.seq > self.applied {
+                break;
+            }
+            self.barriers.pop_front();
+            // Acknowledged before or after it was read, it grants a lease only if it was read as sent.
+            match self.read_as_sent(barrier.seq, barrier.sent_at) {
+                Some(true) => reached = Some(barrier),
+                Some(false) => self.diverge(barrier.seq),
+                None => {}
+            }
         }
-        if let Some(barrier) = reached {
+        if let Some(barrier) = reached.filter(|_| self.diverged.is_none()) {
             self.caught_up = true;
             if matches!(self.standing, Standing::Member { .. }) {
                 self.lease_until = self
@@ -407,6 +491,14 @@ impl Protocol {
     }
 }
 
+/// Pushes `item` onto `list`, forgetting the oldest beyond [`REMEMBERED`].
+fn remember<T>(list: &mut VecDeque<T>, item: T) {
+    if list.len() == REMEMBERED {
+        list.pop_front();
+    }
+    list.push_back(item);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,6 +542,7 @@ mod tests {
         r.apply(2, None, 0);
         r.barrier_acked(10 * MS, 3, 11 * MS);
         assert!(!r.should_join(), "the barrier is not applied yet");
+        r.read_own_barrier(3, 10 * MS);
         r.apply(3, None, 12 * MS);
         r.settle(12 * MS);
         assert!(r.should_join());
@@ -459,6 +552,7 @@ mod tests {
         );
         r.apply(4, Some(&join("r", 1)), 14 * MS);
         r.barrier_acked(15 * MS, 5, 16 * MS);
+        r.read_own_barrier(5, 15 * MS);
         r.apply(5, None, 17 * MS);
         r.settle(17 * MS);
         assert!(r.may_answer_absent(114 * MS) && !r.may_answer_absent(115 * MS));
@@ -474,6 +568,75 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A member that has caught up: joined at 2, applied through 3.
+    fn member() -> Protocol {
+        let mut r = replica("r", 1);
+        r.apply(2, Some(&join("r", 1)), 0);
+        r.apply(3, None, 0);
+        r
+    }
+
+    #[test]
+    fn a_barrier_grants_a_lease_only_if_read_as_sent_whichever_comes_first() {
+        let mut acked_first = member();
+        acked_first.barrier_acked(10 * MS, 5, 11 * MS);
+        acked_first.apply(4, None, 11 * MS);
+        acked_first.read_own_barrier(5, 10 * MS);
+        acked_first.apply(5, None, 12 * MS);
+        acked_first.settle(12 * MS);
+        assert!(acked_first.may_answer_absent(109 * MS));
+
+        let mut read_first = member();
+        read_first.read_own_barrier(5, 10 * MS);
+        read_first.apply(4, None, 11 * MS);
+        read_first.apply(5, None, 11 * MS);
+        read_first.settle(11 * MS);
+        read_first.barrier_acked(10 * MS, 5, 12 * MS);
+        assert!(read_first.may_answer_absent(109 * MS));
+        assert_eq!(read_first.diverged(), None);
+    }
+
+    #[test]
+    fn a_copy_that_holds_something_else_at_a_barriers_seq_has_diverged_and_takes_no_lease_again() {
+        let mut r = member();
+        r.barrier_acked(10 * MS, 5, 11 * MS);
+        // Its consumer's server stored another barrier of its own at 5 (one the quorum never acknowledged).
+        r.read_own_barrier(5, 8 * MS);
+        r.apply(4, None, 11 * MS);
+        r.apply(5, None, 11 * MS);
+        r.settle(11 * MS);
+        assert_eq!(r.diverged(), Some(5));
+        assert!(!r.may_answer_absent(12 * MS));
+        r.barrier_acked(20 * MS, 6, 21 * MS);
+        r.read_own_barrier(6, 20 * MS);
+        r.apply(6, None, 21 * MS);
+        r.settle(21 * MS);
+        assert!(!r.may_answer_absent(22 * MS), "never again");
+
+        let mut late = member();
+        late.apply(4, None, 11 * MS);
+        late.apply(5, Some(&join("w", 2)), 11 * MS);
+        late.settle(11 * MS);
+        late.barrier_acked(10 * MS, 5, 12 * MS);
+        assert_eq!(
+            late.diverged(),
+            Some(5),
+            "acknowledged after a record was read there"
+        );
+    }
+
+    #[test]
+    fn a_barrier_passed_over_grants_nothing_and_is_no_divergence() {
+        let mut r = member();
+        r.barrier_acked(10 * MS, 5, 11 * MS);
+        r.pass_over(6);
+        r.settle(11 * MS);
+        r.barrier_acked(10 * MS, 5, 12 * MS);
+        assert_eq!(r.applied(), 6);
+        assert!(!r.may_answer_absent(12 * MS));
+        assert_eq!(r.diverged(), None);
     }
 
     #[test]

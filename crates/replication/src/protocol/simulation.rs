@@ -40,7 +40,11 @@ enum Entry {
     Add {
         writer: u64,
     },
-    Barrier,
+    /// A lease barrier of incarnation `nonce`, sent at `sent_at` on its clock.
+    Barrier {
+        nonce: u64,
+        sent_at: Nanos,
+    },
     Record(MemberRecord),
     /// A message no replica wrote, which an operator may delete.
     Junk,
@@ -397,7 +401,7 @@ impl Sim {
                 sent_at,
                 ..
             } if epoch == self.procs[r].epoch => match entry {
-                Entry::Barrier => {
+                Entry::Barrier { .. } => {
                     self.procs[r].barrier_sent = None;
                     self.procs[r].proto.barrier_acked(sent_at, seq, local);
                     self.note(|| format!("r{r} barrier acked at seq {seq}"));
@@ -436,7 +440,14 @@ impl Sim {
         let stuck = barrier_sent.is_some_and(|at| local > at + PUBLISH_TIMEOUT);
         if barrier_sent.is_none() || stuck {
             self.procs[r].barrier_sent = Some(local);
-            self.publish(r, Entry::Barrier, local);
+            self.publish(
+                r,
+                Entry::Barrier {
+                    nonce,
+                    sent_at: local,
+                },
+                local,
+            );
         }
     }
 
@@ -461,7 +472,7 @@ impl Sim {
             self.note(|| format!("r{r}'s publish is lost at its isolated server"));
             return;
         }
-        let is_barrier = matches!(entry, Entry::Barrier);
+        let is_barrier = matches!(entry, Entry::Barrier { .. });
         self.log.push(entry.clone());
         let seq = self.log.len() as u64;
         if matches!(entry, Entry::Junk) {
@@ -581,7 +592,13 @@ impl Sim {
                     writers.push(*writer);
                     None
                 }
-                Entry::Barrier | Entry::Junk => None,
+                Entry::Barrier { nonce, sent_at } => {
+                    if *nonce == self.procs[r].proto.me().nonce {
+                        self.procs[r].proto.read_own_barrier(seq, *sent_at);
+                    }
+                    None
+                }
+                Entry::Junk => None,
             };
             self.procs[r].proto.apply(seq, record.as_ref(), local);
         }
@@ -612,7 +629,7 @@ impl Sim {
             format!("r{r} skipped {first}..={last}: server {leader} holds {next_held:?} next: {verdict:?}")
         });
         if verdict == gap::Gap::Deleted {
-            self.procs[r].proto.apply(last, None, local);
+            self.procs[r].proto.pass_over(last);
             self.procs[r].proto.settle(local);
         }
         let when = self.now + self.rng.random_range(100 * US..2 * MS);

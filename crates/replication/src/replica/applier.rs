@@ -79,6 +79,7 @@ impl Replica {
             let gap = self.apply_in_order(batch)?;
             drop(applying);
             self.settle();
+            self.check_not_diverged()?;
             let recipients = self.protocol().recipients(writers);
             self.report(recipients).await;
             if let Some(missing) = gap {
@@ -98,6 +99,24 @@ impl Replica {
         Err(StreamError::Read(format!(
             "the stream's consumer delivered nothing for {STALL:?} while the stream holds seq {stream} and \
              this replica has applied {applied}"
+        )))
+    }
+
+    /// An error that stops the applier if this replica's copy of the stream was found to differ from the
+    /// quorum's (see [`protocol`](crate::protocol)): it has applied a history that is not the stream's, and
+    /// takes no lease from it; only a restart (reading from a sound server) mends it.
+    fn check_not_diverged(&self) -> Result<(), StreamError> {
+        let Some(seq) = self.protocol().diverged() else {
+            return Ok(());
+        };
+        Err(StreamError::Setup(format!(
+            "this replica's lease barrier was acknowledged at seq {seq} of the JetStream stream {:?}, but what \
+             its consumer delivered at seq {seq} is something else: the NATS server it reads from holds a copy \
+             of the stream that differs from the quorum's (seen with nats-server 2.9.10 after a stream leader \
+             was cut off). It answers no ABSENT from that copy. Check the stream's replicas on each server (`nats \
+             stream info`), remove the divergent one (`nats stream cluster peer-remove`), then restart this \
+             replica",
+            self.stream.name()
         )))
     }
 
@@ -155,9 +174,7 @@ impl Replica {
     fn pass_over_deleted(&self, first: u64, last: u64) {
         self.metrics.skipped.increment(last - first + 1);
         tracing::error!(first, last, "messages deleted from the stream; passed over");
-        let mut protocol = self.protocol();
-        protocol.apply(last, None, self.lease.now());
-        drop(protocol);
+        self.protocol().pass_over(last);
         self.applied.send_replace(last);
     }
 
@@ -188,7 +205,11 @@ impl Replica {
         if read.member.is_some() {
             tracing::info!(seq = read.seq, record = ?read.member, "membership changed");
         }
+        let own_barrier = read.barrier.filter(|(nonce, _)| *nonce == self.nonce());
         let mut protocol = self.protocol();
+        if let Some((_, sent_at)) = own_barrier {
+            protocol.read_own_barrier(read.seq, sent_at);
+        }
         protocol.apply(read.seq, read.member.as_ref(), self.lease.now());
         self.lease.set_until(protocol.lease_until());
         drop(protocol);

@@ -62,7 +62,9 @@ impl Replica {
     /// Publishes a barrier and hands its seq to the protocol, which grants the lease once it is applied.
     async fn renew(&self) {
         let sent = self.lease.now();
-        let barrier = self.stream.publish_barrier(&self.options.id, self.nonce());
+        let barrier = self
+            .stream
+            .publish_barrier(&self.options.id, self.nonce(), sent);
         match tokio::time::timeout(self.options.read_lease, barrier).await {
             Ok(Ok(seq)) => {
                 self.stream_seq.fetch_max(seq, Ordering::AcqRel);

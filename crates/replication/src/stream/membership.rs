@@ -12,11 +12,19 @@ use crate::protocol::{MemberRecord, Membership};
 const MEMBER_MAGIC: &[u8; 8] = b"EXGMEMB1";
 
 impl MutationStream {
-    /// Publishes a lease barrier for incarnation `nonce` of `replica`; the seq the stream stored it at. Only a
-    /// stream leader with a quorum acknowledges it, so every message acknowledged before it was sent is below
-    /// that seq — a read of the stream's end that an isolated leader cannot answer stale.
-    pub async fn publish_barrier(&self, replica: &str, nonce: u64) -> Result<u64, StreamError> {
+    /// Publishes a lease barrier for incarnation `nonce` of `replica`, sent at `sent_at` on its clock; the seq
+    /// the stream stored it at. Only a stream leader with a quorum acknowledges it, so every message
+    /// acknowledged before it was sent is below that seq — a read of the stream's end that an isolated leader
+    /// cannot answer stale. The payload (nonce, send time, replica id) names it, so that the replica can check
+    /// that what it reads at that seq is this barrier ([`protocol`](crate::protocol)).
+    pub async fn publish_barrier(
+        &self,
+        replica: &str,
+        nonce: u64,
+        sent_at: u64,
+    ) -> Result<u64, StreamError> {
         let mut payload = nonce.to_le_bytes().to_vec();
+        payload.extend_from_slice(&sent_at.to_le_bytes());
         payload.extend_from_slice(replica.as_bytes());
         self.publish_record(BARRIER, payload).await
     }

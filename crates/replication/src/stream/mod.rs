@@ -160,6 +160,8 @@ pub struct Streamed {
     pub junk: Option<String>,
     /// The `Nats-Msg-Id` it was published with, if any: how a publisher recognises its own write.
     pub id: Option<String>,
+    /// If it is a lease barrier: the nonce of the process that sent it, and when (on that process's clock).
+    pub barrier: Option<(u64, u64)>,
 }
 
 /// The mutation stream, open: publish to it, read it from any seq.

@@ -7,6 +7,13 @@ use futures_util::{Stream, StreamExt};
 
 use super::membership::parse_member;
 use super::{MutationStream, Published, StreamError, Streamed, BARRIER, MEMBER};
+
+/// A barrier's nonce and send time, from its payload (`None` if it is too short to hold them).
+fn parse_barrier(payload: &[u8]) -> Option<(u64, u64)> {
+    let nonce = payload.get(..8)?.try_into().ok()?;
+    let sent_at = payload.get(8..16)?.try_into().ok()?;
+    Some((u64::from_le_bytes(nonce), u64::from_le_bytes(sent_at)))
+}
 use crate::core::log::Mutation;
 use crate::protocol::MemberRecord;
 use crate::storage::codec;
@@ -146,6 +153,7 @@ fn decode(
         member,
         junk,
         id: id.clone(),
+        barrier: None,
     };
     if let Some(record) = subject.strip_prefix(control) {
         return Ok(match record {
@@ -153,6 +161,10 @@ fn decode(
                 Ok(Some(member)) => passed_over(Some(member), None),
                 Ok(None) => passed_over(None, None),
                 Err(why) => passed_over(None, Some(format!("subject {subject}: {why}"))),
+            },
+            _ if record == &BARRIER[1..] => Streamed {
+                barrier: parse_barrier(&message.payload),
+                ..passed_over(None, None)
             },
             _ => passed_over(None, None),
         });
@@ -164,6 +176,7 @@ fn decode(
             member: None,
             junk: None,
             id,
+            barrier: None,
         }),
         Ok(mutation) => Ok(passed_over(
             None,
