@@ -15,6 +15,7 @@ use common::proxy::Mode;
 use common::replicas::{config_file, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::{AddRequest, Answer, Basis};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 /// The server leading the stream's Raft group, by name.
 async fn stream_leader(urls: &str) -> String {
@@ -166,11 +167,19 @@ impl Checker {
         }
     }
 
-    /// Adds through `writer` until `acks` more are acknowledged.
-    async fn acknowledged(&mut self, acks: usize, writer: &Replica, readers: &[&Replica]) {
+    /// Adds through `writer` until `acks` more are acknowledged; a stall fails the test unless a replica
+    /// found a divergent copy of the stream (`Err`: see [`run_scenarios`]).
+    async fn acknowledged(
+        &mut self,
+        acks: usize,
+        writer: &Replica,
+        readers: &[&Replica],
+    ) -> Result<(), String> {
         if let Err(stalled) = self.try_acknowledged(acks, writer, readers).await {
+            diverged(readers).await.map_or(Ok(()), Err)?;
             panic!("{stalled}");
         }
+        Ok(())
     }
 
     /// Adds through `writer` until `acks` more are acknowledged, or why they were not within twice the
@@ -249,10 +258,8 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         launch.args = vec!["--nats-replicas".to_string(), "3".to_string()];
         replicas.push(launch.start().await);
     }
-    for replica in &replicas {
-        replica.serving().await;
-    }
     let all: Vec<&Replica> = replicas.iter().collect();
+    let started = settled(&all).await;
     let mut checker = Checker {
         acked: Vec::new(),
         violations: Vec::new(),
@@ -262,21 +269,49 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         last_refusal: None,
     };
 
+    let ended = match started {
+        Ok(()) => run_scenarios(&cluster, leader, &replicas, &mut checker).await,
+        Err(diverged) => Err(diverged),
+    };
+    cluster.heal();
+    assert!(
+        checker.violations.is_empty(),
+        "{} false ABSENT answers of {} acknowledged keys:\n{}",
+        checker.violations.len(),
+        checker.acked.len(),
+        checker.violations.join("\n")
+    );
+    if let Err(diverged) = ended {
+        println!("the scenarios ended early, with no false ABSENT: {diverged}");
+    }
+}
+
+/// Scenarios 1-3 (see the test), checking every acknowledged key on every replica as they go. `Err` if one
+/// stopped them early: a replica found that the NATS server it reads from holds a copy of the stream that
+/// differs from the quorum's (nats-server 2.9.10 does so now and then after a stream leader changes; README,
+/// "What is checked of JetStream") and stopped rather than answer from it. Its lookups fail open from then
+/// on, so the rule still holds — the caller checks that — but nothing that needs every replica applying
+/// can go on.
+async fn run_scenarios(
+    cluster: &ProxiedCluster,
+    leader: usize,
+    replicas: &[Replica],
+    checker: &mut Checker,
+) -> Result<(), String> {
+    let all: Vec<&Replica> = replicas.iter().collect();
     // 1: the stream leader isolated, with its replica.
     let writer = &replicas[(leader + 1) % 3];
-    checker.acknowledged(5, writer, &all).await;
+    checker.acknowledged(5, writer, &all).await?;
     cluster.isolate(leader, Mode::Silent);
     let (lookups, warming) = (checker.lookups, checker.warming);
-    checker.acknowledged(30, writer, &all).await;
+    checker.acknowledged(30, writer, &all).await?;
     println!(
         "isolated leader: {} lookups of acknowledged keys, {} failed open",
         checker.lookups - lookups,
         checker.warming - warming
     );
     cluster.heal();
-    for replica in &replicas {
-        replica.serving().await;
-    }
+    settled(&all).await?;
 
     // 2: a non-transitive partition between two servers that both reach the leader. NATS routes do not
     // relay, so a server cut from the meta group's leader can have no consumer created: the stream's leader
@@ -296,6 +331,7 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         let Err(stalled) = partitioned else {
             break (x, y);
         };
+        diverged(&all).await.map_or(Ok(()), Err)?;
         let (meta, stream) = (
             cluster.meta_leader().await,
             cluster.stream_leader("existence", leader).await,
@@ -318,18 +354,43 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
         replicas[y].signal("STOP");
         let before = checker.acked.len();
         // Each Add waits the fallback for the paused member: four of them outlast twice its lease.
-        checker.acknowledged(4, &replicas[x], &others).await;
+        let acknowledged = checker.acknowledged(4, &replicas[x], &others).await;
         replicas[y].signal("CONT");
+        acknowledged?;
         let missed = checker.acked[before..].to_vec();
         checker.check(&missed, &[&replicas[y]]).await;
-        checker.acknowledged(2, &replicas[x], &all).await;
+        checker.acknowledged(2, &replicas[x], &all).await?;
     }
-    cluster.heal();
-    assert!(
-        checker.violations.is_empty(),
-        "{} false ABSENT answers of {} acknowledged keys:\n{}",
-        checker.violations.len(),
-        checker.acked.len(),
-        checker.violations.join("\n")
-    );
+    Ok(())
+}
+
+/// Why the scenarios cannot go on, if a replica found a divergent copy of the stream (its `/readyz` says so).
+async fn diverged(replicas: &[&Replica]) -> Option<String> {
+    for replica in replicas {
+        let (_, readiness) = replica.readiness().await;
+        if readiness.contains("differs from the quorum's") {
+            return Some(format!("{}: {readiness}", replica.id));
+        }
+    }
+    None
+}
+
+/// Waits until every replica serves, or one has found a divergent copy of the stream (`Err`).
+async fn settled(replicas: &[&Replica]) -> Result<(), String> {
+    wait_until(
+        PATIENCE,
+        "every replica to serve (or one to find a divergent copy)",
+        async || {
+            if let Some(diverged) = diverged(replicas).await {
+                return Some(Err(diverged));
+            }
+            for replica in replicas {
+                if replica.health().await != Some(ServingStatus::Serving) {
+                    return None;
+                }
+            }
+            Some(Ok(()))
+        },
+    )
+    .await
 }

@@ -269,21 +269,21 @@ impl ProxiedCluster {
     }
 
     /// The index of the server leading the JetStream meta group (which every stream and consumer creation
-    /// goes through), once all three servers name the same one.
+    /// goes through), once two of the three servers name the same one: a leader needs a quorum, and a server
+    /// that was cut off can take a long while to learn who leads (seen: over 30 s on a loaded machine).
     pub async fn meta_leader(&self) -> usize {
         wait_until(
             PATIENCE,
-            "the three servers to agree on a meta leader",
+            "two servers to name the same meta leader",
             async || {
                 let mut named = Vec::new();
                 for port in &self.monitors {
-                    named.push(meta_leader_named_at(*port).await?);
+                    named.extend(meta_leader_named_at(*port).await);
                 }
-                named.dedup();
-                match named[..] {
-                    [leader] => Some(leader),
-                    _ => None,
-                }
+                named
+                    .iter()
+                    .copied()
+                    .find(|leader| named.iter().filter(|n| *n == leader).count() >= 2)
             },
         )
         .await
