@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use async_nats::jetstream::context::GetStreamErrorKind;
 
 use super::proxy::{Mode, Proxy};
-use super::{free_port, wait_until, PATIENCE, POLL_PAUSE};
+use super::{free_port, try_http_get, wait_until, PATIENCE, POLL_PAUSE};
 
 /// A running JetStream server.
 pub struct Nats {
@@ -441,18 +441,10 @@ impl Cluster {
 /// The server that the one monitored on `port` names as the meta group's leader (`None` if it names none
 /// or does not answer).
 async fn meta_leader_named_at(port: u16) -> Option<usize> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut connection = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let (_, body) = try_http_get(([127, 0, 0, 1], port).into(), "/jsz")
         .await
         .ok()?;
-    connection
-        .write_all(b"GET /jsz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .ok()?;
-    let mut response = String::new();
-    connection.read_to_string(&mut response).await.ok()?;
-    let (_, body) = response.split_once("\r\n\r\n")?;
-    let jsz: serde_json::Value = serde_json::from_str(body).ok()?;
+    let jsz: serde_json::Value = serde_json::from_str(&body).ok()?;
     let leader = jsz["meta_cluster"]["leader"].as_str()?;
     leader.strip_prefix('n')?.parse().ok()
 }

@@ -11,6 +11,14 @@ use crate::protocol::{MemberRecord, Membership};
 /// id, and for a join the origin.
 const MEMBER_MAGIC: &[u8; 8] = b"EXGMEMB1";
 
+/// A barrier's nonce and send time, from its payload as [`MutationStream::publish_barrier`] writes it
+/// (`None` if it is too short to hold them).
+pub(super) fn parse_barrier(payload: &[u8]) -> Option<(u64, u64)> {
+    let nonce = payload.get(..8)?.try_into().ok()?;
+    let sent_at = payload.get(8..16)?.try_into().ok()?;
+    Some((u64::from_le_bytes(nonce), u64::from_le_bytes(sent_at)))
+}
+
 impl MutationStream {
     /// Publishes a lease barrier for incarnation `nonce` of `replica`, sent at `sent_at` on its clock; the seq
     /// the stream stored it at. Only a stream leader with a quorum acknowledges it, so every message

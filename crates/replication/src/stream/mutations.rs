@@ -5,15 +5,8 @@ use async_nats::jetstream::{self, consumer};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
-use super::membership::parse_member;
+use super::membership::{parse_barrier, parse_member};
 use super::{MutationStream, Published, StreamError, Streamed, BARRIER, MEMBER};
-
-/// A barrier's nonce and send time, from its payload (`None` if it is too short to hold them).
-fn parse_barrier(payload: &[u8]) -> Option<(u64, u64)> {
-    let nonce = payload.get(..8)?.try_into().ok()?;
-    let sent_at = payload.get(8..16)?.try_into().ok()?;
-    Some((u64::from_le_bytes(nonce), u64::from_le_bytes(sent_at)))
-}
 use crate::core::log::Mutation;
 use crate::protocol::MemberRecord;
 use crate::storage::codec;
