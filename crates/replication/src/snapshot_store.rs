@@ -158,23 +158,57 @@ impl SnapshotStore {
     }
 }
 
-/// The oldest seq a snapshot the bucket of `stream` retains covers (`None`: none shared yet). Every purge of
-/// the stream is at or below it: the index naming it is written before the purge.
-pub async fn oldest_retained(stream: &MutationStream) -> Result<Option<u64>, StreamError> {
-    let (_, payload) = stream.record(INDEX, valid_index).await?;
-    Ok(payload.and_then(|p| covered_seqs(&p).first().copied()))
+/// The index record as one server answered: it may be a stale server's (no read of a NATS stream is
+/// linearizable), so an older version than the quorum's, naming older snapshots.
+#[derive(Debug, Clone)]
+pub struct IndexRead {
+    /// The stream seq of the last message on the record's subject (0: none).
+    at: u64,
+    /// The newest valid payload at or before `at` (`None`: none).
+    payload: Option<Bytes>,
 }
 
-/// Whether `payload` is an index: seqs, eight bytes each, rising (junk published on the subject is not).
+impl IndexRead {
+    /// Reads the index of `stream`'s snapshot bucket.
+    pub async fn of(stream: &MutationStream) -> Result<Self, StreamError> {
+        let (at, payload) = stream.record(INDEX, valid_index).await?;
+        Ok(Self { at, payload })
+    }
+
+    /// The oldest seq a snapshot named by this version covers (`None`: it names none). Every purge of the
+    /// stream is at or below the oldest snapshot of the version current when it was made: that version is
+    /// written before the purge. Versions only ever name newer oldest snapshots (see [`SnapshotStore::share`]).
+    pub fn oldest(&self) -> Option<u64> {
+        self.payload
+            .as_deref()
+            .and_then(|p| covered_seqs(p).first().copied())
+    }
+
+    /// Proves this version current: writes it again, expecting the subject's last message to be still the
+    /// one read. The stream checks that expectation where it stores the message, in the quorum's order, so
+    /// success means no newer version existed when it was stored — whatever server answered the read — and
+    /// a purge committed before this call was made under this version or an older one. `false`: a newer
+    /// version exists (the read was stale, or a replica shared a snapshot meanwhile): read again. A server cut
+    /// off from the quorum cannot store it: an error, read again later. The versions it leaves behind go
+    /// with the next share's purge (purging them here would open gaps ahead of the replica, each confirmed
+    /// in turn).
+    pub async fn confirm(&self, stream: &MutationStream) -> Result<bool, StreamError> {
+        let payload = self.payload.clone().unwrap_or_default();
+        Ok(stream
+            .replace_record(INDEX, payload, self.at)
+            .await?
+            .is_some())
+    }
+}
+
+/// Whether `payload` is an index: seqs, eight bytes each, rising, none 0 (junk published on the subject is
+/// not). Empty names no snapshot: what [`IndexRead::confirm`] writes where no snapshot was shared yet.
 fn valid_index(payload: &[u8]) -> bool {
-    !payload.is_empty()
-        && payload.len().is_multiple_of(8)
+    payload.len().is_multiple_of(8)
         && covered_seqs(payload)
             .windows(2)
             .all(|pair| pair[0] < pair[1])
-        && covered_seqs(payload)
-            .first()
-            .is_some_and(|first| *first > 0)
+        && covered_seqs(payload).first().is_none_or(|first| *first > 0)
 }
 
 /// The index record's seqs, oldest first.

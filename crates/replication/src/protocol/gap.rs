@@ -16,6 +16,15 @@
 //! was committed before `s`: if its answer is `s`, the seqs `first..s` are gone on the quorum too, whoever
 //! answered, however stale. A server holding nothing at or after `first` proves nothing: the consumer just
 //! delivered `last + 1`, so follow the stream again and ask again.
+//!
+//! Purged or deleted is told by the snapshots' index: a purge reaches only seqs at or below the oldest
+//! snapshot named by the index version current when it was made (written before it), and each version
+//! names an oldest snapshot at least as new as the one before. That read too may be a stale server's: an
+//! older version names older snapshots, and would pass a purge off as a deletion — the replica would step
+//! over the purged `Add`s and, with its next barrier, answer `ABSENT` for them. So a verdict of
+//! [`Gap::Deleted`] holds only once the version read is proved current, by writing it again with the stream
+//! expecting it to be the subject's last (checked in the quorum's order, after the purge that made the gap);
+//! the simulation's stale index reads break the safety rule within the default seeds without that proof.
 
 /// What the applier may do about a gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +35,8 @@ pub enum Gap {
     /// The skipped seqs were purged (a retained snapshot at or after them covers them): only a newer
     /// snapshot can replace them.
     Purged,
-    /// The skipped seqs were deleted one by one: count them as applied, as every replica does.
+    /// The skipped seqs were deleted one by one — if the index the verdict used is proved current (see the
+    /// module's doc); then count them as applied, as every replica does.
     Deleted,
 }
 

@@ -7,8 +7,10 @@
 //! them, with routes between pairs of replicas going silent (non-transitive partitions); pauses, crashes,
 //! restarts from a snapshot or wiped, graceful leaves, operators' removals, replicas moving between servers,
 //! and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
-//! junk an operator deleted (gone for good), or messages the consumer lost (still held) — judged, as the
-//! applier does, from the answer of a server that may be the stale one ([`gap`](super::gap)).
+//! junk an operator deleted (gone for good), messages purged below a shared snapshot (named first in the
+//! snapshots' index), or messages the consumer lost (still held) — judged, as the applier does, from the
+//! answers of servers that may be the stale one, the index proved current before a gap counts as deleted
+//! ([`gap`](super::gap)); a replica that finds a purge stops, and restarts from the newest snapshot.
 //!
 //! `cargo test` runs `EXISTENCE_GATE_SIM_SEEDS` seeds (10,000 by default) over two threads;
 //! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
@@ -48,6 +50,10 @@ enum Entry {
     Record(MemberRecord),
     /// A message no replica wrote, which an operator may delete.
     Junk,
+    /// A version of the snapshots' index: the oldest seq a shared snapshot covers (`None`: none).
+    Index {
+        oldest: Option<u64>,
+    },
 }
 
 /// A server cut off from the quorum, serving what it held then.
@@ -56,8 +62,8 @@ struct Cut {
     server: usize,
     /// How many messages it holds.
     held: usize,
-    /// How many of the deletions it has applied.
-    deletions: usize,
+    /// How many of the removals (deletions and purges) it has applied.
+    removals: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -101,6 +107,10 @@ enum Event {
     Heal,
     /// An operator deletes the junk at this seq.
     Delete(u64),
+    /// A replica shares a snapshot: a new version of the index, then a purge below it.
+    Share,
+    /// The purge of the mutations and barriers at or below this seq.
+    Purge(u64),
 }
 
 #[derive(Debug)]
@@ -124,6 +134,8 @@ struct Process {
     join_sent: Option<u64>,
     /// Its consumer loses a stretch of the next delivery.
     loses_next: bool,
+    /// The `Add`s it passed over as deleted: it holds the seqs after them, not them.
+    missing: HashSet<u64>,
     /// Incarnations seen so far: new ones draw nonces from this.
     nonces: u64,
 }
@@ -148,8 +160,10 @@ struct Sim {
     log: Vec<Entry>,
     /// The server cut off from the quorum.
     isolated: Option<Cut>,
-    /// Seqs deleted from the stream, in the order they were deleted.
-    deletions: Vec<u64>,
+    /// For each seq (index seq - 1), the how-manieth removal (deletion or purge) removed it, if one did.
+    removed: Vec<Option<usize>>,
+    /// Seqs removed so far.
+    removals: usize,
     /// Pairs of replicas whose reports do not reach each other.
     silent: HashSet<(usize, usize)>,
     /// Cut this replica's server off right after the replica's next barrier is stored.
@@ -218,6 +232,7 @@ impl Sim {
                     barrier_sent: None,
                     join_sent: None,
                     loses_next: false,
+                    missing: HashSet::new(),
                     nonces: 0,
                 }
             })
@@ -230,7 +245,8 @@ impl Sim {
             events: Vec::new(),
             log: Vec::new(),
             isolated: None,
-            deletions: Vec::new(),
+            removed: Vec::new(),
+            removals: 0,
             silent: HashSet::new(),
             cut_after_barrier: None,
             procs,
@@ -358,7 +374,19 @@ impl Sim {
             Event::Restart(r) => self.restart(r),
             Event::Delete(seq) => {
                 self.note(|| format!("an operator deletes seq {seq}"));
-                self.deletions.push(seq);
+                self.remove(seq);
+            }
+            Event::Share => self.share(),
+            Event::Purge(below) => {
+                self.note(|| format!("the stream is purged at and below seq {below}"));
+                for seq in 1..=below {
+                    if matches!(
+                        self.log[seq as usize - 1],
+                        Entry::Add { .. } | Entry::Barrier { .. } | Entry::Junk
+                    ) {
+                        self.remove(seq);
+                    }
+                }
             }
             Event::Store {
                 r,
@@ -414,7 +442,7 @@ impl Sim {
                     self.note(|| format!("r{r} add published at seq {seq}"));
                     self.check_writes(r, local);
                 }
-                Entry::Record(_) | Entry::Junk => {}
+                Entry::Record(_) | Entry::Junk | Entry::Index { .. } => {}
             },
             Event::Acked { .. } => {}
             Event::Report { nonce, applied, .. } => {
@@ -473,8 +501,7 @@ impl Sim {
             return;
         }
         let is_barrier = matches!(entry, Entry::Barrier { .. });
-        self.log.push(entry.clone());
-        let seq = self.log.len() as u64;
+        let seq = self.append(entry.clone());
         if matches!(entry, Entry::Junk) {
             let when = self.now + self.rng.random_range(0..20 * MS);
             self.at(when, Event::Delete(seq));
@@ -494,10 +521,7 @@ impl Sim {
                 },
             );
         }
-        for reader in 0..self.procs.len() {
-            let when = self.now + self.delay();
-            self.at(when, Event::Deliver(reader));
-        }
+        self.deliver_everywhere();
         if is_barrier && self.cut_after_barrier == Some(r) {
             self.cut_after_barrier = None;
             self.cut_off_with_an_add_behind(server);
@@ -526,22 +550,107 @@ impl Sim {
         self.isolated = Some(Cut {
             server,
             held,
-            deletions: self.deletions.len(),
+            removals: self.removals,
         });
     }
 
-    /// What `server` holds: how many messages, and the seqs it has seen deleted.
-    fn view(&self, server: usize) -> (usize, &[u64]) {
-        match self.isolated {
-            Some(cut) if cut.server == server => (cut.held, &self.deletions[..cut.deletions]),
-            _ => (self.log.len(), &self.deletions),
+    /// Stores `entry` on the quorum; its seq.
+    fn append(&mut self, entry: Entry) -> u64 {
+        self.log.push(entry);
+        self.removed.push(None);
+        self.log.len() as u64
+    }
+
+    /// Removes `seq` from the quorum's copy (once).
+    fn remove(&mut self, seq: u64) {
+        let slot = &mut self.removed[seq as usize - 1];
+        if slot.is_none() {
+            *slot = Some(self.removals);
+            self.removals += 1;
         }
+    }
+
+    /// What `server` holds: how many messages, and how many of the removals it has applied.
+    fn view(&self, server: usize) -> (usize, usize) {
+        match self.isolated {
+            Some(cut) if cut.server == server => (cut.held, cut.removals),
+            _ => (self.log.len(), self.removals),
+        }
+    }
+
+    /// Whether `seq` is gone in a view that applied `removals` removals.
+    fn gone(&self, seq: u64, removals: usize) -> bool {
+        self.removed[seq as usize - 1].is_some_and(|k| k < removals)
     }
 
     /// The first seq at or after `seq` that `server` holds, as its answer to the applier's question.
     fn next_held(&self, server: usize, seq: u64) -> Option<u64> {
-        let (held, deleted) = self.view(server);
-        (seq..=held as u64).find(|s| !deleted.contains(s))
+        let (held, removals) = self.view(server);
+        (seq..=held as u64).find(|s| !self.gone(*s, removals))
+    }
+
+    /// The snapshots' index as `server` answers: the seq of its last version (0: none) and the oldest
+    /// snapshot that version names.
+    fn index(&self, server: usize) -> (u64, Option<u64>) {
+        self.index_within(self.view(server).0)
+    }
+
+    /// The index as the quorum holds it.
+    fn quorum_index(&self) -> (u64, Option<u64>) {
+        self.index_within(self.log.len())
+    }
+
+    /// The last index version among the first `held` messages.
+    fn index_within(&self, held: usize) -> (u64, Option<u64>) {
+        self.log[..held]
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, entry)| match entry {
+                Entry::Index { oldest } => Some((i as u64 + 1, *oldest)),
+                _ => None,
+            })
+            .unwrap_or((0, None))
+    }
+
+    /// A replica shares a snapshot covering a seq the stream holds (a newer one than the index names): the
+    /// index names it first, and the purge follows a while later — past replicas not heard from lately.
+    fn share(&mut self) {
+        let from = self.quorum_index().1.map_or(1, |oldest| oldest + 1);
+        let newest = self.log.len() as u64;
+        if from > newest {
+            return;
+        }
+        let covered = self.rng.random_range(from..=newest);
+        let seq = self.append(Entry::Index {
+            oldest: Some(covered),
+        });
+        self.note(|| format!("stored seq {seq}: a snapshot covering {covered} is shared"));
+        self.deliver_everywhere();
+        let when = self.now + self.rng.random_range(0..5 * MS);
+        self.at(when, Event::Purge(covered));
+    }
+
+    /// Replica `r`'s proof that the index version at `at` is current: that version written again, expected to
+    /// be the subject's last — stored by the quorum only if it still is, and lost through a server cut off.
+    fn confirm_index(&mut self, r: usize, at: u64, oldest: Option<u64>) -> bool {
+        let cut_off = self
+            .isolated
+            .is_some_and(|cut| cut.server == self.procs[r].server);
+        if cut_off || self.quorum_index().0 != at {
+            return false;
+        }
+        let seq = self.append(Entry::Index { oldest });
+        self.note(|| format!("stored seq {seq}: r{r} writes the index again"));
+        self.deliver_everywhere();
+        true
+    }
+
+    fn deliver_everywhere(&mut self) {
+        for reader in 0..self.procs.len() {
+            let when = self.now + self.delay();
+            self.at(when, Event::Deliver(reader));
+        }
     }
 
     /// What replica `r`'s consumer delivers next, after its applied seq: the seqs, in order, up to the first
@@ -556,9 +665,9 @@ impl Sim {
             let first = self.rng.random_range(from..held);
             lost = Some((first, self.rng.random_range(first..held)));
         }
-        let deleted = self.view(server).1;
+        let removals = self.view(server).1;
         let skipped =
-            |s: u64| deleted.contains(&s) || lost.is_some_and(|(a, b)| (a..=b).contains(&s));
+            |s: u64| self.gone(s, removals) || lost.is_some_and(|(a, b)| (a..=b).contains(&s));
         let mut seqs = Vec::new();
         let mut seq = from;
         while seq <= held {
@@ -598,7 +707,7 @@ impl Sim {
                     }
                     None
                 }
-                Entry::Junk => None,
+                Entry::Junk | Entry::Index { .. } => None,
             };
             self.procs[r].proto.apply(seq, record.as_ref(), local);
         }
@@ -617,23 +726,53 @@ impl Sim {
     }
 
     /// As the applier does: asks the server that believes it leads (the stale one, at times) for the first
-    /// message at or after the gap, passes over a gap proven deleted, and follows again a while later.
+    /// message at or after the gap and, again, for the snapshots' index; stops at a purge, passes over a gap
+    /// proven deleted once the index is proved current, and follows again a while later.
     fn explain_gap(&mut self, r: usize, (first, last): (u64, u64), local: Nanos) {
-        let leader = match self.isolated {
-            Some(cut) if self.rng.random_bool(0.5) => cut.server,
-            _ => self.rng.random_range(0..SERVERS),
+        let asked = self.answering_server();
+        let next_held = self.next_held(asked, first);
+        let indexer = self.answering_server();
+        let (at, oldest) = self.index(indexer);
+        let verdict = match gap::judge(first, last, next_held, oldest) {
+            gap::Gap::Deleted if !self.confirm_index(r, at, oldest) => gap::Gap::ReadAgain,
+            verdict => verdict,
         };
-        let next_held = self.next_held(leader, first);
-        let verdict = gap::judge(first, last, next_held, None);
         self.note(|| {
-            format!("r{r} skipped {first}..={last}: server {leader} holds {next_held:?} next: {verdict:?}")
+            format!(
+                "r{r} skipped {first}..={last}: server {asked} holds {next_held:?} next, the index read \
+                 names {oldest:?} (seq {at}): {verdict:?}"
+            )
         });
-        if verdict == gap::Gap::Deleted {
-            self.procs[r].proto.pass_over(last);
-            self.procs[r].proto.settle(local);
+        match verdict {
+            gap::Gap::Purged => {
+                // It stops applying and fails open; an operator restarts it.
+                self.crash(r);
+                let when = self.now + self.rng.random_range(MS..40 * MS);
+                self.at(when, Event::Restart(r));
+                return;
+            }
+            gap::Gap::Deleted => {
+                let p = &mut self.procs[r];
+                for seq in first..=last {
+                    if matches!(self.log[seq as usize - 1], Entry::Add { .. }) {
+                        p.missing.insert(seq);
+                    }
+                }
+                p.proto.pass_over(last);
+                p.proto.settle(local);
+            }
+            gap::Gap::ReadAgain => {}
         }
         let when = self.now + self.rng.random_range(100 * US..2 * MS);
         self.at(when, Event::Deliver(r));
+    }
+
+    /// The server a request about the stream reaches: while one is cut off, often that stale one.
+    fn answering_server(&mut self) -> usize {
+        match self.isolated {
+            Some(cut) if self.rng.random_bool(0.5) => cut.server,
+            _ => self.rng.random_range(0..SERVERS),
+        }
     }
 
     fn join_if_caught_up(&mut self, r: usize, local: Nanos) {
@@ -730,9 +869,9 @@ impl Sim {
             .collect();
         for seq in fresh {
             for r in 0..self.procs.len() {
-                // Right after the acknowledgement, where a lease outliving the writer's wait would show,
-                // and a while later.
-                for within in [200 * US, 200 * US, 3 * MS] {
+                // Right after the acknowledgement, where a lease outliving the writer's wait would show, a
+                // while later, and much later (after gaps were explained and replicas restarted).
+                for within in [200 * US, 200 * US, 3 * MS, 50 * MS] {
                     let when = self.now + self.rng.random_range(0..within);
                     self.at(when, Event::Lookup { r, seq });
                 }
@@ -745,7 +884,7 @@ impl Sim {
         self.lookups += 1;
         let leased = p.may_answer_absent(local);
         self.leased_lookups += u64::from(leased);
-        if leased && p.applied() < seq {
+        if leased && (p.applied() < seq || self.procs[r].missing.contains(&seq)) {
             let acked_at = self.acked[&seq];
             return Err(format!(
                 "P1 violated: r{r} answered ABSENT at {:.3} ms for the Add at seq {seq}, acknowledged at \
@@ -762,7 +901,17 @@ impl Sim {
     fn fault(&mut self) {
         let n = self.procs.len();
         let r = self.rng.random_range(0..n);
-        match self.rng.random_range(0..11) {
+        match self.rng.random_range(0..12) {
+            11 => {
+                // Often while a server is cut off: the stale one that may answer for the index.
+                self.at(self.now, Event::Share);
+                if self.isolated.is_none() && self.rng.random_bool(0.5) {
+                    let server = self.rng.random_range(0..SERVERS);
+                    self.cut_off(server);
+                    let when = self.now + self.rng.random_range(5 * MS..60 * MS);
+                    self.at(when, Event::Heal);
+                }
+            }
             8 => self.cut_after_barrier = Some(r),
             9 => {
                 // While another server is cut off: the stale one that may answer the applier's question.
@@ -846,14 +995,27 @@ impl Sim {
         p.writes.clear();
     }
 
-    /// A new incarnation: from a snapshot of what the last one applied, or wiped.
+    /// A new incarnation: from a snapshot of what the last one applied, or wiped — or from the shared
+    /// snapshot, if that is newer (as the replica loads the newer of the two).
     fn restart(&mut self, r: usize) {
         let wiped = self.rng.random_bool(0.3);
         let p = &self.procs[r];
-        let covered = if wiped {
+        let own = if wiped {
             0
         } else {
             self.rng.random_range(0..=p.proto.applied())
+        };
+        let shared = self.quorum_index().1.unwrap_or(0);
+        let covered = own.max(shared);
+        // Its own snapshot holds what it held; a shared one, every `Add` it covers.
+        let missing = if own >= shared {
+            p.missing
+                .iter()
+                .copied()
+                .filter(|seq| *seq <= covered)
+                .collect()
+        } else {
+            HashSet::new()
         };
         let mut members = Membership::default();
         for (index, entry) in self.log.iter().enumerate().take(covered as usize) {
@@ -872,6 +1034,7 @@ impl Sim {
             self.timing,
         );
         p.proto.start_after(covered, members);
+        p.missing = missing;
         p.alive = true;
         p.paused_until = 0;
         p.barrier_sent = None;

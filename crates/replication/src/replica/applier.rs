@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use super::{writer_nonce, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
 use crate::protocol::gap::{self, Gap};
 use crate::protocol::Recipients;
-use crate::snapshot_store::oldest_retained;
+use crate::snapshot_store::IndexRead;
 use crate::stream::{StreamError, Streamed};
 
 /// How long the applier waits for a message, while the stream is known to hold more, before it follows
@@ -140,17 +140,25 @@ impl Replica {
     /// holds a skipped seq or the answering server cannot show the gap is gone (it may be stale); stop if the
     /// seqs were purged — purges reach only seqs at or below the oldest snapshot the bucket retains, and that
     /// index is written before the purge — since only a newer snapshot can replace them; pass over seqs
-    /// deleted one by one (junk an operator removed), as every replica does.
+    /// deleted one by one (junk an operator removed), as every replica does. "Deleted" rests on the index
+    /// read being current — a stale server's older index names older snapshots, and would pass a purge off
+    /// as a deletion, skipping `Add`s — so it is first proved current ([`IndexRead::confirm`]), else read
+    /// again.
     async fn explain_gap(&self, (first, last): (u64, u64)) -> StreamError {
         let judged = async {
             let next_held = self.stream.next_held(first).await?;
-            let oldest = oldest_retained(&self.stream).await?;
-            Ok::<_, StreamError>((next_held, gap::judge(first, last, next_held, oldest)))
+            let index = IndexRead::of(&self.stream).await?;
+            let verdict = match gap::judge(first, last, next_held, index.oldest()) {
+                Gap::Deleted if !index.confirm(&self.stream).await? => Gap::ReadAgain,
+                verdict => verdict,
+            };
+            Ok::<_, StreamError>((next_held, verdict))
         };
         match judged.await {
             Ok((next_held, Gap::ReadAgain)) => StreamError::Read(format!(
-                "the stream's consumer skipped seqs {first} to {last}, and the first message held at or after \
-                 {first} is {next_held:?} (the answering server may be behind): reading again"
+                "the stream's consumer skipped seqs {first} to {last}; the first message held at or after {first} \
+                 is {next_held:?}, and either a skipped seq is still held, or the answering server may be \
+                 behind, or the snapshots' index it answered with was not the newest: reading again"
             )),
             Ok((_, Gap::Purged)) => StreamError::Setup(format!(
                 "the JetStream stream {:?} no longer holds seq {first}: the mutations after seq {} were purged \
