@@ -17,6 +17,7 @@ use existence_gate::core::gate::Gate;
 use existence_gate::core::hashing::KeyHasher;
 use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::tombstones::AbsenceKind;
+use existence_gate::replication::protocol::{WriteId, WriteRead};
 use existence_gate::replication::stream::{
     AppliedReport, MutationStream, StreamError, StreamOptions,
 };
@@ -233,9 +234,9 @@ async fn replicas_applying_the_stream_agree_bit_for_bit() {
     }
 }
 
-/// Replicas hear each other's applied seqs (what an acknowledgement waits on), those sent to all and those
-/// sent to them alone, never those sent to another; and none of it enters the stream: reports take no
-/// stream seq.
+/// Replicas hear each other's applied seqs and the writes read at each seq (what an acknowledgement waits
+/// on), those sent to all and those sent to them alone, never those sent to another; and none of it enters
+/// the stream: reports take no stream seq.
 #[tokio::test]
 async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
     let Some(nats) = Nats::start().await else {
@@ -244,14 +245,39 @@ async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
     let (a, b, c) = (open(&nats).await, open(&nats).await, open(&nats).await);
     let a_hears = a.applied_reports(1).await.unwrap();
     let c_hears = c.applied_reports(3).await.unwrap();
-    b.report_applied("replica-b", 2, 7, None).await.unwrap();
-    b.report_applied("replica-b", 2, 8, Some(1)).await.unwrap();
-    b.report_applied("replica-b", 2, 10, None).await.unwrap();
-    a.report_applied("replica-a", 1, 9, None).await.unwrap();
+    let reads = [
+        WriteRead {
+            seq: 8,
+            write: WriteId {
+                writer: 1,
+                counter: 5,
+            },
+        },
+        WriteRead {
+            seq: 6,
+            write: WriteId {
+                writer: 3,
+                counter: u64::MAX,
+            },
+        },
+    ];
+    b.report_applied("replica-b", 2, 7, &[], None)
+        .await
+        .unwrap();
+    b.report_applied("replica-b", 2, 8, &reads, Some(1))
+        .await
+        .unwrap();
+    b.report_applied("replica-b", 2, 10, &[], None)
+        .await
+        .unwrap();
+    a.report_applied("replica-a", 1, 9, &[], None)
+        .await
+        .unwrap();
     let report = |replica: &str, nonce, seq| AppliedReport {
         replica: replica.to_string(),
         nonce,
         seq,
+        reads: if seq == 8 { reads.to_vec() } else { Vec::new() },
     };
     let mut heard: Vec<AppliedReport> =
         tokio::time::timeout(common::PATIENCE, a_hears.take(4).collect())

@@ -21,10 +21,11 @@
 //! - **Membership.** Replicas join (once caught up), leave and are removed by records in the stream, so
 //!   every replica computes the same members as of any seq ([`membership`]). A process that is not a
 //!   member — not yet joined, displaced by a twin with its id, removed — takes no lease.
-//! - **Acknowledgement (writer).** The writer W of `Add` at seq N, having applied N itself and received
+//! - **Acknowledgement (writer).** The writer W of `Add` at seq N, having read it at N itself and received
 //!   the publish acknowledgement at `p` on its clock, acknowledges once every incarnation that joined
 //!   before N and is a member, or left less than `lease × (1 + ρ) + margin` ago on W's clock, has reported
-//!   applying N; and in any case at `p + lease × (1 + ρ) + margin` (the fallback).
+//!   reading that very `Add` (its message id) at N; and in any case at `p + lease × (1 + ρ) + margin` (the
+//!   fallback).
 //!
 //! # Why no replica answers `ABSENT` for an acknowledged `Add`
 //! Take a lookup at R after the acknowledgement of N, under a lease from a barrier sent at `s`, stored at
@@ -53,7 +54,10 @@
 //! its send time, and grants a lease only if what the replica read at its acknowledged seq is that very
 //! barrier: a copy that differs from the quorum's at a barrier's seq is caught there, and the replica
 //! stops ([`diverged`](Protocol::diverged)) rather than answer from it. A barrier whose seq was passed
-//! over (deleted, purged) grants nothing either.
+//! over (deleted, purged) grants nothing either. A lease taken before the copy diverged still holds for up
+//! to a lease, so the writer's rule does not count a report of how far a process applied — seqs of *its*
+//! copy — but only a report that it read the writer's very message at its seq ([`WriteRead`]): a diverged
+//! copy holds something else there, and the writer waits the fallback, by which that lease has ended.
 //!
 //! Restarted and wiped replicas are new incarnations: they hold no lease until they have joined and applied
 //! a barrier, both after anything acknowledged before they started. No step trusts a report's timing, the
@@ -71,7 +75,7 @@ pub mod membership;
 #[cfg(test)]
 mod simulation;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 pub use membership::{Cause, Departure, Member, MemberRecord, Membership};
 
@@ -160,6 +164,25 @@ struct Grace {
     until: Nanos,
 }
 
+/// A write as its writer numbered it: the writer's nonce and the counter of its message ids. No two
+/// messages of the stream share one (a retry of a publish under the same id is dropped by the stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WriteId {
+    /// The nonce of the process that published it.
+    pub writer: u64,
+    /// Its number among that process's writes.
+    pub counter: u64,
+}
+
+/// What a process read at a seq of its copy of the stream: the write stored there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteRead {
+    /// The seq it was read at.
+    pub seq: u64,
+    /// The write read there.
+    pub write: WriteId,
+}
+
 /// An acknowledged barrier not yet applied.
 #[derive(Debug, Clone, Copy)]
 struct Barrier {
@@ -176,6 +199,11 @@ const REMEMBERED: usize = 256;
 /// its join is applied here. Beyond this many, unknown reporters are forgotten (a wait by the fallback).
 const UNKNOWN_REPORTERS: usize = 256;
 
+/// How many of its writes read at their seqs a process remembers per reader (itself included), by seq:
+/// a write waits for them for one fallback at most, and a process with more writes than this waiting at
+/// once acknowledges the oldest by the fallback.
+const CONFIRMED: usize = 4_096;
+
 /// One process's view of the protocol.
 #[derive(Debug, Clone)]
 pub struct Protocol {
@@ -186,6 +214,14 @@ pub struct Protocol {
     applied: u64,
     /// The highest applied seq each incarnation reported, by nonce.
     reports: HashMap<u64, u64>,
+    /// Where each incarnation (this one included), by nonce, read this process's writes: counter by seq.
+    confirmed: HashMap<u64, BTreeMap<u64, u64>>,
+    /// Its own writes the stream acknowledged at a seq not yet applied: checked against what it reads there.
+    written: Vec<(u64, WriteId)>,
+    /// The seqs its join was acknowledged at, and those it read its own join at: it is a member once one
+    /// seq is both (a join only its own server's copy holds makes no member of it on the quorum).
+    joins_acked: Vec<u64>,
+    joins_read: Vec<u64>,
     graces: Vec<Grace>,
     barriers: VecDeque<Barrier>,
     /// Its own barriers read from the stream, (seq, send time), oldest first.
@@ -209,6 +245,10 @@ impl Protocol {
             standing: Standing::Joining,
             applied: 0,
             reports: HashMap::new(),
+            confirmed: HashMap::new(),
+            written: Vec::new(),
+            joins_acked: Vec::new(),
+            joins_read: Vec::new(),
             graces: Vec::new(),
             barriers: VecDeque::new(),
             barriers_read: VecDeque::new(),
@@ -277,6 +317,91 @@ impl Protocol {
         remember(&mut self.barriers_read, (seq, sent_at));
     }
 
+    /// Notes that the message at `seq`, about to be applied, is `write` (its message id says so): a write
+    /// of this process's own counts towards its acknowledgement only if read at the seq it was stored at.
+    pub fn read_write(&mut self, seq: u64, write: WriteId) {
+        let me = self.me.nonce;
+        self.heard_reads(me, &[WriteRead { seq, write }]);
+    }
+
+    /// The stream acknowledged this process's join at `seq`. It becomes a member once it has read that very
+    /// join there; anything else read at `seq` means its copy of the stream differs from the quorum's.
+    pub fn join_acked(&mut self, seq: u64) {
+        self.joins_acked.push(seq);
+        self.check_joins();
+    }
+
+    /// Makes this process a member once a join of its own is both acknowledged and read at one seq.
+    fn check_joins(&mut self) {
+        if self.standing != Standing::Joining {
+            return;
+        }
+        let applied = self.applied;
+        let acked: Vec<u64> = self
+            .joins_acked
+            .extract_if(.., |seq| *seq <= applied)
+            .collect();
+        for seq in acked {
+            if self.joins_read.contains(&seq) {
+                let joined = self
+                    .members
+                    .iter()
+                    .find(|(_, m)| m.nonce == self.me.nonce)
+                    .map_or(seq, |(_, m)| m.joined);
+                self.standing = Standing::Member { joined };
+            } else if !self.was_passed_over(seq) {
+                self.diverge(seq);
+            }
+        }
+    }
+
+    /// The stream acknowledged this process's `write` at `seq`. Like a barrier, what the process reads at
+    /// `seq` must be that write: anything else there means its copy of the stream differs from the
+    /// quorum's ([`diverged`](Self::diverged)) — a copy it may have read only for a stretch, before its
+    /// consumer moved to another server, between two of its barriers.
+    pub fn write_acked(&mut self, seq: u64, write: WriteId) {
+        self.written.push((seq, write));
+        self.check_written();
+    }
+
+    /// Checks the acknowledged writes now applied against what was read at their seqs.
+    fn check_written(&mut self) {
+        let applied = self.applied;
+        let checked: Vec<(u64, WriteId)> = self
+            .written
+            .extract_if(.., |(seq, _)| *seq <= applied)
+            .collect();
+        for (seq, write) in checked {
+            let own = self.confirmed.get(&self.me.nonce);
+            let read = own.and_then(|reads| reads.get(&seq));
+            let forgotten = own.is_some_and(|reads| {
+                reads.len() >= CONFIRMED && reads.first_key_value().is_some_and(|(s, _)| seq < *s)
+            });
+            if read != Some(&write.counter) && !forgotten && !self.was_passed_over(seq) {
+                self.diverge(seq);
+            }
+        }
+    }
+
+    /// Incarnation `nonce` reported having read `reads` (reports may arrive late, twice, or out of order).
+    /// Only this process's writes are kept.
+    pub fn heard_reads(&mut self, nonce: u64, reads: &[WriteRead]) {
+        let mine = reads
+            .iter()
+            .filter(|read| read.write.writer == self.me.nonce);
+        let mut mine = mine.peekable();
+        if mine.peek().is_none() {
+            return;
+        }
+        let kept = self.confirmed.entry(nonce).or_default();
+        for read in mine {
+            kept.insert(read.seq, read.write.counter);
+        }
+        while kept.len() > CONFIRMED {
+            kept.pop_first();
+        }
+    }
+
     /// Applies the message at `seq` (a membership record, or anything else), at `now`. Seqs at or below the
     /// applied one are ignored. Call [`settle`](Self::settle) after a batch. A barrier of this process's own
     /// is noted first ([`read_own_barrier`](Self::read_own_barrier)).
@@ -287,8 +412,8 @@ impl Protocol {
         self.applied = seq;
         let Some(record) = record else { return };
         if let MemberRecord::Join { id, nonce, .. } = record {
-            if *id == self.me.id && *nonce == self.me.nonce && self.standing == Standing::Joining {
-                self.standing = Standing::Member { joined: seq };
+            if *id == self.me.id && *nonce == self.me.nonce {
+                self.joins_read.push(seq);
             }
         }
         let Some(departure) = self.members.apply(seq, record) else {
@@ -328,10 +453,7 @@ impl Protocol {
         if self.barriers_read.contains(&(seq, sent_at)) {
             return Some(true);
         }
-        let passed = self
-            .passed_over
-            .iter()
-            .any(|(a, b)| (*a..=*b).contains(&seq));
+        let passed = self.was_passed_over(seq);
         let forgotten = self.barriers_read.len() == REMEMBERED
             && self
                 .barriers_read
@@ -340,14 +462,23 @@ impl Protocol {
         (!passed && !forgotten).then_some(false)
     }
 
+    /// Whether `seq` lies in a stretch passed over (nothing was read there).
+    fn was_passed_over(&self, seq: u64) -> bool {
+        self.passed_over
+            .iter()
+            .any(|(a, b)| (*a..=*b).contains(&seq))
+    }
+
     fn diverge(&mut self, seq: u64) {
         self.diverged.get_or_insert(seq);
         self.lease_until = 0;
     }
 
-    /// After applying: grants the lease of the newest acknowledged barrier now applied and read as sent,
-    /// and forgets what no longer matters.
+    /// After applying: checks the acknowledged writes now applied, grants the lease of the newest
+    /// acknowledged barrier now applied and read as sent, and forgets what no longer matters.
     pub fn settle(&mut self, now: Nanos) {
+        self.check_written();
+        self.check_joins();
         let mut reached = None;
         while let Some(barrier) = self.barriers.front().copied() {
             if barrier.seq > self.applied {
@@ -370,12 +501,17 @@ impl Protocol {
             }
         }
         self.graces.retain(|g| now < g.until);
+        let (members, graces, me) = (&self.members, &self.graces, self.me.nonce);
+        let counted = |nonce: &u64| {
+            *nonce == me
+                || members.iter().any(|(_, m)| m.nonce == *nonce)
+                || graces.iter().any(|g| g.nonce == *nonce)
+        };
         if self.reports.len() > UNKNOWN_REPORTERS {
-            let (members, graces) = (&self.members, &self.graces);
-            self.reports.retain(|nonce, _| {
-                members.iter().any(|(_, m)| m.nonce == *nonce)
-                    || graces.iter().any(|g| g.nonce == *nonce)
-            });
+            self.reports.retain(|nonce, _| counted(nonce));
+        }
+        if self.confirmed.len() > UNKNOWN_REPORTERS {
+            self.confirmed.retain(|nonce, _| counted(nonce));
         }
     }
 
@@ -407,20 +543,19 @@ impl Protocol {
         *reported = (*reported).max(applied);
     }
 
-    /// Whether the `Add` stored at `seq`, whose publish this process saw acknowledged at `published_at`,
+    /// Whether `write`, stored at `seq`, whose publish this process saw acknowledged at `published_at`,
     /// may be acknowledged at `now`. The caller has applied `seq`.
-    pub fn ack(&self, seq: u64, published_at: Nanos, now: Nanos) -> Ack {
+    pub fn ack(&self, seq: u64, write: WriteId, published_at: Nanos, now: Nanos) -> Ack {
         let fallback = published_at.saturating_add(self.timing.fallback());
         if now >= fallback {
             return Ack::ByFallback;
         }
-        let reported = |nonce: u64| {
-            if nonce == self.me.nonce {
-                self.applied >= seq
-            } else {
-                self.reports.get(&nonce).is_some_and(|r| *r >= seq)
-            }
-        };
+        if self.diverged.is_some() {
+            // Its membership, read from a copy that is not the quorum's, may miss members (their joins at
+            // other seqs): only the fallback, which needs no membership, is sound.
+            return Ack::Wait(fallback);
+        }
+        let reported = |nonce: u64| self.read_there(nonce, seq, write);
         let members_missing = self
             .members
             .iter()
@@ -463,12 +598,26 @@ impl Protocol {
         self.reports.get(&nonce).copied().unwrap_or(0)
     }
 
-    /// The incarnations a writer still waits for before acknowledging `seq` early: (id, nonce).
-    pub fn missing_reports(&self, seq: u64) -> Vec<(String, u64)> {
+    /// Whether incarnation `nonce` reported reading `write` at `seq` — this process's own `write`, so the one
+    /// the quorum stored there. A report of how far it applied is not enough: a process whose server's copy
+    /// of the stream diverged from the quorum's applies other messages at the same seqs (see "What
+    /// JetStream is trusted with"), and while a lease it took before still holds, counting it would let it
+    /// answer `ABSENT` for `write`.
+    fn read_there(&self, nonce: u64, seq: u64, write: WriteId) -> bool {
+        write.writer == self.me.nonce
+            && self
+                .confirmed
+                .get(&nonce)
+                .and_then(|reads| reads.get(&seq))
+                .is_some_and(|counter| *counter == write.counter)
+    }
+
+    /// The incarnations a writer still waits for before acknowledging `write` at `seq` early: (id, nonce).
+    pub fn missing_reports(&self, seq: u64, write: WriteId) -> Vec<(String, u64)> {
         self.members
             .iter()
             .filter(|(_, m)| m.joined < seq && m.nonce != self.me.nonce)
-            .filter(|(_, m)| self.reports.get(&m.nonce).is_none_or(|r| *r < seq))
+            .filter(|(_, m)| !self.read_there(m.nonce, seq, write))
             .map(|(id, m)| (id.clone(), m.nonce))
             .collect()
     }
@@ -551,6 +700,13 @@ mod tests {
             "no lease before its own join is applied"
         );
         r.apply(4, Some(&join("r", 1)), 14 * MS);
+        r.settle(14 * MS);
+        assert_eq!(
+            r.standing(),
+            &Standing::Joining,
+            "its join is read, not yet acknowledged there"
+        );
+        r.join_acked(4);
         r.barrier_acked(15 * MS, 5, 16 * MS);
         r.read_own_barrier(5, 15 * MS);
         r.apply(5, None, 17 * MS);
@@ -573,9 +729,45 @@ mod tests {
     /// A member that has caught up: joined at 2, applied through 3.
     fn member() -> Protocol {
         let mut r = replica("r", 1);
+        r.join_acked(2);
         r.apply(2, Some(&join("r", 1)), 0);
         r.apply(3, None, 0);
+        r.settle(0);
         r
+    }
+
+    #[test]
+    fn a_join_read_elsewhere_than_where_it_was_acknowledged_makes_no_member() {
+        let mut r = replica("r", 1);
+        // Its server stored its join at 2 alone; the quorum stored it at 3, where that copy holds another's.
+        r.apply(2, Some(&join("r", 1)), 0);
+        r.apply(3, Some(&join("w", 2)), 0);
+        r.join_acked(3);
+        assert_eq!(r.standing(), &Standing::Joining);
+        assert_eq!(r.diverged(), Some(3));
+    }
+
+    #[test]
+    fn a_write_read_elsewhere_than_where_it_was_acknowledged_is_a_divergence() {
+        let mut r = member();
+        r.read_write(4, write(0));
+        r.apply(4, None, MS);
+        r.write_acked(4, write(0));
+        assert_eq!(r.diverged(), None);
+        r.read_write(
+            5,
+            WriteId {
+                writer: 2,
+                counter: 0,
+            },
+        );
+        r.apply(5, None, MS);
+        r.write_acked(5, write(1));
+        assert_eq!(r.diverged(), Some(5));
+        let mut passed = member();
+        passed.pass_over(6);
+        passed.write_acked(5, write(1));
+        assert_eq!(passed.diverged(), None, "nothing was read there");
     }
 
     #[test]
@@ -656,31 +848,86 @@ mod tests {
         );
     }
 
+    /// Write number `counter` of the process with nonce 1.
+    fn write(counter: u64) -> WriteId {
+        WriteId { writer: 1, counter }
+    }
+
+    fn read(seq: u64, write: WriteId) -> WriteRead {
+        WriteRead { seq, write }
+    }
+
     #[test]
     fn a_writer_waits_for_every_member_and_departed_incarnations_through_their_grace() {
         let mut w = replica("w", 1);
         w.apply(2, Some(&join("w", 1)), 0);
         w.apply(3, Some(&join("r", 2)), 0);
+        w.read_write(4, write(0));
         w.apply(4, None, MS);
-        assert_eq!(w.ack(4, MS, 2 * MS), Ack::Wait(103 * MS));
-        w.heard(2, 4);
-        assert_eq!(w.ack(4, MS, 2 * MS), Ack::Early);
+        assert_eq!(w.ack(4, write(0), MS, 2 * MS), Ack::Wait(103 * MS));
+        w.heard_reads(2, &[read(4, write(0))]);
+        assert_eq!(w.ack(4, write(0), MS, 2 * MS), Ack::Early);
         w.apply(5, Some(&MemberRecord::Remove { id: "r".into() }), 10 * MS);
+        w.read_write(6, write(1));
         w.apply(6, None, 11 * MS);
         w.settle(11 * MS);
-        assert_eq!(w.missing_reports(6), vec![], "r is no member now");
+        assert_eq!(w.missing_reports(6, write(1)), vec![], "r is no member now");
         assert_eq!(
-            w.ack(6, 11 * MS, 12 * MS),
+            w.ack(6, write(1), 11 * MS, 12 * MS),
             Ack::Wait(112 * MS),
             "a removed member may hold a lease from before its removal for one more fallback"
         );
-        assert_eq!(w.ack(6, 11 * MS, 112 * MS), Ack::Early);
-        w.heard(2, 6);
+        assert_eq!(w.ack(6, write(1), 11 * MS, 112 * MS), Ack::Early);
+        w.heard_reads(2, &[read(6, write(1))]);
         assert_eq!(
-            w.ack(6, 11 * MS, 12 * MS),
+            w.ack(6, write(1), 11 * MS, 12 * MS),
             Ack::Early,
             "or until it reports"
         );
-        assert_eq!(w.ack(6, 11 * MS, 113 * MS), Ack::ByFallback);
+        assert_eq!(w.ack(6, write(1), 11 * MS, 113 * MS), Ack::ByFallback);
+    }
+
+    #[test]
+    fn only_a_report_of_the_writers_very_message_at_its_seq_counts() {
+        let mut w = replica("w", 1);
+        w.apply(2, Some(&join("w", 1)), 0);
+        w.apply(3, Some(&join("r", 2)), 0);
+        w.read_write(4, write(7));
+        w.apply(4, None, MS);
+        w.heard(2, 9);
+        assert_eq!(
+            w.ack(4, write(7), MS, 2 * MS),
+            Ack::Wait(103 * MS),
+            "how far r applied says nothing of what it read at 4"
+        );
+        // r's server's copy diverged: at 4 it holds another of w's writes, and w's is one seq later.
+        w.heard_reads(2, &[read(4, write(6)), read(5, write(7))]);
+        assert_eq!(w.ack(4, write(7), MS, 2 * MS), Ack::Wait(103 * MS));
+        assert_eq!(w.missing_reports(4, write(7)), vec![("r".to_string(), 2)]);
+        w.heard_reads(
+            2,
+            &[read(
+                4,
+                WriteId {
+                    writer: 3,
+                    counter: 7,
+                },
+            )],
+        );
+        assert_eq!(
+            w.ack(4, write(7), MS, 2 * MS),
+            Ack::Wait(103 * MS),
+            "another writer's message is no read of w's"
+        );
+
+        let mut diverged_writer = replica("w", 1);
+        diverged_writer.apply(2, Some(&join("w", 1)), 0);
+        diverged_writer.read_write(4, write(6));
+        diverged_writer.apply(4, None, MS);
+        assert_eq!(
+            diverged_writer.ack(4, write(7), MS, 2 * MS),
+            Ack::Wait(103 * MS),
+            "nor does the writer count itself if it read something else at the seq"
+        );
     }
 }

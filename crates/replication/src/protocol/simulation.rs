@@ -3,7 +3,9 @@
 //!
 //! Modelled: replicas on three NATS servers, one stream whose publishes are stored (and acknowledged) only
 //! through a server in the quorum — a server cut off keeps serving its stale prefix to the replicas on it,
-//! as an isolated leader does —; reports on a bus that loses, delays without bound, duplicates and reorders
+//! as an isolated leader does, and at times also stores what is published through it, unacknowledged, and
+//! after the partition heals goes on with the quorum's messages that many seqs off (as nats-server 2.9.10
+//! did; its readers stay on it) —; reports on a bus that loses, delays without bound, duplicates and reorders
 //! them, with routes between pairs of replicas going silent (non-transitive partitions); pauses, crashes,
 //! restarts from a snapshot or wiped, graceful leaves, operators' removals, replicas moving between servers,
 //! and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
@@ -38,9 +40,10 @@ const PROMPT_ACK: u64 = 2 * MS;
 /// What the stream stores.
 #[derive(Debug, Clone)]
 enum Entry {
-    /// An `Add` by the incarnation `writer`.
+    /// An `Add`: write `counter` of the incarnation `writer`.
     Add {
         writer: u64,
+        counter: u64,
     },
     /// A lease barrier of incarnation `nonce`, sent at `sent_at` on its clock.
     Barrier {
@@ -56,14 +59,27 @@ enum Entry {
     },
 }
 
-/// A server cut off from the quorum, serving what it held then.
-#[derive(Debug, Clone, Copy)]
+/// A server cut off from the quorum, serving what it held then — and, if it `diverges`, what is published
+/// through it meanwhile, which no quorum takes (as nats-server 2.9.10's stream leader did once cut off).
+#[derive(Debug, Clone)]
 struct Cut {
     server: usize,
-    /// How many messages it holds.
+    /// How many messages it held when it was cut off.
     held: usize,
     /// How many of the removals (deletions and purges) it has applied.
     removals: usize,
+    diverges: bool,
+    /// What it stored after `held`, unacknowledged.
+    private: Vec<Entry>,
+}
+
+/// A server whose copy went its own way: after its first `held` messages come `private` ones no quorum
+/// took, then the quorum's, each `private.len()` seqs later than the quorum stores them.
+#[derive(Debug, Clone)]
+struct Divergent {
+    server: usize,
+    held: usize,
+    private: Vec<Entry>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,6 +108,7 @@ enum Event {
         to: usize,
         nonce: u64,
         applied: u64,
+        reads: Vec<WriteRead>,
     },
     /// A writer looks at its waiting writes again.
     WriteCheck(usize),
@@ -116,6 +133,7 @@ enum Event {
 #[derive(Debug)]
 struct Write {
     seq: u64,
+    write: WriteId,
     published_at: Nanos,
 }
 
@@ -134,8 +152,14 @@ struct Process {
     join_sent: Option<u64>,
     /// Its consumer loses a stretch of the next delivery.
     loses_next: bool,
-    /// The `Add`s it passed over as deleted: it holds the seqs after them, not them.
-    missing: HashSet<u64>,
+    /// The acknowledgeable `Add`s it holds: the quorum's seq of each, by the seq it read it at.
+    holds: BTreeMap<u64, u64>,
+    /// Its writes so far.
+    counter: u64,
+    /// The first seq at which it read a message only a diverged copy holds. It then never reads another
+    /// copy: a reader whose copy comes back into line with the quorum's between its barriers is what the
+    /// checks do not catch (README, "What is checked of JetStream").
+    tainted_from: Option<u64>,
     /// Incarnations seen so far: new ones draw nonces from this.
     nonces: u64,
 }
@@ -160,6 +184,8 @@ struct Sim {
     log: Vec<Entry>,
     /// The server cut off from the quorum.
     isolated: Option<Cut>,
+    /// The server whose copy diverged, once one has.
+    divergent: Option<Divergent>,
     /// For each seq (index seq - 1), the how-manieth removal (deletion or purge) removed it, if one did.
     removed: Vec<Option<usize>>,
     /// Seqs removed so far.
@@ -232,7 +258,9 @@ impl Sim {
                     barrier_sent: None,
                     join_sent: None,
                     loses_next: false,
-                    missing: HashSet::new(),
+                    holds: BTreeMap::new(),
+                    counter: 0,
+                    tainted_from: None,
                     nonces: 0,
                 }
             })
@@ -245,6 +273,7 @@ impl Sim {
             events: Vec::new(),
             log: Vec::new(),
             isolated: None,
+            divergent: None,
             removed: Vec::new(),
             removals: 0,
             silent: HashSet::new(),
@@ -364,7 +393,7 @@ impl Sim {
             Event::Fault => self.fault(),
             Event::Heal => {
                 self.note(|| "partitions heal".into());
-                self.isolated = None;
+                self.end_cut();
                 self.silent.clear();
                 let replicas: Vec<usize> = (0..self.procs.len()).collect();
                 replicas
@@ -434,26 +463,42 @@ impl Sim {
                     self.procs[r].proto.barrier_acked(sent_at, seq, local);
                     self.note(|| format!("r{r} barrier acked at seq {seq}"));
                 }
-                Entry::Add { .. } => {
+                Entry::Add { writer, counter } => {
+                    let write = WriteId { writer, counter };
+                    self.procs[r].proto.write_acked(seq, write);
                     self.procs[r].writes.push(Write {
                         seq,
+                        write,
                         published_at: local,
                     });
                     self.note(|| format!("r{r} add published at seq {seq}"));
                     self.check_writes(r, local);
                 }
+                Entry::Record(MemberRecord::Join { nonce, .. })
+                    if nonce == self.procs[r].proto.me().nonce =>
+                {
+                    self.procs[r].proto.join_acked(seq);
+                }
                 Entry::Record(_) | Entry::Junk | Entry::Index { .. } => {}
             },
             Event::Acked { .. } => {}
-            Event::Report { nonce, applied, .. } => {
+            Event::Report {
+                nonce,
+                applied,
+                reads,
+                ..
+            } => {
                 self.procs[r].proto.heard(nonce, applied);
+                self.procs[r].proto.heard_reads(nonce, &reads);
                 self.check_writes(r, local);
             }
             Event::WriteCheck(_) => self.check_writes(r, local),
             Event::Lookup { seq, .. } => self.lookup(r, seq, local)?,
             Event::NewAdd(_) => {
-                let writer = self.procs[r].proto.me().nonce;
-                self.publish(r, Entry::Add { writer }, local)
+                let p = &mut self.procs[r];
+                let (writer, counter) = (p.proto.me().nonce, p.counter);
+                p.counter += 1;
+                self.publish(r, Entry::Add { writer, counter }, local)
             }
             _ => unreachable!("not a replica's event"),
         }
@@ -464,7 +509,7 @@ impl Sim {
         let p = &self.procs[r];
         let (nonce, applied, barrier_sent) =
             (p.proto.me().nonce, p.proto.applied(), p.barrier_sent);
-        self.report(r, nonce, applied, Recipients::Everyone);
+        self.report(r, nonce, applied, Vec::new(), Recipients::Everyone);
         let stuck = barrier_sent.is_some_and(|at| local > at + PUBLISH_TIMEOUT);
         if barrier_sent.is_none() || stuck {
             self.procs[r].barrier_sent = Some(local);
@@ -496,8 +541,16 @@ impl Sim {
     /// A publish reaches the replica's server: stored only if that server is with the quorum.
     fn store(&mut self, r: usize, epoch: u64, entry: Entry, sent_at: Nanos) {
         let server = self.procs[r].server;
-        if self.isolated.is_some_and(|cut| cut.server == server) {
-            self.note(|| format!("r{r}'s publish is lost at its isolated server"));
+        if let Some(cut) = self.isolated.as_mut().filter(|cut| cut.server == server) {
+            if cut.diverges {
+                cut.private.push(entry.clone());
+                self.note(|| {
+                    format!("r{r}'s publish is stored by its isolated server alone: {entry:?}")
+                });
+                self.deliver_everywhere();
+            } else {
+                self.note(|| format!("r{r}'s publish is lost at its isolated server"));
+            }
             return;
         }
         let is_barrier = matches!(entry, Entry::Barrier { .. });
@@ -545,13 +598,69 @@ impl Sim {
 
     /// Cuts `server` off from the quorum, holding what it holds now.
     fn cut_off(&mut self, server: usize) {
-        let held = self.log.len();
-        self.note(|| format!("server {server} is cut off from the quorum, holding {held}"));
+        self.end_cut();
+        let held = self.copy_len(server);
+        // A server's copy diverges once in a run at most, and only while another's does not.
+        let diverges = self.divergent.is_none() && self.rng.random_bool(0.3);
+        self.note(|| {
+            format!("server {server} is cut off from the quorum, holding {held} (diverging: {diverges})")
+        });
         self.isolated = Some(Cut {
             server,
             held,
             removals: self.removals,
+            diverges,
+            private: Vec::new(),
         });
+    }
+
+    /// The cut-off server rejoins the quorum; if it stored messages of its own meanwhile, its copy has
+    /// diverged for good.
+    fn end_cut(&mut self) {
+        let Some(cut) = self.isolated.take() else {
+            return;
+        };
+        if !cut.private.is_empty() {
+            self.note(|| {
+                format!(
+                    "server {} goes on {} seqs off the quorum",
+                    cut.server,
+                    cut.private.len()
+                )
+            });
+            self.divergent = Some(Divergent {
+                server: cut.server,
+                held: cut.held,
+                private: cut.private,
+            });
+        }
+    }
+
+    /// How many messages `server`'s copy holds, cut off or not.
+    fn copy_len(&self, server: usize) -> usize {
+        match &self.divergent {
+            Some(d) if d.server == server => self.log.len() + d.private.len(),
+            _ => self.log.len(),
+        }
+    }
+
+    /// What `server` holds at `seq` (within what it holds), and that message's seq on the quorum
+    /// (`None`: only that server stored it).
+    fn entry_at(&self, server: usize, seq: u64) -> (&Entry, Option<u64>) {
+        let at = seq as usize;
+        if let Some(cut) = self.isolated.as_ref().filter(|cut| cut.server == server) {
+            if at > cut.held {
+                return (&cut.private[at - cut.held - 1], None);
+            }
+        }
+        let quorum = match &self.divergent {
+            Some(d) if d.server == server && at > d.held + d.private.len() => at - d.private.len(),
+            Some(d) if d.server == server && at > d.held => {
+                return (&d.private[at - d.held - 1], None);
+            }
+            _ => at,
+        };
+        (&self.log[quorum - 1], Some(quorum as u64))
     }
 
     /// Stores `entry` on the quorum; its seq.
@@ -572,15 +681,17 @@ impl Sim {
 
     /// What `server` holds: how many messages, and how many of the removals it has applied.
     fn view(&self, server: usize) -> (usize, usize) {
-        match self.isolated {
-            Some(cut) if cut.server == server => (cut.held, cut.removals),
-            _ => (self.log.len(), self.removals),
+        match &self.isolated {
+            Some(cut) if cut.server == server => (cut.held + cut.private.len(), cut.removals),
+            _ => (self.copy_len(server), self.removals),
         }
     }
 
     /// Whether `seq` is gone in a view that applied `removals` removals.
     fn gone(&self, seq: u64, removals: usize) -> bool {
-        self.removed[seq as usize - 1].is_some_and(|k| k < removals)
+        self.removed
+            .get(seq as usize - 1)
+            .is_some_and(|k| k.is_some_and(|k| k < removals))
     }
 
     /// The first seq at or after `seq` that `server` holds, as its answer to the applier's question.
@@ -592,17 +703,19 @@ impl Sim {
     /// The snapshots' index as `server` answers: the seq of its last version (0: none) and the oldest
     /// snapshot that version names.
     fn index(&self, server: usize) -> (u64, Option<u64>) {
-        self.index_within(self.view(server).0)
+        let held = self.view(server).0 as u64;
+        (1..=held)
+            .rev()
+            .find_map(|seq| match self.entry_at(server, seq).0 {
+                Entry::Index { oldest } => Some((seq, *oldest)),
+                _ => None,
+            })
+            .unwrap_or((0, None))
     }
 
     /// The index as the quorum holds it.
     fn quorum_index(&self) -> (u64, Option<u64>) {
-        self.index_within(self.log.len())
-    }
-
-    /// The last index version among the first `held` messages.
-    fn index_within(&self, held: usize) -> (u64, Option<u64>) {
-        self.log[..held]
+        self.log
             .iter()
             .enumerate()
             .rev()
@@ -636,6 +749,7 @@ impl Sim {
     fn confirm_index(&mut self, r: usize, at: u64, oldest: Option<u64>) -> bool {
         let cut_off = self
             .isolated
+            .as_ref()
             .is_some_and(|cut| cut.server == self.procs[r].server);
         if cut_off || self.quorum_index().0 != at {
             return false;
@@ -693,31 +807,48 @@ impl Sim {
         if seqs.is_empty() && gap.is_none() {
             return;
         }
-        let mut writers = Vec::new();
+        let server = self.procs[r].server;
+        let mut reads = Vec::new();
         for seq in seqs {
-            let record = match &self.log[seq as usize - 1] {
-                Entry::Record(record) => Some(record.clone()),
-                Entry::Add { writer } => {
-                    writers.push(*writer);
+            let (entry, quorum_seq) = self.entry_at(server, seq);
+            let entry = entry.clone();
+            let p = &mut self.procs[r];
+            if quorum_seq.is_none() {
+                p.tainted_from.get_or_insert(seq);
+            }
+            let record = match entry {
+                Entry::Record(record) => Some(record),
+                Entry::Add { writer, counter } => {
+                    let read = WriteRead {
+                        seq,
+                        write: WriteId { writer, counter },
+                    };
+                    p.proto.read_write(seq, read.write);
+                    reads.push(read);
+                    if let Some(quorum_seq) = quorum_seq {
+                        p.holds.insert(seq, quorum_seq);
+                    }
                     None
                 }
                 Entry::Barrier { nonce, sent_at } => {
-                    if *nonce == self.procs[r].proto.me().nonce {
-                        self.procs[r].proto.read_own_barrier(seq, *sent_at);
+                    if nonce == p.proto.me().nonce {
+                        p.proto.read_own_barrier(seq, sent_at);
                     }
                     None
                 }
                 Entry::Junk | Entry::Index { .. } => None,
             };
-            self.procs[r].proto.apply(seq, record.as_ref(), local);
+            p.proto.apply(seq, record.as_ref(), local);
         }
         self.procs[r].proto.settle(local);
         let applied = self.procs[r].proto.applied();
         self.note(|| format!("r{r} applied through {applied}"));
         let p = &self.procs[r];
-        let (nonce, applied) = (p.proto.me().nonce, p.proto.applied());
-        let recipients = p.proto.recipients(writers);
-        self.report(r, nonce, applied, recipients);
+        let nonce = p.proto.me().nonce;
+        let recipients = p
+            .proto
+            .recipients(reads.iter().map(|read| read.write.writer));
+        self.report(r, nonce, applied, reads, recipients);
         if let Some(gap) = gap {
             self.explain_gap(r, gap, local);
         }
@@ -753,11 +884,6 @@ impl Sim {
             }
             gap::Gap::Deleted => {
                 let p = &mut self.procs[r];
-                for seq in first..=last {
-                    if matches!(self.log[seq as usize - 1], Entry::Add { .. }) {
-                        p.missing.insert(seq);
-                    }
-                }
                 p.proto.pass_over(last);
                 p.proto.settle(local);
             }
@@ -769,8 +895,8 @@ impl Sim {
 
     /// The server a request about the stream reaches: while one is cut off, often that stale one.
     fn answering_server(&mut self) -> usize {
-        match self.isolated {
-            Some(cut) if self.rng.random_bool(0.5) => cut.server,
+        match self.isolated.as_ref().map(|cut| cut.server) {
+            Some(server) if self.rng.random_bool(0.5) => server,
             _ => self.rng.random_range(0..SERVERS),
         }
     }
@@ -795,7 +921,14 @@ impl Sim {
     }
 
     /// Sends `from`'s report on the bus to `recipients` (each copy lost, duplicated and delayed at will).
-    fn report(&mut self, from: usize, nonce: u64, applied: u64, recipients: Recipients) {
+    fn report(
+        &mut self,
+        from: usize,
+        nonce: u64,
+        applied: u64,
+        reads: Vec<WriteRead>,
+        recipients: Recipients,
+    ) {
         for to in 0..self.procs.len() {
             let addressed = match recipients {
                 Recipients::Nobody => false,
@@ -815,7 +948,16 @@ impl Sim {
             };
             for _ in 0..copies {
                 let when = self.now + self.delay();
-                self.at(when, Event::Report { to, nonce, applied });
+                let reads = reads.clone();
+                self.at(
+                    when,
+                    Event::Report {
+                        to,
+                        nonce,
+                        applied,
+                        reads,
+                    },
+                );
             }
         }
     }
@@ -828,7 +970,10 @@ impl Sim {
             if p.proto.applied() < write.seq {
                 return true;
             }
-            match p.proto.ack(write.seq, write.published_at, local) {
+            match p
+                .proto
+                .ack(write.seq, write.write, write.published_at, local)
+            {
                 Ack::Wait(until) => {
                     next_check = Some(next_check.map_or(until, |n| n.min(until)));
                     true
@@ -884,7 +1029,7 @@ impl Sim {
         self.lookups += 1;
         let leased = p.may_answer_absent(local);
         self.leased_lookups += u64::from(leased);
-        if leased && (p.applied() < seq || self.procs[r].missing.contains(&seq)) {
+        if leased && !self.procs[r].holds.values().any(|held| *held == seq) {
             let acked_at = self.acked[&seq];
             return Err(format!(
                 "P1 violated: r{r} answered ABSENT at {:.3} ms for the Add at seq {seq}, acknowledged at \
@@ -953,7 +1098,7 @@ impl Sim {
                 let when = self.now + self.rng.random_range(5 * MS..60 * MS);
                 self.at(when, Event::Heal);
             }
-            5 => {
+            5 if self.procs[r].tainted_from.is_none() => {
                 let server = self.rng.random_range(0..SERVERS);
                 self.note(|| format!("r{r} reconnects to server {server}"));
                 self.procs[r].server = server;
@@ -1008,14 +1153,16 @@ impl Sim {
         let shared = self.quorum_index().1.unwrap_or(0);
         let covered = own.max(shared);
         // Its own snapshot holds what it held; a shared one, every `Add` it covers.
-        let missing = if own >= shared {
-            p.missing
-                .iter()
-                .copied()
-                .filter(|seq| *seq <= covered)
+        let holds: BTreeMap<u64, u64> = if own >= shared {
+            p.holds
+                .range(..=covered)
+                .map(|(at, seq)| (*at, *seq))
                 .collect()
         } else {
-            HashSet::new()
+            (1..=covered)
+                .filter(|seq| matches!(self.log[*seq as usize - 1], Entry::Add { .. }))
+                .map(|seq| (seq, seq))
+                .collect()
         };
         let mut members = Membership::default();
         for (index, entry) in self.log.iter().enumerate().take(covered as usize) {
@@ -1034,7 +1181,9 @@ impl Sim {
             self.timing,
         );
         p.proto.start_after(covered, members);
-        p.missing = missing;
+        p.holds = holds;
+        // What it read of a diverged copy is gone if its state starts below it.
+        p.tainted_from = p.tainted_from.filter(|from| *from <= own && own >= shared);
         p.alive = true;
         p.paused_until = 0;
         p.barrier_sent = None;

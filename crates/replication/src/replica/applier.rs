@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use super::{writer_nonce, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use super::{write_id, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
 use crate::protocol::gap::{self, Gap};
-use crate::protocol::Recipients;
+use crate::protocol::{Recipients, WriteRead};
 use crate::snapshot_store::IndexRead;
 use crate::stream::{StreamError, Streamed};
 
@@ -69,19 +69,18 @@ impl Replica {
                     continue;
                 }
             };
-            let writers: Vec<u64> = batch
-                .iter()
-                .flatten()
-                .filter(|read| read.mutation.is_some())
-                .filter_map(|read| read.id.as_deref().and_then(writer_nonce))
-                .collect();
+            let mut reads = writes_read(&batch);
             let applying = self.applying.lock().await;
             let gap = self.apply_in_order(batch)?;
             drop(applying);
             self.settle();
             self.check_not_diverged()?;
-            let recipients = self.protocol().recipients(writers);
-            self.report(recipients).await;
+            let applied = self.applied_seq();
+            reads.retain(|read| read.seq <= applied);
+            let recipients = self
+                .protocol()
+                .recipients(reads.iter().map(|read| read.write.writer));
+            self.report(recipients, reads).await;
             if let Some(missing) = gap {
                 return Err(self.explain_gap(missing).await);
             }
@@ -201,6 +200,11 @@ impl Replica {
                  should have publish rights on the stream's subjects (README, Scaling out)"
             );
         }
+        let write = read
+            .mutation
+            .as_ref()
+            .and(read.id.as_deref())
+            .and_then(write_id);
         let outcome = match read.mutation {
             Some(mutation) => {
                 self.metrics.applied.increment(1);
@@ -218,6 +222,9 @@ impl Replica {
         if let Some((_, sent_at)) = own_barrier {
             protocol.read_own_barrier(read.seq, sent_at);
         }
+        if let Some(write) = write {
+            protocol.read_write(read.seq, write);
+        }
         protocol.apply(read.seq, read.member.as_ref(), self.lease.now());
         self.lease.set_until(protocol.lease_until());
         drop(protocol);
@@ -233,9 +240,10 @@ impl Replica {
         Ok(())
     }
 
-    /// Tells `recipients` how far this one has applied. A report that fails to leave is logged and
-    /// counted by its absence: the next one (at the latest the quarter-lease report) says as much.
-    pub(super) async fn report(&self, recipients: Recipients) {
+    /// Tells `recipients` how far this one has applied, and which writes it read where (`reads`, the
+    /// writes of the batch just applied: what a writer's acknowledgement counts). A report that fails to
+    /// leave is logged and counted by its absence: its writers wait the fallback.
+    pub(super) async fn report(&self, recipients: Recipients, reads: Vec<WriteRead>) {
         let (to, sent_count) = match recipients {
             Recipients::Nobody => return,
             Recipients::Writer(nonce) => (Some(nonce), &self.metrics.reports_to_writer),
@@ -243,7 +251,13 @@ impl Replica {
         };
         let sent = self
             .stream
-            .report_applied(&self.options.id, self.nonce(), self.applied_seq(), to)
+            .report_applied(
+                &self.options.id,
+                self.nonce(),
+                self.applied_seq(),
+                &reads,
+                to,
+            )
             .await;
         match sent {
             Ok(()) => sent_count.increment(1),
@@ -270,4 +284,20 @@ impl Replica {
         }
         self.progress.notify_waiters();
     }
+}
+
+/// The writes in `batch` (mutations under a message id of this build's shape), each with the seq read at.
+fn writes_read(batch: &[Result<Streamed, StreamError>]) -> Vec<WriteRead> {
+    batch
+        .iter()
+        .flatten()
+        .filter(|read| read.mutation.is_some())
+        .filter_map(|read| {
+            let write = write_id(read.id.as_deref()?)?;
+            Some(WriteRead {
+                seq: read.seq,
+                write,
+            })
+        })
+        .collect()
 }

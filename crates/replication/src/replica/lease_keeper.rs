@@ -27,7 +27,7 @@ impl Replica {
                 _ = ticks.tick() => {}
                 () = self.wanted.notified() => {}
             }
-            self.report(Recipients::Everyone).await;
+            self.report(Recipients::Everyone, Vec::new()).await;
             if self.wants_barrier() {
                 self.renew().await;
             }
@@ -91,6 +91,12 @@ impl Replica {
         match self.stream.publish_member(&record).await {
             Ok(seq) => {
                 tracing::info!(seq, replica = %self.options.id, "joined the replicas");
+                {
+                    // Its join read anywhere else than `seq` is a divergence, which ends the lease at once.
+                    let mut protocol = self.protocol();
+                    protocol.join_acked(seq);
+                    self.lease.set_until(protocol.lease_until());
+                }
                 // Applied by the applier like any message; until then the join is retried each tick only if
                 // it is still not a member, which a second stored join of the same nonce does not change.
                 let _ = self.wait_applied(seq, APPLY_WAIT).await;

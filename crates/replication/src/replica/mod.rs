@@ -46,7 +46,7 @@ use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use tokio::sync::{oneshot, watch, Notify};
 
 use self::peers::Peers;
-use super::protocol::{Incarnation, MemberRecord, Protocol, Timing};
+use super::protocol::{Incarnation, MemberRecord, Protocol, Timing, WriteId};
 use super::stream::{MutationStream, StreamError};
 use crate::core::gate::{Gate, GateError};
 use crate::core::lease::ReadLease;
@@ -200,21 +200,25 @@ impl std::fmt::Debug for Replica {
 /// The start of every message id this process publishes under: `<replica id>:<nonce, 16 hex digits>:`.
 /// The nonce makes it unique to the process (a restarted replica must not reuse the ids of its previous run
 /// within the stream's duplicate window, or its new writes would be dropped), and tells every replica that
-/// applies the message which process waits for its report ([`writer_nonce`]).
+/// applies the message which process waits for its report, and which of its writes it is ([`write_id`]).
 fn message_id_prefix(id: &str, nonce: u64) -> String {
     format!("{id}:{nonce:016x}")
 }
 
-/// The nonce of the process that published a message under id `message_id` (`None` for an id of another
-/// shape: an older build's, whose middle part is not its nonce, names no member, and gets a report to all).
-/// Read from the right, since a replica id may itself hold colons (`host:port` by default).
-pub(super) fn writer_nonce(message_id: &str) -> Option<u64> {
+/// The write published under id `message_id`: its writer's nonce and counter (`None` for an id of another
+/// shape: an older build's, whose middle part is not its nonce, names no member, gets a report to all, and
+/// counts for no acknowledgement). Read from the right, since a replica id may itself hold colons
+/// (`host:port` by default).
+pub(super) fn write_id(message_id: &str) -> Option<WriteId> {
     let mut parts = message_id.rsplitn(3, ':');
-    let (_counter, nonce, _id) = (parts.next()?, parts.next()?, parts.next()?);
+    let (counter, nonce, _id) = (parts.next()?, parts.next()?, parts.next()?);
     if nonce.len() != 16 {
         return None;
     }
-    u64::from_str_radix(nonce, 16).ok()
+    Some(WriteId {
+        writer: u64::from_str_radix(nonce, 16).ok()?,
+        counter: counter.parse().ok()?,
+    })
 }
 
 impl Replica {
@@ -397,17 +401,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_message_id_names_its_writers_nonce_whatever_the_replica_id_holds() {
+    fn a_message_id_names_its_writers_nonce_and_counter_whatever_the_replica_id_holds() {
         for id in ["r0", "gate-7:50051", "a:b:c", ""] {
             let message_id = format!("{}:{}", message_id_prefix(id, 0xfeed_0000_0000_0001), 42);
             assert_eq!(
-                writer_nonce(&message_id),
-                Some(0xfeed_0000_0000_0001),
+                write_id(&message_id),
+                Some(WriteId {
+                    writer: 0xfeed_0000_0000_0001,
+                    counter: 42
+                }),
                 "{id:?}"
             );
         }
-        assert_eq!(writer_nonce("r0:42"), None);
-        assert_eq!(writer_nonce("r0:xyz:42"), None);
-        assert_eq!(writer_nonce("r0:0000000000000zz1:42"), None);
+        assert_eq!(write_id("r0:42"), None);
+        assert_eq!(write_id("r0:xyz:42"), None);
+        assert_eq!(write_id("r0:0000000000000zz1:42"), None);
+        assert_eq!(write_id("r0:0000000000000001:x"), None);
     }
 }

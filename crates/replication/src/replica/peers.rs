@@ -66,7 +66,10 @@ impl Peers {
 
 impl Replica {
     fn heard(&self, report: AppliedReport) {
-        self.protocol().heard(report.nonce, report.seq);
+        let mut protocol = self.protocol();
+        protocol.heard(report.nonce, report.seq);
+        protocol.heard_reads(report.nonce, &report.reads);
+        drop(protocol);
         self.peers.heard(report);
         self.progress.notify_waiters();
     }

@@ -16,7 +16,7 @@ use crate::core::gate::GateError;
 use crate::core::log::Mutation;
 use crate::core::namespace::{Absence, AbsenceReport, Added, Applied, RecordOutcome, Recorded};
 use crate::core::writes::{Pending, Writes};
-use crate::protocol::Ack;
+use crate::protocol::{Ack, WriteId};
 use crate::stream::StreamError;
 
 /// How long a publish is retried (with the same message id, so it is stored once) before the write is
@@ -123,12 +123,13 @@ impl Replica {
         held: Held,
         calls: usize,
     ) -> Result<(u64, Option<Applied>), GateError> {
-        let id = self.message_id()?;
+        let (id, write) = self.message_id()?;
         let (applied_tx, applied_rx) = oneshot::channel();
         let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
         let published = self.publish_retrying(&mutation, &id).await;
         drop(held);
         let published = published?;
+        self.acknowledged(published, write);
         let acked = self.lease.now();
         let stored_at = Instant::now();
         let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
@@ -150,22 +151,31 @@ impl Replica {
                 ))
             })?;
         drop(waiting);
-        self.wait_for_replicas(published, acked, calls).await;
+        self.wait_for_replicas(published, write, acked, calls).await;
         self.metrics
             .members_wait
             .record(applied_at.elapsed().as_secs_f64());
         Ok((published, applied))
     }
 
+    /// Tells the protocol that the stream stored `write` at `seq`: what this replica reads there is checked
+    /// against it (a copy of the stream that differs stops its lease at once).
+    fn acknowledged(&self, seq: u64, write: WriteId) {
+        let mut protocol = self.protocol();
+        protocol.write_acked(seq, write);
+        self.lease.set_until(protocol.lease_until());
+    }
+
     /// Publishes `mutation` without waiting for any replica to apply it: for a step of a larger write whose
     /// last step is waited for.
     pub(crate) async fn publish_unapplied(&self, mutation: &Mutation) -> Result<(), GateError> {
-        let id = self.message_id()?;
+        let (id, _) = self.message_id()?;
         self.publish_retrying(mutation, &id).await.map(drop)
     }
 
-    /// A message id no other write of any replica uses, or `UNAVAILABLE` while NATS is unreachable.
-    fn message_id(&self) -> Result<String, GateError> {
+    /// A message id no other write of any replica uses, and the write it names; or `UNAVAILABLE` while NATS
+    /// is unreachable.
+    fn message_id(&self) -> Result<(String, WriteId), GateError> {
         if !self.stream.connected() {
             return Err(GateError::Unavailable(format!(
                 "NATS is unreachable: the write was not published to the JetStream stream {:?}; retry \
@@ -173,11 +183,12 @@ impl Replica {
                 self.stream.name()
             )));
         }
-        Ok(format!(
-            "{}:{}",
-            self.id_prefix,
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        ))
+        let counter = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let write = WriteId {
+            writer: self.nonce(),
+            counter,
+        };
+        Ok((format!("{}:{counter}", self.id_prefix), write))
     }
 
     /// Publishes with retries under one message id (a retry of a publish that was stored is dropped as a
@@ -206,16 +217,16 @@ impl Replica {
         }
     }
 
-    /// Waits until the protocol lets the write at `seq` be acknowledged: every member reported it, or the
-    /// fallback passed since its publish was acknowledged at `published_at` (then counted for the `calls`
-    /// it answers).
-    async fn wait_for_replicas(&self, seq: u64, published_at: u64, calls: usize) {
+    /// Waits until the protocol lets `write`, stored at `seq`, be acknowledged: every member reported
+    /// reading it there, or the fallback passed since its publish was acknowledged at `published_at` (then
+    /// counted for the `calls` it answers).
+    async fn wait_for_replicas(&self, seq: u64, write: WriteId, published_at: u64, calls: usize) {
         loop {
             let changed = self.progress.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
             let now = self.lease.now();
-            let until = match self.protocol().ack(seq, published_at, now) {
+            let until = match self.protocol().ack(seq, write, published_at, now) {
                 Ack::Early => return,
                 Ack::ByFallback => {
                     self.metrics.acked_by_lease.increment(calls as u64);

@@ -1,13 +1,19 @@
-//! Applied-seq reports: each replica says how far it has applied on a core NATS subject outside the
-//! stream (lossy, unordered across replicas; the protocol counts on neither).
+//! Applied-seq reports: each replica says how far it has applied, and which writes it read at which seqs,
+//! on a core NATS subject outside the stream (lossy, unordered across replicas; the protocol counts on
+//! neither).
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
 use super::{MutationStream, StreamError};
+use crate::protocol::{WriteId, WriteRead};
 
-/// The start of an applied-seq report: then the seq and the nonce (u64 LE each) and the replica id.
-const REPORT_MAGIC: &[u8; 8] = b"EXGREPT2";
+/// The start of an applied-seq report: then the seq and the nonce (u64 LE each), the number of writes read
+/// (u32 LE) and each (seq, writer nonce, counter: u64 LE each), then the replica id. A report of the
+/// previous format (`EXGREPT2`, without the writes) is not read: its writer's `Add`s wait the fallback.
+const REPORT_MAGIC: &[u8; 8] = b"EXGREPT3";
+/// Bytes per write read in a report.
+const READ_BYTES: usize = 24;
 
 /// A replica's word that it has applied the stream up to a seq.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +24,8 @@ pub struct AppliedReport {
     pub nonce: u64,
     /// The last stream seq it applied.
     pub seq: u64,
+    /// The writes it read in the batch just applied, each with its seq.
+    pub reads: Vec<WriteRead>,
 }
 
 impl MutationStream {
@@ -33,7 +41,8 @@ impl MutationStream {
     }
 
     /// Tells the replicas watching [`applied_reports`](Self::applied_reports) that `replica` has applied
-    /// the stream up to `seq`: every one of them (`to` = `None`), or only the process with nonce `to`.
+    /// the stream up to `seq`, having read `reads`: every one of them (`to` = `None`), or only the process
+    /// with nonce `to`.
     /// Flushed before it returns (the client would otherwise hold it in its write buffer while idle): a
     /// report only helps if it leaves now. Not acknowledged: a report lost in a reconnect is followed by
     /// the next one.
@@ -42,11 +51,20 @@ impl MutationStream {
         replica: &str,
         nonce: u64,
         seq: u64,
+        reads: &[WriteRead],
         to: Option<u64>,
     ) -> Result<(), StreamError> {
-        let mut payload = REPORT_MAGIC.to_vec();
+        let mut payload = Vec::with_capacity(32 + reads.len() * READ_BYTES + replica.len());
+        payload.extend_from_slice(REPORT_MAGIC);
         payload.extend_from_slice(&seq.to_le_bytes());
         payload.extend_from_slice(&nonce.to_le_bytes());
+        let count = u32::try_from(reads.len()).expect("a batch's reads fit a u32");
+        payload.extend_from_slice(&count.to_le_bytes());
+        for read in reads {
+            payload.extend_from_slice(&read.seq.to_le_bytes());
+            payload.extend_from_slice(&read.write.writer.to_le_bytes());
+            payload.extend_from_slice(&read.write.counter.to_le_bytes());
+        }
         payload.extend_from_slice(replica.as_bytes());
         let client = self.jetstream.client();
         let failed = |e: &dyn std::fmt::Display| {
@@ -96,12 +114,27 @@ impl MutationStream {
 /// A report's payload, or `None` for one this build does not read (another version's, or junk).
 fn parse_report(payload: &[u8]) -> Option<AppliedReport> {
     let rest = payload.strip_prefix(REPORT_MAGIC.as_slice())?;
-    let seq = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
-    let nonce = u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?);
-    let replica = std::str::from_utf8(rest.get(16..)?).ok()?.to_string();
+    let u64_at = |at: usize| Some(u64::from_le_bytes(rest.get(at..at + 8)?.try_into().ok()?));
+    let (seq, nonce) = (u64_at(0)?, u64_at(8)?);
+    let count = u32::from_le_bytes(rest.get(16..20)?.try_into().ok()?) as usize;
+    let names_at = count.checked_mul(READ_BYTES)?.checked_add(20)?;
+    let reads = (0..count)
+        .map(|i| {
+            let at = 20 + i * READ_BYTES;
+            Some(WriteRead {
+                seq: u64_at(at)?,
+                write: WriteId {
+                    writer: u64_at(at + 8)?,
+                    counter: u64_at(at + 16)?,
+                },
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let replica = std::str::from_utf8(rest.get(names_at..)?).ok()?.to_string();
     Some(AppliedReport {
         replica,
         nonce,
         seq,
+        reads,
     })
 }
