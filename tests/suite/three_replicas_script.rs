@@ -32,6 +32,42 @@ fn start(dir: &std::path::Path, nats: &std::path::Path, base: u16) -> Child {
         .expect("bash runs the script")
 }
 
+/// Offsets from the port base of the nine ports the script's servers listen on.
+const PORT_OFFSETS: [u16; 9] = [0, 1, 2, 100, 101, 102, 200, 201, 202];
+
+/// A port base whose nine ports are free now, taken below the ephemeral range, where the other tests'
+/// servers and connections take theirs (a base from `free_port` itself lands in it, and one of its nine
+/// ports was in use now and then when the whole suite ran).
+fn free_base() -> u16 {
+    loop {
+        let base = 20_000 + common::free_port() % 10_000;
+        let free = PORT_OFFSETS
+            .iter()
+            .all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok());
+        if free {
+            return base;
+        }
+    }
+}
+
+/// The last lines of every log the script left in `dir`: why a server or replica exited.
+fn log_tails(dir: &std::path::Path) -> String {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return String::new();
+    };
+    let mut tails = String::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|ext| ext == "log") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(5)..].join("\n");
+            tails.push_str(&format!("\n--- {}:\n{tail}", path.display()));
+        }
+    }
+    tails
+}
+
 /// The script's stdout, line by line.
 type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
 
@@ -77,23 +113,25 @@ async fn the_three_replicas_script_starts_replicas_that_all_serve_and_stops_them
     let Some(nats) = common::nats::binary() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    // Nine ports from a base: a base whose ports another process holds makes a server exit, which the
-    // script reports; another base is then tried.
+    let temp = tempfile::tempdir().unwrap();
+    // Nine ports from a base: a base whose ports another process took meanwhile makes a server exit, which
+    // the script reports; another base is then tried, in a directory of its own (a cluster's stores are
+    // not reused on other ports).
     let mut attempts = Vec::new();
-    let (mut script, said, mut rest) = loop {
-        let base = common::free_port().clamp(1_024, 65_000);
-        let mut script = start(dir.path(), &nats, base);
+    let (dir, mut script, said, mut rest) = loop {
+        let dir = temp.path().join(format!("attempt-{}", attempts.len()));
+        std::fs::create_dir(&dir).unwrap();
+        let mut script = start(&dir, &nats, free_base());
         match until_serving(&mut script).await {
-            Ok((said, rest)) => break (script, said, rest),
-            Err(why) if attempts.len() < 2 => attempts.push(why),
-            Err(why) => panic!("three attempts failed: {attempts:?} {why}"),
+            Ok((said, rest)) => break (dir, script, said, rest),
+            Err(why) => attempts.push(format!("{why}{}", log_tails(&dir))),
         }
+        assert!(attempts.len() < 3, "three attempts failed: {attempts:#?}");
     };
     let addresses: Vec<String> = (0..3).map(|r| grpc_address(&said, r)).collect();
     for replica in 0..3 {
         assert!(
-            dir.path().join(format!("r{replica}")).join("LOCK").exists(),
+            dir.join(format!("r{replica}")).join("LOCK").exists(),
             "r{replica}'s data directory"
         );
     }
