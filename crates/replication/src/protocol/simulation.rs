@@ -156,9 +156,10 @@ struct Process {
     holds: BTreeMap<u64, u64>,
     /// Its writes so far.
     counter: u64,
-    /// The first seq at which it read a message only a diverged copy holds. It then never reads another
-    /// copy: a reader whose copy comes back into line with the quorum's between its barriers is what the
-    /// checks do not catch (README, "What is checked of JetStream").
+    /// The first seq at which it read something else than the quorum holds there (a message only a diverged
+    /// copy holds, or the quorum's at another seq). It then never reads another copy: a reader whose copy
+    /// comes back into line with the quorum's between its barriers is what the checks do not catch (README,
+    /// "What is checked of JetStream").
     tainted_from: Option<u64>,
     /// Incarnations seen so far: new ones draw nonces from this.
     nonces: u64,
@@ -813,7 +814,7 @@ impl Sim {
             let (entry, quorum_seq) = self.entry_at(server, seq);
             let entry = entry.clone();
             let p = &mut self.procs[r];
-            if quorum_seq.is_none() {
+            if quorum_seq != Some(seq) {
                 p.tainted_from.get_or_insert(seq);
             }
             let record = match entry {
@@ -1098,6 +1099,8 @@ impl Sim {
                 let when = self.now + self.rng.random_range(5 * MS..60 * MS);
                 self.at(when, Event::Heal);
             }
+            // A replica that read a diverged copy stays on it (see `tainted_from`): it stops gracefully
+            // instead, below.
             5 if self.procs[r].tainted_from.is_none() => {
                 let server = self.rng.random_range(0..SERVERS);
                 self.note(|| format!("r{r} reconnects to server {server}"));

@@ -9,9 +9,12 @@ use super::{MutationStream, StreamError};
 use crate::protocol::{WriteId, WriteRead};
 
 /// The start of an applied-seq report: then the seq and the nonce (u64 LE each), the number of writes read
-/// (u32 LE) and each (seq, writer nonce, counter: u64 LE each), then the replica id. A report of the
-/// previous format (`EXGREPT2`, without the writes) is not read: its writer's `Add`s wait the fallback.
+/// (u32 LE) and each (seq, writer nonce, counter: u64 LE each), then the replica id.
 const REPORT_MAGIC: &[u8; 8] = b"EXGREPT3";
+/// The previous release's reports: the seq and the nonce, then the replica id, and no writes read. Read
+/// still, as how far that replica applied (what purges wait for); they count for no acknowledgement, so
+/// during a rolling upgrade each `Add` waits the fallback for the older replicas.
+const REPORT_MAGIC_WITHOUT_READS: &[u8; 8] = b"EXGREPT2";
 /// Bytes per write read in a report.
 const READ_BYTES: usize = 24;
 
@@ -113,6 +116,14 @@ impl MutationStream {
 
 /// A report's payload, or `None` for one this build does not read (another version's, or junk).
 fn parse_report(payload: &[u8]) -> Option<AppliedReport> {
+    if let Some(rest) = payload.strip_prefix(REPORT_MAGIC_WITHOUT_READS.as_slice()) {
+        return Some(AppliedReport {
+            seq: u64::from_le_bytes(rest.get(..8)?.try_into().ok()?),
+            nonce: u64::from_le_bytes(rest.get(8..16)?.try_into().ok()?),
+            replica: std::str::from_utf8(rest.get(16..)?).ok()?.to_string(),
+            reads: Vec::new(),
+        });
+    }
     let rest = payload.strip_prefix(REPORT_MAGIC.as_slice())?;
     let u64_at = |at: usize| Some(u64::from_le_bytes(rest.get(at..at + 8)?.try_into().ok()?));
     let (seq, nonce) = (u64_at(0)?, u64_at(8)?);
@@ -137,4 +148,48 @@ fn parse_report(payload: &[u8]) -> Option<AppliedReport> {
         seq,
         reads,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_reads_back_with_its_writes_and_the_previous_releases_without() {
+        let mut current = REPORT_MAGIC.to_vec();
+        for word in [9u64, 2] {
+            current.extend_from_slice(&word.to_le_bytes());
+        }
+        current.extend_from_slice(&1u32.to_le_bytes());
+        for word in [8u64, 1, 5] {
+            current.extend_from_slice(&word.to_le_bytes());
+        }
+        current.extend_from_slice(b"gate:50051");
+        let read = WriteRead {
+            seq: 8,
+            write: WriteId {
+                writer: 1,
+                counter: 5,
+            },
+        };
+        assert_eq!(
+            parse_report(&current),
+            Some(AppliedReport {
+                replica: "gate:50051".into(),
+                nonce: 2,
+                seq: 9,
+                reads: vec![read],
+            })
+        );
+        assert_eq!(parse_report(&current[..40]), None, "a write cut short");
+        let mut previous = REPORT_MAGIC_WITHOUT_READS.to_vec();
+        for word in [9u64, 2] {
+            previous.extend_from_slice(&word.to_le_bytes());
+        }
+        previous.extend_from_slice(b"old");
+        assert_eq!(
+            parse_report(&previous).map(|r| (r.seq, r.nonce, r.reads.len())),
+            Some((9, 2, 0))
+        );
+    }
 }
