@@ -10,7 +10,7 @@ use super::ServerError;
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::replication::replica::{Replica, ReplicaOptions};
-use crate::replication::replica_snapshots::{ReplicaSnapshots, Sharing};
+use crate::replication::replica_snapshots::{Origin, ReplicaSnapshots, Sharing};
 use crate::replication::snapshot_store::SnapshotStore;
 use crate::replication::stream::{MutationStream, StreamError, StreamOptions};
 use crate::service::lifecycle::Lifecycle;
@@ -93,7 +93,11 @@ impl Replicated {
             "state loaded; applying the stream after it"
         );
         metrics::gauge!("existence_replica_start_seq").set(covered as f64);
-        if let Err(error) = replica.start_after(covered).await {
+        let last_read = match origin {
+            Origin::Local(_, last_read) => last_read,
+            Origin::Shared(_) | Origin::Empty => None,
+        };
+        if let Err(error) = replica.start_after(covered, last_read).await {
             return lifecycle.fail(format!(
                 "cannot read the replicas' membership from the stream: {error}; restart when NATS is reachable"
             ));
@@ -110,7 +114,9 @@ impl Replicated {
     }
 }
 
-/// Every snapshot interval: a local snapshot covering what the replica had applied, shared by one replica.
+/// Every snapshot interval: a local snapshot covering what the replica had applied, shared by one replica
+/// — until the replica finds it read a diverged copy of the stream: then its snapshots are removed (a
+/// restart loads the shared one, or reads the stream from its start), and it takes no more.
 async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutdown) {
     let namespaces: Vec<String> = gate
         .namespaces()
@@ -123,18 +129,24 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
     let mut ticks = tokio::time::interval(replicated.snapshot_interval);
     ticks.tick().await;
     let mut last = 0;
+    let replica = &replicated.replica;
     loop {
         tokio::select! {
             () = shutdown.wait() => return,
+            () = replica.diverged() => return replicated.snapshots.discard_local().await,
             _ = ticks.tick() => {}
         }
-        let replica = &replicated.replica;
         if replica.applied_seq() == last || !gate.is_ready() {
             continue;
         }
-        let exporter = Arc::clone(&gate);
+        let (exporter, reader) = (Arc::clone(&gate), Arc::clone(replica));
         let cut = replica
-            .while_still(move |applied| exporter.export_detached().map(|images| (applied, images)))
+            .while_still(move |applied| {
+                let last_read = reader.last_read();
+                exporter
+                    .export_detached()
+                    .map(|images| (applied, last_read, images))
+            })
             .await;
         let share = replica.shares_snapshots().then(|| Sharing {
             stream: replica.stream(),
@@ -142,11 +154,11 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
             applied_everywhere: replica.applied_everywhere(purge_horizon),
         });
         let taken = match cut.and_then(|cut| cut) {
-            Ok((covered, images)) => {
+            Ok((covered, last_read, images)) => {
                 last = covered;
                 replicated
                     .snapshots
-                    .take(covered, images, gate.hash_check(), share)
+                    .take(covered, last_read, images, gate.hash_check(), share)
                     .await
             }
             Err(error) => Err(error),

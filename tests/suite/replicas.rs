@@ -1053,6 +1053,91 @@ async fn junk_on_the_stream_is_passed_over_alike_and_writes_go_on() {
     agreed_digests(&all).await;
 }
 
+/// A consumer created again may read another server's copy of the stream, so the replica follows again
+/// from the message it read last and reads on only once the new consumer delivers that very message
+/// (`protocol::copy`): here a sound copy lets it go on; then, with that message deleted, it cannot check the
+/// copy and stops, saying why, instead of reading on from a history it cannot vouch for.
+#[tokio::test]
+async fn a_new_consumer_must_deliver_the_message_read_last_before_the_replica_reads_on() {
+    let Some((nats, _dir, replicas)) = deployment(1).await else {
+        return;
+    };
+    let replica = &replicas[0];
+    let jetstream =
+        async_nats::jetstream::new(async_nats::connect(nats.url.as_str()).await.unwrap());
+    let stream = jetstream.get_stream("existence").await.unwrap();
+    let junk = async || {
+        jetstream
+            .publish("existence.users", bytes::Bytes::from_static(&[0xA5; 32]))
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .sequence
+    };
+    let refollows = async || {
+        replica
+            .metric("existence_replica_stream_read_failures_total")
+            .await
+    };
+    // A sound copy: the new consumer delivers the message read last, and the replica reads on.
+    add(replica, "users", &["before-the-new-consumer"]).await;
+    let before = refollows().await;
+    delete_consumers(&stream).await;
+    let next = junk().await;
+    wait_until(
+        PATIENCE,
+        "the junk after the new consumer to be applied",
+        async || {
+            (replica.metric("existence_replica_applied_seq").await as u64 >= next).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        refollows().await > before,
+        "the new consumer was followed again"
+    );
+    assert_eq!(replica.readiness().await.0, 200);
+    let seq = add(replica, "users", &["after-the-new-consumer"]).await;
+    let (answer, _, observed) = replica
+        .leased_lookup("users", b"after-the-new-consumer")
+        .await;
+    assert_eq!(answer, Answer::MayExist);
+    assert!(observed >= seq);
+    // The message read last deleted (with everything from what it had applied to the stream's end, while
+    // it is stopped, so that whatever it read last is among them): nothing to check the copy against.
+    let applied = replica.metric("existence_replica_applied_seq").await as u64;
+    replica.signal("STOP");
+    for seq in applied..=stream_last_seq(&nats).await {
+        stream.delete_message(seq).await.unwrap();
+    }
+    delete_consumers(&stream).await;
+    replica.signal("CONT");
+    junk().await;
+    let (status, why) = wait_until(PATIENCE, "the replica to stop", async || {
+        let (status, why) = replica.readiness().await;
+        why.contains("no longer holds seq").then_some((status, why))
+    })
+    .await;
+    assert_eq!(status, 503, "{why}");
+    let (answer, basis, _) = replica.lookup("users", b"never-added").await;
+    assert_eq!((answer, basis), (Answer::MayExist, Basis::Warming));
+}
+
+/// Deletes every consumer of `stream` (the replicas' ordered consumers): their clients create them again.
+async fn delete_consumers(stream: &async_nats::jetstream::stream::Stream) {
+    use futures_util::StreamExt;
+    let names: Vec<String> = stream
+        .consumer_names()
+        .map(|name| name.unwrap())
+        .collect()
+        .await;
+    assert!(!names.is_empty(), "the replica follows the stream");
+    for name in names {
+        stream.delete_consumer(&name).await.unwrap();
+    }
+}
+
 /// A member that died without leaving makes every `Add` wait the fallback; an operator's removal (through any
 /// replica) ends that, an unknown id is `NOT_FOUND`, and a replica stopped gracefully leaves by itself.
 #[tokio::test]

@@ -18,12 +18,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::protocol::copy::MessageDigest;
 use super::snapshot_store::SnapshotStore;
 use super::stream::MutationStream;
 use crate::core::gate::Gate;
 use crate::core::namespace::NamespaceImage;
 use crate::storage::snapshot;
-use crate::storage::DataDir;
+use crate::storage::{DataDir, PersistenceError};
 
 /// Snapshots kept in the bucket: the newest, and one before it for a replica still downloading that one
 /// while a newer one is shared.
@@ -36,8 +37,10 @@ const DOWNLOAD_ATTEMPTS: u32 = 3;
 pub enum Origin {
     /// No snapshot: the stream from its start.
     Empty,
-    /// The replica's own data directory.
-    Local(PathBuf),
+    /// The replica's own data directory, and the message the replica had read last when it wrote it (seq
+    /// and digest; `None` for a snapshot of an earlier release): the first follow checks the copy it reads
+    /// against it ([`copy`](crate::protocol::copy)).
+    Local(PathBuf, Option<(u64, MessageDigest)>),
     /// The shared bucket (downloaded).
     Shared(u64),
 }
@@ -89,8 +92,9 @@ impl ReplicaSnapshots {
                 Ok((seq, Origin::Shared(seq)))
             }
             (Some((seq, path)), _) => {
+                let last_read = read_last(&path)?;
                 self.restore(gate, &path).await?;
-                Ok((seq, Origin::Local(path)))
+                Ok((seq, Origin::Local(path, last_read)))
             }
             (None, _) => Ok((0, Origin::Empty)),
         }
@@ -171,14 +175,40 @@ impl ReplicaSnapshots {
         .map_err(|panic| format!("restoring the snapshot failed: {panic}"))?
     }
 
+    /// Removes every local snapshot: they may hold a history that is not the stream's (the replica read a
+    /// diverged copy of it), and a restart must not load it. Failing, it says which file to remove.
+    pub async fn discard_local(&self) {
+        let Some(dir) = self.dir.as_ref().map(Arc::clone) else {
+            return;
+        };
+        let removed = tokio::task::spawn_blocking(move || {
+            crate::storage::remove_older_snapshots(dir.path(), u64::MAX)
+        })
+        .await;
+        match removed {
+            Ok(Ok(())) => tracing::error!(
+                "this replica's snapshots were removed: it read a copy of the stream that is not the \
+                 quorum's, and they may hold it"
+            ),
+            Ok(Err(error)) => tracing::error!(
+                %error,
+                "this replica read a copy of the stream that is not the quorum's; remove its snapshots \
+                 (snapshot-*.snap in its data directory) before restarting it"
+            ),
+            Err(panic) => tracing::error!(%panic, "removing this replica's snapshots failed"),
+        }
+    }
+
     /// Writes a local snapshot of `images` (every namespace exactly as of stream seq `covered`, see
-    /// [`Gate::export_detached`]), removing older local ones; if `share`, uploads it, keeps the newest
+    /// [`Gate::export_detached`]) with the message read last then (`last_read`, see [`Origin::Local`]),
+    /// removing older local ones; if `share`, uploads it, keeps the newest
     /// [`KEEP`] in the bucket and purges the stream below the oldest kept — or below what the slowest
     /// replica heard from has applied, if that is less: a live replica must never find a gap. Returns the
     /// seq below which the stream was purged, if it was.
     pub async fn take(
         &self,
         covered: u64,
+        last_read: Option<(u64, MessageDigest)>,
         images: Vec<NamespaceImage>,
         hash_check: u64,
         share: Option<Sharing<'_>>,
@@ -189,8 +219,12 @@ impl ReplicaSnapshots {
         let (writer_dir, seed) = (Arc::clone(dir), self.seed);
         let written = tokio::task::spawn_blocking(move || {
             let dir = writer_dir.path();
+            // Before the snapshot: a snapshot in place always has the record of what was read last.
+            if let Some(last_read) = last_read {
+                write_last_read(dir, covered, last_read)?;
+            }
             let written = snapshot::write_images(dir, covered, images, hash_check, seed)?;
-            crate::storage::remove_older_snapshots(writer_dir.path(), covered)?;
+            crate::storage::remove_older_snapshots(dir, covered)?;
             Ok::<_, crate::storage::PersistenceError>(written)
         })
         .await
@@ -207,7 +241,9 @@ impl ReplicaSnapshots {
             .share(covered, &written.path, KEEP)
             .await
             .map_err(|e| e.to_string())?;
-        let below = oldest.min(sharing.applied_everywhere) + 1;
+        // The message each replica read last stays: following again, a replica's new consumer starts there,
+        // to check the copy it reads (`protocol::copy`).
+        let below = (oldest + 1).min(sharing.applied_everywhere);
         let mut purged = 0;
         for namespace in &sharing.namespaces {
             purged += sharing
@@ -230,5 +266,80 @@ impl ReplicaSnapshots {
             "snapshot shared"
         );
         Ok(Some(below))
+    }
+}
+
+/// Where the message read last is recorded beside the local snapshot covering `covered`.
+fn last_read_path(dir: &Path, covered: u64) -> PathBuf {
+    snapshot::snapshot_path(dir, covered).with_extension("read")
+}
+
+/// Records `(seq, digest)` of the message read last beside the snapshot covering `covered`, as one line
+/// `<seq> <digest, 16 hex digits>`, written whole (a temporary file renamed into place).
+fn write_last_read(
+    dir: &Path,
+    covered: u64,
+    (seq, digest): (u64, MessageDigest),
+) -> Result<(), PersistenceError> {
+    let path = last_read_path(dir, covered);
+    let temp = path.with_extension("read.tmp");
+    std::fs::write(&temp, format!("{seq} {digest:016x}\n"))
+        .map_err(|e| PersistenceError::io(&temp, "write", e))?;
+    std::fs::rename(&temp, &path).map_err(|e| PersistenceError::io(&path, "rename", e))
+}
+
+/// The message read last recorded beside the local snapshot at `snapshot` (`None` if none is: a snapshot
+/// of an earlier release); an unreadable record is an error naming the file and the remedy.
+fn read_last(snapshot: &Path) -> Result<Option<(u64, MessageDigest)>, String> {
+    let path = snapshot.with_extension("read");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let parsed = text.trim_end().split_once(' ').and_then(|(seq, digest)| {
+        Some((
+            seq.parse().ok()?,
+            MessageDigest::from_str_radix(digest, 16).ok()?,
+        ))
+    });
+    parsed.map(Some).ok_or_else(|| {
+        format!(
+            "{} does not hold `<seq> <digest>` (it records the message this replica read last); remove it and \
+             {} to start from the shared snapshot or the stream",
+            path.display(),
+            snapshot.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_read_last_is_found_beside_its_snapshot_and_goes_with_it() {
+        let dir = std::env::temp_dir().join(format!("read-last-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let snapshot = snapshot::snapshot_path(&dir, 40);
+        assert_eq!(
+            read_last(&snapshot),
+            Ok(None),
+            "a snapshot of an earlier release"
+        );
+        write_last_read(&dir, 40, (39, 0x0123_4567_89ab_cdef)).unwrap();
+        assert_eq!(read_last(&snapshot), Ok(Some((39, 0x0123_4567_89ab_cdef))));
+        std::fs::write(last_read_path(&dir, 40), "39\n").unwrap();
+        let error = read_last(&snapshot).unwrap_err();
+        assert!(
+            error.contains("snapshot-00000000000000000040.read"),
+            "{error}"
+        );
+        crate::storage::remove_older_snapshots(&dir, 41).unwrap();
+        assert!(
+            !last_read_path(&dir, 40).exists(),
+            "removed with its snapshot"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -109,7 +109,9 @@ impl Snapshotter {
     }
 }
 
-/// Removes the snapshots in `dir` older than the one covering `covered`, and fsyncs the directory.
+/// Removes the snapshots in `dir` older than the one covering `covered` — with every file named after one
+/// (`snapshot-<covered>.<anything>`: a temporary file a crash left, the replicated mode's record of the
+/// message read last) — and fsyncs the directory.
 pub fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), PersistenceError> {
     for entry in std::fs::read_dir(dir)
         .map_err(|e| PersistenceError::io(dir, "list", e))?
@@ -118,8 +120,8 @@ pub fn remove_older_snapshots(dir: &Path, covered: u64) -> Result<(), Persistenc
         let name = entry.file_name().to_string_lossy().into_owned();
         let older = name
             .strip_prefix("snapshot-")
-            .and_then(|rest| rest.strip_suffix(".snap"))
-            .and_then(|n| n.parse::<u64>().ok())
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(n, _)| n.parse::<u64>().ok())
             .is_some_and(|n| n < covered);
         if older {
             std::fs::remove_file(entry.path())

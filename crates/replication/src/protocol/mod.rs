@@ -70,6 +70,7 @@
 //! is displaced by its restart, or is removed by an operator. A replica without a lease answers `MAY_EXIST`
 //! + `WARMING`: callers read the source, never a wrong `ABSENT`.
 
+pub mod copy;
 pub mod gap;
 pub mod membership;
 #[cfg(test)]
@@ -299,6 +300,13 @@ impl Protocol {
     /// acknowledged barrier of its own was not what it read there. It takes no lease from then on.
     pub fn diverged(&self) -> Option<u64> {
         self.diverged
+    }
+
+    /// The copy of the stream its consumer now reads (a new consumer, maybe on another server) holds
+    /// something else at `seq` than what this process read there: what it applied is no one copy's
+    /// history, and may lack messages of the quorum's. It takes no lease from then on.
+    pub fn copy_differs(&mut self, seq: u64) {
+        self.diverge(seq);
     }
 
     /// Whether it may answer `ABSENT` at `now`.
@@ -768,6 +776,29 @@ mod tests {
         passed.pass_over(6);
         passed.write_acked(5, write(1));
         assert_eq!(passed.diverged(), None, "nothing was read there");
+    }
+
+    /// `r`'s barrier sent at `sent_at`, acknowledged at `seq` a millisecond later and read there as sent.
+    fn barrier_read_as_sent(r: &mut Protocol, sent_at: Nanos, seq: u64) {
+        r.barrier_acked(sent_at, seq, sent_at + MS);
+        r.read_own_barrier(seq, sent_at);
+        r.apply(seq, None, sent_at + MS);
+        r.settle(sent_at + MS);
+    }
+
+    #[test]
+    fn a_copy_that_differs_from_what_was_read_ends_the_lease_for_good() {
+        let mut r = member();
+        barrier_read_as_sent(&mut r, 10 * MS, 4);
+        assert!(r.may_answer_absent(12 * MS));
+        r.copy_differs(4);
+        assert!(!r.may_answer_absent(12 * MS));
+        assert_eq!(r.diverged(), Some(4));
+        barrier_read_as_sent(&mut r, 20 * MS, 5);
+        assert!(
+            !r.may_answer_absent(22 * MS),
+            "no lease from this history again"
+        );
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //! through a server in the quorum — a server cut off keeps serving its stale prefix to the replicas on it,
 //! as an isolated leader does, and at times also stores what is published through it, unacknowledged, and
 //! after the partition heals goes on with the quorum's messages that many seqs off (as nats-server 2.9.10
-//! did; its readers stay on it) —; reports on a bus that loses, delays without bound, duplicates and reorders
+//! did) —; replicas moving between servers' copies, each new consumer checked against the message read
+//! last ([`copy`](super::copy)), restarts from a replica's own snapshot checked likewise against the message
+//! it records; reports on a bus that loses, delays without bound, duplicates and reorders
 //! them, with routes between pairs of replicas going silent (non-transitive partitions); pauses, crashes,
-//! restarts from a snapshot or wiped, graceful leaves, operators' removals, replicas moving between servers,
+//! restarts from a snapshot or wiped, graceful leaves, operators' removals,
 //! and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
 //! junk an operator deleted (gone for good), messages purged below a shared snapshot (named first in the
 //! snapshots' index), or messages the consumer lost (still held) — judged, as the applier does, from the
@@ -23,6 +25,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::copy::{self, CopyCheck, MessageDigest};
 use super::*;
 
 const US: u64 = 1_000;
@@ -156,11 +159,14 @@ struct Process {
     holds: BTreeMap<u64, u64>,
     /// Its writes so far.
     counter: u64,
-    /// The first seq at which it read something else than the quorum holds there (a message only a diverged
-    /// copy holds, or the quorum's at another seq). It then never reads another copy: a reader whose copy
-    /// comes back into line with the quorum's between its barriers is what the checks do not catch (README,
-    /// "What is checked of JetStream").
-    tainted_from: Option<u64>,
+    /// The last message this incarnation read: the seq it read it at, and the message's digest.
+    last_read: Option<(u64, MessageDigest)>,
+    /// Set when it moves to another server's copy: the message it must find there first, as the applier
+    /// checks a new consumer ([`copy`](super::copy)).
+    verifying: Option<(u64, MessageDigest)>,
+    /// The digest of each message its state holds, by the seq it read it at: its own snapshot records the
+    /// last of them, which a restart from it checks the copy against.
+    read: BTreeMap<u64, MessageDigest>,
     /// Incarnations seen so far: new ones draw nonces from this.
     nonces: u64,
 }
@@ -261,7 +267,9 @@ impl Sim {
                     loses_next: false,
                     holds: BTreeMap::new(),
                     counter: 0,
-                    tainted_from: None,
+                    last_read: None,
+                    verifying: None,
+                    read: BTreeMap::new(),
                     nonces: 0,
                 }
             })
@@ -804,6 +812,9 @@ impl Sim {
     }
 
     fn deliver(&mut self, r: usize, local: Nanos) {
+        if !self.verified(r, local) {
+            return;
+        }
         let (seqs, gap) = self.delivery(r);
         if seqs.is_empty() && gap.is_none() {
             return;
@@ -813,10 +824,10 @@ impl Sim {
         for seq in seqs {
             let (entry, quorum_seq) = self.entry_at(server, seq);
             let entry = entry.clone();
+            let digest = self.digest(server, seq);
             let p = &mut self.procs[r];
-            if quorum_seq != Some(seq) {
-                p.tainted_from.get_or_insert(seq);
-            }
+            p.last_read = Some((seq, digest));
+            p.read.insert(seq, digest);
             let record = match entry {
                 Entry::Record(record) => Some(record),
                 Entry::Add { writer, counter } => {
@@ -855,6 +866,46 @@ impl Sim {
         }
         self.join_if_caught_up(r, local);
         self.check_writes(r, local);
+    }
+
+    /// As the applier checks a new consumer ([`copy::check`]): whether replica `r`, moved to another
+    /// server, may read on. Until that server holds a message at or after the seq read last, it waits.
+    fn verified(&mut self, r: usize, local: Nanos) -> bool {
+        let Some((seq, digest)) = self.procs[r].verifying else {
+            return true;
+        };
+        let server = self.procs[r].server;
+        let Some(first) = self.next_held(server, seq) else {
+            return false;
+        };
+        self.procs[r].verifying = None;
+        let verdict = copy::check((seq, digest), (first, self.digest(server, first)));
+        self.note(|| format!("r{r} checks server {server}'s copy at seq {seq}: {verdict:?}"));
+        match verdict {
+            CopyCheck::Same => true,
+            CopyCheck::Differs => {
+                let p = &mut self.procs[r].proto;
+                p.copy_differs(seq);
+                p.settle(local);
+                true
+            }
+            CopyCheck::Gone => {
+                // It stops; an operator restarts it.
+                self.crash(r);
+                let when = self.now + self.rng.random_range(MS..40 * MS);
+                self.at(when, Event::Restart(r));
+                false
+            }
+        }
+    }
+
+    /// The digest of the message `server` holds at `seq`: the quorum's seq of it, or, for a message only
+    /// that server stored, a value no other message has.
+    fn digest(&self, server: usize, seq: u64) -> MessageDigest {
+        match self.entry_at(server, seq).1 {
+            Some(quorum_seq) => quorum_seq,
+            None => (1 << 63) | ((server as u64) << 40) | seq,
+        }
     }
 
     /// As the applier does: asks the server that believes it leads (the stale one, at times) for the first
@@ -1099,12 +1150,14 @@ impl Sim {
                 let when = self.now + self.rng.random_range(5 * MS..60 * MS);
                 self.at(when, Event::Heal);
             }
-            // A replica that read a diverged copy stays on it (see `tainted_from`): it stops gracefully
-            // instead, below.
-            5 if self.procs[r].tainted_from.is_none() => {
+            5 => {
                 let server = self.rng.random_range(0..SERVERS);
                 self.note(|| format!("r{r} reconnects to server {server}"));
-                self.procs[r].server = server;
+                let p = &mut self.procs[r];
+                if server != p.server {
+                    p.verifying = p.last_read;
+                }
+                p.server = server;
             }
             6 => {
                 let via = (r + 1) % n;
@@ -1148,7 +1201,9 @@ impl Sim {
     fn restart(&mut self, r: usize) {
         let wiped = self.rng.random_bool(0.3);
         let p = &self.procs[r];
-        let own = if wiped {
+        // A replica that found its copy diverged discarded its own snapshots (they may hold that copy's
+        // messages).
+        let own = if wiped || p.proto.diverged().is_some() {
             0
         } else {
             self.rng.random_range(0..=p.proto.applied())
@@ -1185,8 +1240,15 @@ impl Sim {
         );
         p.proto.start_after(covered, members);
         p.holds = holds;
-        // What it read of a diverged copy is gone if its state starts below it.
-        p.tainted_from = p.tainted_from.filter(|from| *from <= own && own >= shared);
+        // From its own snapshot, its first consumer must deliver the message read last that the snapshot
+        // records; a shared snapshot is taken to be the quorum's history.
+        if own >= shared {
+            p.read.retain(|seq, _| *seq <= own);
+        } else {
+            p.read.clear();
+        }
+        p.last_read = p.read.last_key_value().map(|(seq, digest)| (*seq, *digest));
+        p.verifying = p.last_read;
         p.alive = true;
         p.paused_until = 0;
         p.barrier_sent = None;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::{write_id, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use crate::protocol::copy::{self, CopyCheck, MessageDigest};
 use crate::protocol::gap::{self, Gap};
 use crate::protocol::{Recipients, WriteRead};
 use crate::snapshot_store::IndexRead;
@@ -56,9 +57,12 @@ impl Replica {
         }
     }
 
-    /// Follows the stream after the applied seq until it ends or fails.
+    /// Follows the stream after the applied seq until it ends or fails — from the message read last, if
+    /// this process has read one, which the new consumer must deliver first ([`copy`]).
     async fn follow_once(&self) -> Result<(), StreamError> {
-        let follow = self.stream.follow(self.applied_seq()).await?;
+        let mut last_read = self.last_read();
+        let after = last_read.map_or(self.applied_seq(), |(seq, _)| seq - 1);
+        let follow = self.stream.follow(after).await?;
         let mut batches = std::pin::pin!(follow.ready_chunks(APPLY_BATCH));
         loop {
             let batch = match tokio::time::timeout(STALL, batches.next()).await {
@@ -69,6 +73,9 @@ impl Replica {
                     continue;
                 }
             };
+            if let (Some(last_read), Some(Ok(first))) = (last_read.take(), batch.first()) {
+                self.check_copy(last_read, first)?;
+            }
             let mut reads = writes_read(&batch);
             let applying = self.applying.lock().await;
             let gap = self.apply_in_order(batch)?;
@@ -109,14 +116,43 @@ impl Replica {
             return Ok(());
         };
         Err(StreamError::Setup(format!(
-            "this replica's lease barrier was acknowledged at seq {seq} of the JetStream stream {:?}, but what \
-             its consumer delivered at seq {seq} is something else: the NATS server it reads from holds a copy \
-             of the stream that differs from the quorum's (seen with nats-server 2.9.10 after a stream leader \
-             was cut off). It answers no ABSENT from that copy. Check the stream's replicas on each server (`nats \
+            "what this replica read at seq {seq} of the JetStream stream {:?} is not what the quorum stored \
+             there (one of its own barriers, writes or joins was acknowledged at that seq but it read something \
+             else, or a new consumer's copy holds another message there than the one it read): a NATS server \
+             it read from holds a copy of the stream that differs from the quorum's (seen with nats-server \
+             2.9.10 after a stream leader was cut off). It answers no ABSENT from that history, and has \
+             discarded its own snapshots, which may hold it. Check the stream's replicas on each server (`nats \
              stream info`), remove the divergent one (`nats stream cluster peer-remove`), then restart this \
              replica",
             self.stream.name()
         )))
+    }
+
+    /// Checks the copy a new consumer reads by its first message, `first`, against the message read last
+    /// ([`copy::check`]): another message there is a divergence (no lease from this history, ever; the
+    /// applier stops); the message gone leaves nothing to compare, and the applier stops too.
+    fn check_copy(
+        &self,
+        last_read: (u64, MessageDigest),
+        first: &Streamed,
+    ) -> Result<(), StreamError> {
+        match copy::check(last_read, (first.seq, first.digest)) {
+            CopyCheck::Same => Ok(()),
+            CopyCheck::Differs => {
+                self.protocol().copy_differs(last_read.0);
+                self.settle();
+                self.check_not_diverged()
+            }
+            CopyCheck::Gone => Err(StreamError::Setup(format!(
+                "the copy of the JetStream stream {:?} that this replica's new consumer reads no longer holds \
+                 seq {}, the message it read last (deleted, or purged below a shared snapshot since), and \
+                 starts at seq {}: whether that copy's history is the one applied cannot be checked. It \
+                 answers no ABSENT; restart it (it loads the newest snapshot)",
+                self.stream.name(),
+                last_read.0,
+                first.seq
+            ))),
+        }
     }
 
     /// Applies `batch` in order; stops at a gap in stream seqs, returning the seqs missing (first, last).
@@ -228,6 +264,7 @@ impl Replica {
         protocol.apply(read.seq, read.member.as_ref(), self.lease.now());
         self.lease.set_until(protocol.lease_until());
         drop(protocol);
+        *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = Some((read.seq, read.digest));
         self.applied.send_replace(read.seq);
         if let Some(waiter) = read.id.and_then(|id| {
             self.waiting

@@ -46,6 +46,7 @@ use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use tokio::sync::{oneshot, watch, Notify};
 
 use self::peers::Peers;
+use super::protocol::copy::MessageDigest;
 use super::protocol::{Incarnation, MemberRecord, Protocol, Timing, WriteId};
 use super::stream::{MutationStream, StreamError};
 use crate::core::gate::{Gate, GateError};
@@ -181,6 +182,8 @@ pub struct Replica {
     id_prefix: String,
     next_id: AtomicU64,
     stopped: Mutex<Option<String>>,
+    /// The message this process read last, by seq and digest: a new consumer must find it first.
+    last_read: Mutex<Option<(u64, MessageDigest)>>,
     /// Since when the lease has not held (`None` while it holds).
     lease_lost_at: Mutex<Option<Instant>>,
     /// Held while a batch is applied: a snapshot holding it sees the state as of exactly the applied seq.
@@ -265,6 +268,7 @@ impl Replica {
             peers: Peers::default(),
             next_id: AtomicU64::new(0),
             stopped: Mutex::new(None),
+            last_read: Mutex::new(None),
             lease_lost_at: Mutex::new(None),
             applying: Arc::default(),
             metrics: ReplicaMetrics::new(),
@@ -272,8 +276,13 @@ impl Replica {
     }
 
     /// Starts from a restored snapshot covering stream seq `seq` (before [`apply`](Self::apply) runs),
-    /// reading the membership as of `seq` from the stream (see `MutationStream::membership_through`).
-    pub async fn start_after(&self, seq: u64) -> Result<(), StreamError> {
+    /// reading the membership as of `seq` from the stream (see `MutationStream::membership_through`); the
+    /// first consumer must deliver `last_read`, the message read last when the snapshot was taken, if known.
+    pub async fn start_after(
+        &self,
+        seq: u64,
+        last_read: Option<(u64, MessageDigest)>,
+    ) -> Result<(), StreamError> {
         let members = if seq == 0 {
             Default::default()
         } else {
@@ -283,6 +292,7 @@ impl Replica {
                 .await?
         };
         self.protocol().start_after(seq, members);
+        *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = last_read;
         self.applied.send_replace(seq);
         self.stream_seq.fetch_max(seq, Ordering::AcqRel);
         Ok(())
@@ -366,6 +376,25 @@ impl Replica {
         });
         read.await
             .map_err(|panic| format!("reading the state failed: {panic}"))
+    }
+
+    /// The message this process read last: its seq and digest.
+    pub fn last_read(&self) -> Option<(u64, MessageDigest)> {
+        *self.last_read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Returns once this process has found that what it read is not the quorum's history (see
+    /// [`Protocol::diverged`]): its snapshots may hold that history, and must not be loaded again.
+    pub async fn diverged(&self) {
+        loop {
+            let changed = self.progress.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if self.protocol().diverged().is_some() {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// The stream seq applied through.

@@ -61,6 +61,7 @@ use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_nats::jetstream::{self, stream};
 use async_nats::ServerAddr;
 
+use super::protocol::copy::MessageDigest;
 use super::protocol::MemberRecord;
 use crate::core::log::Mutation;
 use crate::storage::codec::KeyLengths;
@@ -162,6 +163,9 @@ pub struct Streamed {
     pub id: Option<String>,
     /// If it is a lease barrier: the nonce of the process that sent it, and when (on that process's clock).
     pub barrier: Option<(u64, u64)>,
+    /// What tells this message apart from another stored at `seq` on another copy of the stream
+    /// ([`copy`](crate::protocol::copy)).
+    pub digest: MessageDigest,
 }
 
 /// The mutation stream, open: publish to it, read it from any seq.
