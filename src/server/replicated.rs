@@ -114,6 +114,11 @@ impl Replicated {
     }
 }
 
+/// How long a sharer waits for a barrier of its own, read as sent, at or past the seq a snapshot covers
+/// before it shares that snapshot (one comes within a second even at rest); past it, the snapshot stays
+/// local this time.
+const VOUCH_WAIT: Duration = Duration::from_secs(5);
+
 /// Every snapshot interval: a local snapshot covering what the replica had applied, shared by one replica
 /// — until the replica finds it read a diverged copy of the stream: then its snapshots are removed (a
 /// restart loads the shared one, or reads the stream from its start), and it takes no more.
@@ -148,14 +153,25 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
                     .map(|images| (applied, last_read, images))
             })
             .await;
-        let share = replica.shares_snapshots().then(|| Sharing {
-            stream: replica.stream(),
-            namespaces: namespaces.clone(),
-            applied_everywhere: replica.applied_everywhere(purge_horizon),
-        });
         let taken = match cut.and_then(|cut| cut) {
             Ok((covered, last_read, images)) => {
                 last = covered;
+                // Shared only once a barrier of this replica read as sent vouches for the state: one read
+                // off a diverged copy would reach every replica that loads it.
+                let sharer = replica.shares_snapshots();
+                let vouched = sharer && replica.vouched_through(covered, VOUCH_WAIT).await;
+                if sharer && !vouched {
+                    tracing::warn!(
+                        covered,
+                        "no barrier of this replica read as sent at or past the snapshot's seq within \
+                         {VOUCH_WAIT:?}: the snapshot stays local this time"
+                    );
+                }
+                let share = vouched.then(|| Sharing {
+                    stream: replica.stream(),
+                    namespaces: namespaces.clone(),
+                    applied_everywhere: replica.applied_everywhere(purge_horizon),
+                });
                 replicated
                     .snapshots
                     .take(covered, last_read, images, gate.hash_check(), share)

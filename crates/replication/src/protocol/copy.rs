@@ -18,9 +18,11 @@
 //! gone from the new copy (deleted or purged since) leaves nothing to compare: the replica stops, and is
 //! restarted. A restart moves too: a local snapshot records the message read last, which the restarted
 //! replica's first consumer must deliver (seed 256018 without it), and a replica that finds its copy
-//! diverged removes its own snapshots, which may hold that copy's messages (seed 19010 without it). Not
-//! caught: a copy that goes wrong and comes back into line under one consumer between two barriers, and a
-//! shared snapshot taken by a replica that had read a diverged copy and not yet found out.
+//! diverged removes its own snapshots, which may hold that copy's messages (seed 19010 without it); a
+//! snapshot is shared only once a barrier vouches for it ([`Protocol::checked_through`], seed 5870 without
+//! it). Not caught: a copy that goes wrong and comes back into line under one consumer between two barriers.
+//!
+//! [`Protocol::checked_through`]: super::Protocol::checked_through
 //!
 //! [`Protocol::copy_differs`]: super::Protocol::copy_differs
 

@@ -233,6 +233,9 @@ pub struct Protocol {
     diverged: Option<u64>,
     /// Whether a barrier has been applied since this process started: it has caught up once.
     caught_up: bool,
+    /// The seq of the newest of its barriers read as sent: what it applied up to there was checked against
+    /// the quorum's copy there (see [`checked_through`](Self::checked_through)).
+    checked_through: u64,
     lease_until: Nanos,
 }
 
@@ -256,6 +259,7 @@ impl Protocol {
             passed_over: VecDeque::new(),
             diverged: None,
             caught_up: false,
+            checked_through: 0,
             lease_until: 0,
         }
     }
@@ -307,6 +311,17 @@ impl Protocol {
     /// history, and may lack messages of the quorum's. It takes no lease from then on.
     pub fn copy_differs(&mut self, seq: u64) {
         self.diverge(seq);
+    }
+
+    /// Through which seq what this process applied is vouched for: the seq of its newest barrier read as
+    /// sent (0: none yet), or `None` once it found its copy diverged. A barrier read at the seq the quorum
+    /// acknowledged it at shows the copy read agrees with the quorum's there, and a copy that went wrong
+    /// before stays wrong (shifted) unless it comes back into line — the one case left unchecked (README,
+    /// "What is checked of JetStream"); a move to another copy is checked by itself ([`copy`]). So a
+    /// snapshot covering no more than this may be shared: one from a history read off a diverged copy would
+    /// hand every replica loading it that history.
+    pub fn checked_through(&self) -> Option<u64> {
+        self.diverged.is_none().then_some(self.checked_through)
     }
 
     /// Whether it may answer `ABSENT` at `now`.
@@ -502,6 +517,7 @@ impl Protocol {
         }
         if let Some(barrier) = reached.filter(|_| self.diverged.is_none()) {
             self.caught_up = true;
+            self.checked_through = barrier.seq;
             if matches!(self.standing, Standing::Member { .. }) {
                 self.lease_until = self
                     .lease_until
@@ -791,9 +807,15 @@ mod tests {
         let mut r = member();
         barrier_read_as_sent(&mut r, 10 * MS, 4);
         assert!(r.may_answer_absent(12 * MS));
+        assert_eq!(
+            r.checked_through(),
+            Some(4),
+            "a snapshot through 4 may be shared"
+        );
         r.copy_differs(4);
         assert!(!r.may_answer_absent(12 * MS));
         assert_eq!(r.diverged(), Some(4));
+        assert_eq!(r.checked_through(), None, "none may be shared");
         barrier_read_as_sent(&mut r, 20 * MS, 5);
         assert!(
             !r.may_answer_absent(22 * MS),

@@ -7,7 +7,7 @@
 //! after the partition heals goes on with the quorum's messages that many seqs off (as nats-server 2.9.10
 //! did) —; replicas moving between servers' copies, each new consumer checked against the message read
 //! last ([`copy`](super::copy)), restarts from a replica's own snapshot checked likewise against the message
-//! it records; reports on a bus that loses, delays without bound, duplicates and reorders
+//! it records, shared snapshots of a sharer's state as far as its barriers vouch for it; reports on a bus that loses, delays without bound, duplicates and reorders
 //! them, with routes between pairs of replicas going silent (non-transitive partitions); pauses, crashes,
 //! restarts from a snapshot or wiped, graceful leaves, operators' removals,
 //! and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
@@ -193,6 +193,9 @@ struct Sim {
     isolated: Option<Cut>,
     /// The server whose copy diverged, once one has.
     divergent: Option<Divergent>,
+    /// Each shared snapshot's state, by the seq it covers: the acknowledgeable `Add`s its sharer held then
+    /// (the quorum's seq of each, by the seq it read it at).
+    shared_states: BTreeMap<u64, BTreeMap<u64, u64>>,
     /// For each seq (index seq - 1), the how-manieth removal (deletion or purge) removed it, if one did.
     removed: Vec<Option<usize>>,
     /// Seqs removed so far.
@@ -283,6 +286,7 @@ impl Sim {
             log: Vec::new(),
             isolated: None,
             divergent: None,
+            shared_states: BTreeMap::new(),
             removed: Vec::new(),
             removals: 0,
             silent: HashSet::new(),
@@ -737,17 +741,25 @@ impl Sim {
 
     /// A replica shares a snapshot covering a seq the stream holds (a newer one than the index names): the
     /// index names it first, and the purge follows a while later — past replicas not heard from lately.
+    /// A replica shares a snapshot of its own state — as far as one of its barriers read as sent vouches
+    /// for it ([`Protocol::checked_through`]) — then purges below it.
     fn share(&mut self) {
         let from = self.quorum_index().1.map_or(1, |oldest| oldest + 1);
-        let newest = self.log.len() as u64;
+        let sharer = self.rng.random_range(0..self.procs.len());
+        let p = &self.procs[sharer];
+        let Some(newest) = p.proto.checked_through().filter(|_| p.alive) else {
+            return;
+        };
         if from > newest {
             return;
         }
         let covered = self.rng.random_range(from..=newest);
+        let state = p.holds.range(..=covered).map(|(at, seq)| (*at, *seq));
+        self.shared_states.insert(covered, state.collect());
         let seq = self.append(Entry::Index {
             oldest: Some(covered),
         });
-        self.note(|| format!("stored seq {seq}: a snapshot covering {covered} is shared"));
+        self.note(|| format!("stored seq {seq}: r{sharer} shares a snapshot covering {covered}"));
         self.deliver_everywhere();
         let when = self.now + self.rng.random_range(0..5 * MS);
         self.at(when, Event::Purge(covered));
@@ -1210,17 +1222,14 @@ impl Sim {
         };
         let shared = self.quorum_index().1.unwrap_or(0);
         let covered = own.max(shared);
-        // Its own snapshot holds what it held; a shared one, every `Add` it covers.
+        // Its own snapshot holds what it held; a shared one, what its sharer held.
         let holds: BTreeMap<u64, u64> = if own >= shared {
             p.holds
                 .range(..=covered)
                 .map(|(at, seq)| (*at, *seq))
                 .collect()
         } else {
-            (1..=covered)
-                .filter(|seq| matches!(self.log[*seq as usize - 1], Entry::Add { .. }))
-                .map(|seq| (seq, seq))
-                .collect()
+            self.shared_states[&shared].clone()
         };
         let mut members = Membership::default();
         for (index, entry) in self.log.iter().enumerate().take(covered as usize) {
@@ -1241,7 +1250,7 @@ impl Sim {
         p.proto.start_after(covered, members);
         p.holds = holds;
         // From its own snapshot, its first consumer must deliver the message read last that the snapshot
-        // records; a shared snapshot is taken to be the quorum's history.
+        // records; a shared one, vouched for by its sharer's barrier, records none.
         if own >= shared {
             p.read.retain(|seq, _| *seq <= own);
         } else {

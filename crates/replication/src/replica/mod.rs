@@ -383,6 +383,26 @@ impl Replica {
         *self.last_read.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether, within `within`, what this process applied through `seq` comes to be vouched for by one of
+    /// its barriers read as sent ([`Protocol::checked_through`]); `false` on a divergence or the time out.
+    /// A barrier comes every quarter lease while lookups want the lease, else every [`PROBE`].
+    pub async fn vouched_through(&self, seq: u64, within: Duration) -> bool {
+        let vouched = async {
+            loop {
+                let changed = self.progress.notified();
+                let mut changed = std::pin::pin!(changed);
+                changed.as_mut().enable();
+                match self.protocol().checked_through() {
+                    Some(checked) if checked >= seq => return true,
+                    None => return false,
+                    Some(_) => {}
+                }
+                changed.await;
+            }
+        };
+        tokio::time::timeout(within, vouched).await.unwrap_or(false)
+    }
+
     /// Returns once this process has found that what it read is not the quorum's history (see
     /// [`Protocol::diverged`]): its snapshots may hold that history, and must not be loaded again.
     pub async fn diverged(&self) {
