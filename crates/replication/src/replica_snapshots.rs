@@ -193,7 +193,7 @@ impl ReplicaSnapshots {
             Ok(Err(error)) => tracing::error!(
                 %error,
                 "this replica read a copy of the stream that is not the quorum's; remove its snapshots \
-                 (snapshot-*.snap in its data directory) before restarting it"
+                 (the snapshot-* files in its data directory) before restarting it"
             ),
             Err(panic) => tracing::error!(%panic, "removing this replica's snapshots failed"),
         }

@@ -7,10 +7,10 @@
 //! after the partition heals goes on with the quorum's messages that many seqs off (as nats-server 2.9.10
 //! did) —; replicas moving between servers' copies, each new consumer checked against the message read
 //! last ([`copy`](super::copy)), restarts from a replica's own snapshot checked likewise against the message
-//! it records, shared snapshots of a sharer's state as far as its barriers vouch for it; reports on a bus that loses, delays without bound, duplicates and reorders
-//! them, with routes between pairs of replicas going silent (non-transitive partitions); pauses, crashes,
-//! restarts from a snapshot or wiped, graceful leaves, operators' removals,
-//! and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
+//! it records, shared snapshots of a sharer's state as far as its barriers vouch for it; reports on a bus
+//! that loses, delays without bound, duplicates and reorders them, with routes between pairs of replicas
+//! going silent (non-transitive partitions); pauses, crashes, restarts from a snapshot or wiped, graceful
+//! leaves, operators' removals, and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
 //! junk an operator deleted (gone for good), messages purged below a shared snapshot (named first in the
 //! snapshots' index), or messages the consumer lost (still held) — judged, as the applier does, from the
 //! answers of servers that may be the stale one, the index proved current before a gap counts as deleted
@@ -739,10 +739,9 @@ impl Sim {
             .unwrap_or((0, None))
     }
 
-    /// A replica shares a snapshot covering a seq the stream holds (a newer one than the index names): the
-    /// index names it first, and the purge follows a while later — past replicas not heard from lately.
-    /// A replica shares a snapshot of its own state — as far as one of its barriers read as sent vouches
-    /// for it ([`Protocol::checked_through`]) — then purges below it.
+    /// A replica shares a snapshot of its own state, newer than the index names, as far as one of its
+    /// barriers read as sent vouches for it ([`Protocol::checked_through`]): the index names it first, and
+    /// the purge follows a while later — past replicas not heard from lately.
     fn share(&mut self) {
         let from = self.quorum_index().1.map_or(1, |oldest| oldest + 1);
         let sharer = self.rng.random_range(0..self.procs.len());

@@ -387,31 +387,29 @@ impl Replica {
     /// its barriers read as sent ([`Protocol::checked_through`]); `false` on a divergence or the time out.
     /// A barrier comes every quarter lease while lookups want the lease, else every [`PROBE`].
     pub async fn vouched_through(&self, seq: u64, within: Duration) -> bool {
-        let vouched = async {
-            loop {
-                let changed = self.progress.notified();
-                let mut changed = std::pin::pin!(changed);
-                changed.as_mut().enable();
-                match self.protocol().checked_through() {
-                    Some(checked) if checked >= seq => return true,
-                    None => return false,
-                    Some(_) => {}
-                }
-                changed.await;
-            }
-        };
+        let vouched = self.protocol_says(|protocol| match protocol.checked_through() {
+            Some(checked) if checked >= seq => Some(true),
+            None => Some(false),
+            Some(_) => None,
+        });
         tokio::time::timeout(within, vouched).await.unwrap_or(false)
     }
 
     /// Returns once this process has found that what it read is not the quorum's history (see
     /// [`Protocol::diverged`]): its snapshots may hold that history, and must not be loaded again.
     pub async fn diverged(&self) {
+        self.protocol_says(|protocol| protocol.diverged().map(|_| ()))
+            .await
+    }
+
+    /// What `answer` first says of the protocol, asked again after each batch applied (see `settle`).
+    async fn protocol_says<T>(&self, mut answer: impl FnMut(&Protocol) -> Option<T>) -> T {
         loop {
             let changed = self.progress.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            if self.protocol().diverged().is_some() {
-                return;
+            if let Some(said) = answer(&self.protocol()) {
+                return said;
             }
             changed.await;
         }

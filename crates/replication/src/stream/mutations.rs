@@ -140,7 +140,7 @@ fn decode(
         .info()
         .map_err(|e| StreamError::Read(format!("a message of stream {name:?} has no info: {e}")))?;
     let seq = info.stream_sequence;
-    match consumer.replace(info.consumer.to_string()) {
+    match consumer {
         Some(before) if before != info.consumer => {
             return Err(StreamError::Read(format!(
                 "the client created the consumer of the JetStream stream {name:?} again ({before} became {}, \
@@ -149,7 +149,8 @@ fn decode(
                 info.consumer
             )));
         }
-        _ => {}
+        Some(_) => {}
+        None => *consumer = Some(info.consumer.to_string()),
     }
     let id = message
         .headers
