@@ -195,7 +195,19 @@ pub fn log_record(data: &[u8]) {
             codec::ADD_FIXED,
             codec::REBUILD_FIXED,
         ];
-        if older.contains(&data[0]) {
+        if data[0] == codec::ADD_UNIFORM {
+            again.clear();
+            codec::encode_with_seq(
+                &mutation,
+                mutation.seq(),
+                codec::KeyLengths::Uniform,
+                &mut again,
+            );
+            assert_eq!(
+                again, data,
+                "an Add of keys of one length re-encodes differently"
+            );
+        } else if older.contains(&data[0]) {
             let upgraded = codec::decode(&again).expect("a re-encoded record decodes");
             assert_eq!(
                 upgraded, mutation,
@@ -1195,6 +1207,18 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         let mut bytes = Vec::new();
         codec::encode(mutation, &mut bytes);
         seeds.push(("log_record", format!("record-{i}"), bytes));
+    }
+    for (i, mutation) in sample_mutations().iter().enumerate() {
+        let mut bytes = Vec::new();
+        codec::encode_with_seq(
+            mutation,
+            mutation.seq(),
+            codec::KeyLengths::Uniform,
+            &mut bytes,
+        );
+        if bytes[0] == codec::ADD_UNIFORM {
+            seeds.push(("log_record", format!("record-uniform-{i}"), bytes));
+        }
     }
     let mut framed = Vec::new();
     for mutation in sample_mutations().iter().take(3) {

@@ -290,8 +290,13 @@ fn valid_seeds_decode_to_what_was_encoded() {
         match *target {
             "log_record" if name.starts_with("record-") => {
                 let mutation = codec::decode(bytes).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+                let lengths = if name.starts_with("record-uniform-") {
+                    codec::KeyLengths::Uniform
+                } else {
+                    codec::KeyLengths::Varint
+                };
                 let mut again = Vec::new();
-                codec::encode(&mutation, &mut again);
+                codec::encode_with_seq(&mutation, mutation.seq(), lengths, &mut again);
                 assert_eq!(&again, bytes, "{name}");
             }
             "snapshot" => {

@@ -400,9 +400,10 @@ async fn type_of(jetstream: &async_nats::jetstream::Context, stream: &str, seq: 
     stream.get_raw_message(seq).await.unwrap().payload[0]
 }
 
-/// A stream's identity names its format; a new stream is set up in format 2 (keys with varint lengths),
-/// a stream set up in format 1 keeps u32 key lengths (which the older replicas following it read: they
-/// would pass anything else over as junk), and a newer format is refused.
+/// A stream's identity names its format; a new stream is set up in format 3 (an `Add` of keys of one length
+/// gives it once, other keys a varint length each), a stream set up in format 2 keeps varint lengths and
+/// one in format 1 u32 lengths (which the older replicas following them read: they would pass anything
+/// else over as junk), and a newer format is refused.
 #[tokio::test]
 async fn a_stream_frames_keys_as_its_identity_says() {
     let Some(nats) = Nats::start().await else {
@@ -421,17 +422,18 @@ async fn a_stream_frames_keys_as_its_identity_says() {
         .payload;
     assert_eq!(
         identity[8..12],
-        2u32.to_le_bytes(),
-        "a new stream is format 2"
+        3u32.to_le_bytes(),
+        "a new stream is format 3"
     );
     fresh.publish(&add("users", "k"), "w1").await.unwrap();
     assert_eq!(
         type_of(&jetstream, "existence", 2).await,
-        5,
-        "varint key lengths"
+        7,
+        "keys of one length"
     );
+    assert_eq!(read(&fresh, 0, 1).await, [add("users", "k").with_seq(2)]);
 
-    for (name, format) in [("legacy", 1u32), ("future", 3)] {
+    for (name, format) in [("legacy", 1u32), ("varint", 2), ("future", 4)] {
         jetstream
             .create_stream(async_nats::jetstream::stream::Config {
                 name: name.to_string(),
@@ -457,6 +459,16 @@ async fn a_stream_frames_keys_as_its_identity_says() {
     legacy.publish(&add("users", "k"), "w1").await.unwrap();
     assert_eq!(type_of(&jetstream, "legacy", 2).await, 1, "u32 key lengths");
     assert_eq!(read(&legacy, 0, 1).await, [add("users", "k").with_seq(2)]);
+    let varint = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "varint"))
+        .await
+        .unwrap();
+    varint.publish(&add("users", "k"), "w1").await.unwrap();
+    assert_eq!(
+        type_of(&jetstream, "varint", 2).await,
+        5,
+        "varint key lengths"
+    );
+    assert_eq!(read(&varint, 0, 1).await, [add("users", "k").with_seq(2)]);
 
     let refused = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "future"))
         .await
@@ -464,7 +476,7 @@ async fn a_stream_frames_keys_as_its_identity_says() {
     assert!(
         refused
             .to_string()
-            .contains("newer existence-gate (identity format 3"),
+            .contains("newer existence-gate (identity format 4"),
         "{refused}"
     );
 }

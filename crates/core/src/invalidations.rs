@@ -119,6 +119,37 @@ impl PackedKeys {
         }
     }
 
+    /// `count` keys of `length` bytes each, back to back in `keys` (a copy is taken, so that what
+    /// [`bytes`](Self::bytes) counts is what is held, not the buffer `keys` was cut from). `None` if `keys`
+    /// is not `count × length` bytes or `length` is 0 (zero-length keys would make `count` unbounded).
+    pub fn uniform(keys: &[u8], count: usize, length: usize) -> Option<Self> {
+        if length == 0 || count.checked_mul(length) != Some(keys.len()) {
+            return None;
+        }
+        let length = u32::try_from(length).ok()?;
+        u32::try_from(keys.len()).ok()?;
+        Some(Self {
+            data: Bytes::copy_from_slice(keys),
+            ends: (1..=count as u32).map(|i| i * length).collect(),
+        })
+    }
+
+    /// The length every key has, if there is at least one key and they all have the same, non-zero one.
+    pub fn uniform_length(&self) -> Option<usize> {
+        let first = *self.ends.first()?;
+        let uniform = first > 0
+            && self
+                .ends
+                .windows(2)
+                .all(|pair| pair[1].wrapping_sub(pair[0]) == first);
+        uniform.then_some(first as usize)
+    }
+
+    /// Every key's bytes, back to back (the keys' lengths are not in it).
+    pub fn concatenated(&self) -> &[u8] {
+        &self.data
+    }
+
     /// How many keys.
     pub fn len(&self) -> usize {
         self.ends.len()
@@ -384,6 +415,26 @@ mod tests {
         let mut short = keys[..2].iter().copied();
         let failed = PackedKeys::read(keys.len(), 64, || short.next().ok_or("ran out"));
         assert_eq!(failed, Err("ran out"));
+    }
+
+    #[test]
+    fn keys_of_one_length_are_told_apart_and_unpacked_from_one_piece() {
+        let of = |keys: &[&str]| PackedKeys::from_slices(keys.iter().map(|k| k.as_bytes()));
+        assert_eq!(of(&["ab", "cd", "ef"]).uniform_length(), Some(2));
+        assert_eq!(of(&["ab"]).uniform_length(), Some(2));
+        for mixed in [&["ab", "c"][..], &["a", "bc"], &["", ""], &[]] {
+            assert_eq!(of(mixed).uniform_length(), None, "{mixed:?}");
+        }
+        let three = of(&["ab", "cd", "ef"]);
+        assert_eq!(three.concatenated(), b"abcdef");
+        assert_eq!(PackedKeys::uniform(b"abcdef", 3, 2), Some(three));
+        assert_eq!(
+            PackedKeys::uniform(b"abcdef", 2, 2),
+            None,
+            "bytes left over"
+        );
+        assert_eq!(PackedKeys::uniform(b"", 5, 0), None, "keys of no bytes");
+        assert_eq!(PackedKeys::uniform(b"ab", usize::MAX, 2), None);
     }
 
     #[test]

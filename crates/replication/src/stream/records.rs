@@ -22,11 +22,13 @@ const IDENTITY: &str = "$identity";
 const SIZING: &str = "$sizing";
 /// The start of an identity message, then a u32 format and the 32-byte seed.
 const IDENTITY_MAGIC: &[u8; 8] = b"EXGIDNT1";
-/// The stream format this build writes into a new stream's identity: 2, mutations whose keys carry varint
-/// lengths. A stream set up in format 1 is still read and written in format 1 (u32 key lengths), which
-/// every older replica following it reads; a build older than format 2 refuses a format-2 stream at start
-/// (it would otherwise take each new mutation for junk and pass it over: its keys would answer `ABSENT`).
-const IDENTITY_FORMAT: u32 = 2;
+/// The stream format this build writes into a new stream's identity: 3, an `Add` whose keys all have one
+/// length giving it once, other keys a varint length each ([`KeyLengths::Uniform`]). A stream set up in an
+/// older format is still read and written in it — format 2 with varint lengths only, format 1 with u32
+/// lengths — which every older replica following it reads; a build older than a stream's format refuses
+/// that stream at start (it would otherwise take each new mutation for junk and pass it over: its keys
+/// would answer `ABSENT`).
+const IDENTITY_FORMAT: u32 = 3;
 /// How long reading one of the stream's record subjects from its start may take (the membership at start,
 /// a record's history past junk).
 const SUBJECT_READ: Duration = Duration::from_secs(10);
@@ -69,7 +71,8 @@ impl MutationStream {
             .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
         let lengths = match format {
             Some(1) => KeyLengths::Fixed,
-            _ => KeyLengths::Varint,
+            Some(2) => KeyLengths::Varint,
+            _ => KeyLengths::Uniform,
         };
         match (payload.get(..8), format) {
             (Some(magic), Some(1..=IDENTITY_FORMAT))
