@@ -12,9 +12,9 @@ use super::{ServeOptions, ServerError};
 use crate::core::gate::Gate;
 use crate::core::writes::Writes;
 use crate::proto::admin_server::AdminServer;
-use crate::proto::existence_gate_server::ExistenceGateServer;
 use crate::replication::replica::Replica;
 use crate::service::access::{Access, GrpcResponse, InFlightLimitLayer};
+use crate::service::add_request::AddRoute;
 use crate::service::admin::AdminService;
 use crate::service::auth::Authorizer;
 use crate::service::grpc::GateService;
@@ -39,9 +39,7 @@ pub(super) fn serve(
     let access = Arc::clone(access);
     let contract =
         GateService::new(Arc::clone(gate), Arc::clone(&access)).with_writes(Arc::clone(writes));
-    let gate_service = ExistenceGateServer::new(contract)
-        .max_decoding_message_size(options.max_message_bytes)
-        .max_encoding_message_size(options.max_message_bytes);
+    let gate_service = AddRoute::new(contract, options.max_message_bytes);
     let admin_service = AdminServer::new(
         AdminService::new(Arc::clone(gate), access, Arc::clone(lifecycle))
             .with_replica(replica.cloned()),

@@ -49,7 +49,7 @@ fn a_flood_of_random_absences_keeps_hot_tombstones_and_the_bound() {
     let gate = Gate::new(&config, KeyHasher::from_seed([3; 32]), clock.clone());
     gate.open(Arc::new(VolatileLog));
     for batch in 0..20u32 {
-        let keys = (0..1_000u32)
+        let keys: Vec<Bytes> = (0..1_000u32)
             .map(|i| Bytes::from(format!("real-{batch}-{i}")))
             .collect();
         gate.add("default", keys).unwrap();

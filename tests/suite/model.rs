@@ -226,7 +226,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let added = gate
                     .add(
                         NAMESPACES[namespace],
-                        keys.iter().map(|k| key_bytes(*k)).collect(),
+                        keys.iter().map(|k| key_bytes(*k)).collect::<Vec<_>>(),
                     )
                     .unwrap();
                 prop_assert_eq!(added.seq, model.seq + 1);

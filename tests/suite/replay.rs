@@ -81,7 +81,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         match op {
             Op::Add(keys) => {
-                gate.add("default", keys.into_iter().map(key).collect())
+                gate.add("default", keys.into_iter().map(key).collect::<Vec<_>>())
                     .unwrap();
                 logged += 1;
             }

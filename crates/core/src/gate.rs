@@ -15,7 +15,7 @@ use crate::answer::{Answer, Lookup, NamespaceStats, Scan};
 use crate::clock::Clock;
 use crate::config::{GateConfig, Limits};
 use crate::hashing::KeyHasher;
-use crate::invalidations::Subscription;
+use crate::invalidations::{PackedKeys, Subscription};
 use crate::lease::ReadLease;
 use crate::log::{Log, LogError, Mutation, RebuildStep};
 use crate::namespace::{
@@ -250,7 +250,10 @@ impl Gate {
         Ok(())
     }
 
-    fn check_keys<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<(), GateError> {
+    fn check_keys<'k>(
+        &self,
+        keys: impl ExactSizeIterator<Item = &'k [u8]>,
+    ) -> Result<(), GateError> {
         if keys.len() > self.limits.max_batch_keys {
             return Err(GateError::InvalidArgument(format!(
                 "the request has {} keys; the limit is max_batch_keys = {}",
@@ -258,9 +261,8 @@ impl Gate {
                 self.limits.max_batch_keys
             )));
         }
-        keys.iter()
-            .enumerate()
-            .try_for_each(|(i, key)| self.check_key(key.as_ref(), Some(i)))
+        keys.enumerate()
+            .try_for_each(|(i, key)| self.check_key(key, Some(i)))
     }
 
     /// Can `key` exist in `namespace`? Returns the answer and the seq it reflects.
@@ -296,7 +298,7 @@ impl Gate {
         answers: &mut Vec<Lookup>,
     ) -> Result<u64, GateError> {
         let entry = self.entry(namespace)?;
-        self.check_keys(keys)?;
+        self.check_keys(keys.iter().map(AsRef::as_ref))?;
         let observed_seq = entry.namespace.latest_seq();
         if !self.is_ready() {
             entry.warming_answers.increment(keys.len() as u64);
@@ -317,14 +319,15 @@ impl Gate {
     }
 
     /// Adds `keys` to `namespace` under one new seq.
-    pub fn add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Added, GateError> {
+    pub fn add(&self, namespace: &str, keys: impl Into<PackedKeys>) -> Result<Added, GateError> {
         let namespace = self.namespace(namespace)?;
+        let keys = keys.into();
         if keys.is_empty() {
             return Err(GateError::InvalidArgument(
                 "Add needs at least one key".to_string(),
             ));
         }
-        self.check_keys(&keys)?;
+        self.check_keys(keys.slices())?;
         let log = self.writable_log()?;
         Ok(namespace.add(keys, self.clock.now_ms(), log)?)
     }
@@ -353,14 +356,19 @@ impl Gate {
 
     /// The `Add` of `keys` to `namespace`, validated and timed but not applied: for the wiring to publish to
     /// a log that assigns its seq, and to hand back to [`apply_streamed`](Self::apply_streamed).
-    pub fn prepare_add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Mutation, GateError> {
+    pub fn prepare_add(
+        &self,
+        namespace: &str,
+        keys: impl Into<PackedKeys>,
+    ) -> Result<Mutation, GateError> {
         let namespace = self.namespace(namespace)?;
+        let keys = keys.into();
         if keys.is_empty() {
             return Err(GateError::InvalidArgument(
                 "Add needs at least one key".to_string(),
             ));
         }
-        self.check_keys(&keys)?;
+        self.check_keys(keys.slices())?;
         self.published_writes()?;
         namespace
             .prepare_add(keys, self.clock.now_ms())
@@ -417,7 +425,7 @@ impl Gate {
     ) -> Result<Mutation, GateError> {
         let namespace = self.namespace(namespace)?;
         if let RebuildStep::Keys { keys, .. } = &step {
-            self.check_keys(keys)?;
+            self.check_keys(keys.iter().map(AsRef::as_ref))?;
         }
         self.published_writes()?;
         Ok(namespace.rebuild_step(step, self.clock.now_ms()))
@@ -457,7 +465,7 @@ impl Gate {
 
     /// Feeds validated keys to a rebuild.
     pub fn feed_rebuild(&self, rebuild: &mut Rebuild, keys: &[Bytes]) -> Result<(), GateError> {
-        self.check_keys(keys)?;
+        self.check_keys(keys.iter().map(AsRef::as_ref))?;
         rebuild.insert(keys, self.clock.now_ms());
         Ok(())
     }

@@ -179,6 +179,56 @@ impl PackedKeys {
     }
 }
 
+/// Keys appended one at a time into one buffer, for a decoder that meets them one by one with no count
+/// ahead (an `Add` request's repeated `keys`): one allocation for all of them instead of one `Bytes`
+/// each, which a replica then drops once it has packed them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KeyBuffer {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl KeyBuffer {
+    /// Appends `key`.
+    pub fn push(&mut self, key: &[u8]) {
+        self.data.extend_from_slice(key);
+        self.ends.push(self.data.len());
+    }
+
+    /// How many keys.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The keys, in order.
+    pub fn slices(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
+        (0..self.ends.len()).map(|i| {
+            let start = if i == 0 { 0 } else { self.ends[i - 1] };
+            &self.data[start..self.ends[i]]
+        })
+    }
+
+    /// The keys packed, without a copy; `None` if they total 4 GiB or more (a request that large is
+    /// refused long before, by the message size limit).
+    pub fn into_packed(self) -> Option<PackedKeys> {
+        let ends = self
+            .ends
+            .into_iter()
+            .map(u32::try_from)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        Some(PackedKeys {
+            data: Bytes::from(self.data),
+            ends,
+        })
+    }
+}
+
 impl FromIterator<Bytes> for PackedKeys {
     fn from_iter<I: IntoIterator<Item = Bytes>>(keys: I) -> Self {
         Self::pack(&keys.into_iter().collect::<Vec<_>>())
@@ -435,6 +485,20 @@ mod tests {
         );
         assert_eq!(PackedKeys::uniform(b"", 5, 0), None, "keys of no bytes");
         assert_eq!(PackedKeys::uniform(b"ab", usize::MAX, 2), None);
+    }
+
+    #[test]
+    fn a_key_buffer_packs_what_was_pushed_in_order() {
+        let keys: [&[u8]; 4] = [b"a", b"", b"key:1234567", b"\x00\xff"];
+        let mut buffer = KeyBuffer::default();
+        assert!(buffer.is_empty());
+        keys.iter().for_each(|key| buffer.push(key));
+        assert_eq!(buffer.len(), 4);
+        assert_eq!(buffer.slices().collect::<Vec<_>>(), keys);
+        assert_eq!(
+            buffer.into_packed(),
+            Some(PackedKeys::from_slices(keys.iter().copied()))
+        );
     }
 
     #[test]

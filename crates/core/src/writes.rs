@@ -8,9 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use crate::gate::GateError;
+use crate::invalidations::PackedKeys;
 use crate::namespace::{AbsenceReport, Added, Recorded};
 
 /// A write (or a wait) in progress.
@@ -23,7 +22,7 @@ pub trait Writes: Send + Sync + std::fmt::Debug {
     fn add<'a>(
         &'a self,
         namespace: &'a str,
-        keys: Vec<Bytes>,
+        keys: PackedKeys,
     ) -> Pending<'a, Result<Added, GateError>>;
 
     /// A reported absence, answered with its outcome once decided (and, when stored, acknowledged).

@@ -9,6 +9,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::access::Access;
+use crate::add_request::AddKeys;
 use crate::auth::{Role, Scope};
 use crate::core::answer::{Answer, Basis, Lookup};
 use crate::core::config::DEFAULT_NAMESPACE;
@@ -51,6 +52,25 @@ impl GateService {
     pub fn with_writes(mut self, writes: Arc<dyn Writes>) -> Self {
         self.writes = writes;
         self
+    }
+
+    /// `Add`, from the request's keys as [`AddKeys`] reads them.
+    pub async fn add_keys(
+        &self,
+        request: Request<AddKeys>,
+    ) -> Result<Response<proto::AddResponse>, Status> {
+        let max_keys = self.gate.limits().max_batch_keys;
+        self.admitted_write(
+            Rpc::Add,
+            request,
+            |r| &mut r.namespace,
+            |writes, request| async move {
+                let namespace = request.namespace.clone();
+                let keys = request.into_keys(max_keys)?;
+                add_response(writes.add(&namespace, keys).await)
+            },
+        )
+        .await
     }
 
     /// Admits a write needing the `write` role on the request's namespace, runs it through [`Writes`], and
@@ -128,7 +148,7 @@ fn answer_batch(
 ) -> Result<proto::BatchMayExistResponse, Status> {
     let max_keys = gate.limits().max_batch_keys;
     let (mut response, lookups) =
-        match packed_instead(&request.keys, &request.packed_keys, max_keys)? {
+        match packed_instead(!request.keys.is_empty(), &request.packed_keys, max_keys)? {
             None => batch_answers(gate, &request.namespace, &request.keys),
             Some(keys) => batch_bitmap(gate, &request.namespace, &keys),
         }?;
@@ -260,32 +280,17 @@ fn absence_kind(value: i32) -> Result<AbsenceKind, Status> {
     }
 }
 
-/// An `Add`'s keys: `keys` as they are, or `packed_keys` split into slices that share its buffer.
-fn add_keys(
-    keys: Vec<bytes::Bytes>,
-    packed: &bytes::Bytes,
-    max_keys: usize,
-) -> Result<Vec<bytes::Bytes>, Status> {
-    Ok(match packed_instead(&keys, packed, max_keys)? {
-        None => keys,
-        Some(slices) => slices
-            .into_iter()
-            .map(|key| packed.slice_ref(key))
-            .collect(),
-    })
-}
-
 /// A request's `packed_keys` unpacked if it sent them instead of `keys` (`None`: it sent `keys`); both
 /// at once is refused.
-fn packed_instead<'a>(
-    keys: &[bytes::Bytes],
-    packed: &'a [u8],
+pub(crate) fn packed_instead(
+    keys_sent: bool,
+    packed: &[u8],
     max_keys: usize,
-) -> Result<Option<Vec<&'a [u8]>>, Status> {
-    match (keys.is_empty(), packed.is_empty()) {
+) -> Result<Option<Vec<&[u8]>>, Status> {
+    match (keys_sent, packed.is_empty()) {
         (_, true) => Ok(None),
-        (true, false) => unpack_keys(packed, max_keys).map(Some),
-        (false, false) => Err(Status::invalid_argument(
+        (false, false) => unpack_keys(packed, max_keys).map(Some),
+        (true, false) => Err(Status::invalid_argument(
             "send keys or packed_keys, not both",
         )),
     }
@@ -396,21 +401,13 @@ impl ExistenceGate for GateService {
         self.finish(Rpc::BatchMayExist, started, result)
     }
 
+    /// Served by [`AddRoute`](crate::add_request::AddRoute) from the request's wire form; this is the
+    /// same `Add` for a caller holding the generated type.
     async fn add(
         &self,
         request: Request<proto::AddRequest>,
     ) -> Result<Response<proto::AddResponse>, Status> {
-        let max_keys = self.gate.limits().max_batch_keys;
-        self.admitted_write(
-            Rpc::Add,
-            request,
-            |r| &mut r.namespace,
-            |writes, request| async move {
-                let keys = add_keys(request.keys, &request.packed_keys, max_keys)?;
-                add_response(writes.add(&request.namespace, keys).await)
-            },
-        )
-        .await
+        self.add_keys(request.map(AddKeys::from)).await
     }
 
     async fn record_absent(

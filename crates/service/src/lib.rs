@@ -1,6 +1,7 @@
 //! The service: everything between a network peer and the [`gate`](crate::core::gate::Gate).
 //!
 //! - [`grpc`]: the thin layer that maps the contract onto the gate; the one place `""` becomes `default`.
+//!   [`add_request`]: an `Add`'s keys read straight into one buffer, in front of the generated server.
 //! - [`admin`]: stats, snapshots, rebuild.
 //! - [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
@@ -19,6 +20,7 @@ use existence_gate_replication as replication;
 use existence_gate_storage as storage;
 
 pub mod access;
+pub mod add_request;
 pub mod admin;
 pub mod auth;
 pub mod grpc;

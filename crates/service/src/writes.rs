@@ -3,9 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use crate::core::gate::{Gate, GateError};
+use crate::core::invalidations::PackedKeys;
 use crate::core::namespace::{AbsenceReport, Added, Recorded};
 use crate::core::writes::{Pending, Writes};
 
@@ -52,7 +51,7 @@ impl Writes for LocalWrites {
     fn add<'a>(
         &'a self,
         namespace: &'a str,
-        keys: Vec<Bytes>,
+        keys: PackedKeys,
     ) -> Pending<'a, Result<Added, GateError>> {
         let namespace = namespace.to_string();
         Box::pin(self.run(move |gate| gate.add(&namespace, keys)))

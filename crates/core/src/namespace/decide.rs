@@ -4,8 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use super::*;
 use crate::hashing::KeyHash;
 use crate::invalidations::PackedKeys;
@@ -38,9 +36,14 @@ fn jitter_bits(hash: KeyHash, at_ms: u64) -> u64 {
 
 impl Namespace {
     /// Adds `keys` (non-empty, validated) at `now_ms`.
-    pub fn add(&self, keys: Vec<Bytes>, now_ms: u64, log: &dyn Log) -> Result<Added, WriteError> {
+    pub fn add(
+        &self,
+        keys: impl Into<PackedKeys>,
+        now_ms: u64,
+        log: &dyn Log,
+    ) -> Result<Added, WriteError> {
         let mut writer = self.writer()?;
-        let mutation = self.addition(keys, now_ms, self.latest_seq() + 1);
+        let mutation = self.addition(keys.into(), now_ms, self.latest_seq() + 1);
         let seq = mutation.seq();
         let ticket = log.append(&mutation)?;
         let Applied::Added { cleared } = self.apply_locked(&mut writer, mutation) else {
@@ -56,17 +59,17 @@ impl Namespace {
 
     /// The `Add` of `keys` at `now_ms`, for a log that assigns seqs itself (seq 0 until it does). Nothing
     /// changes until the log hands it back to [`apply`](Self::apply).
-    pub fn prepare_add(&self, keys: Vec<Bytes>, now_ms: u64) -> Result<Mutation, WritesStopped> {
+    pub fn prepare_add(&self, keys: PackedKeys, now_ms: u64) -> Result<Mutation, WritesStopped> {
         drop(self.writer()?);
         Ok(self.addition(keys, now_ms, 0))
     }
 
-    fn addition(&self, keys: Vec<Bytes>, at_ms: u64, seq: u64) -> Mutation {
+    fn addition(&self, keys: PackedKeys, at_ms: u64, seq: u64) -> Mutation {
         Mutation::Add {
             namespace: Arc::clone(&self.name),
             seq,
             at_ms,
-            keys: PackedKeys::pack(&keys),
+            keys,
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use crate::core::invalidations::PackedKeys;
 use tokio::sync::oneshot;
 
 use super::add_queue::{Batch, QueuedAdd};
@@ -28,7 +28,7 @@ impl Replica {
     /// applied here, and acknowledged under the safety rule.
     ///
     /// [`add_queue`]: super::add_queue
-    pub async fn add(&self, namespace: &str, keys: Vec<Bytes>) -> Result<Added, GateError> {
+    pub async fn add(&self, namespace: &str, keys: PackedKeys) -> Result<Added, GateError> {
         let Mutation::Add {
             namespace,
             at_ms,
@@ -247,7 +247,7 @@ impl Writes for Replica {
     fn add<'a>(
         &'a self,
         namespace: &'a str,
-        keys: Vec<Bytes>,
+        keys: PackedKeys,
     ) -> Pending<'a, Result<Added, GateError>> {
         Box::pin(Replica::add(self, namespace, keys))
     }

@@ -13,6 +13,7 @@ use super::session::{Outcome, Refusal};
 use super::Port;
 use crate::core::answer::{Answer, Basis, Lookup};
 use crate::core::gate::GateError;
+use crate::core::invalidations::PackedKeys;
 use crate::core::namespace::{AbsenceReport, RecordOutcome};
 use crate::core::tombstones::AbsenceKind;
 
@@ -92,7 +93,7 @@ pub async fn add(
         .batch_may_exist(namespace, keys, &mut before)
         .map_err(refusal)?;
     port.writes
-        .add(namespace, keys.to_vec())
+        .add(namespace, PackedKeys::pack(keys))
         .await
         .map_err(refusal)?;
     let new = |lookup: &Lookup| lookup.answer == Answer::Absent;
