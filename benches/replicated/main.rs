@@ -264,6 +264,9 @@ struct Side<'a> {
     focus_cpu: f64,
     /// CPU seconds of the deployment's NATS servers over the measured stretches.
     nats_cpu: f64,
+    /// CPU seconds of this process (the load generator) over the measured stretches: it shares the cores
+    /// with the deployments, and spends the same per call whichever build it calls.
+    client_cpu: f64,
     /// Calls per second of each stretch, to show how much the machine's load moved them.
     rates: Vec<f64>,
 }
@@ -290,6 +293,7 @@ impl<'a> Side<'a> {
             total: Sample::default(),
             focus_cpu: 0.0,
             nats_cpu: 0.0,
+            client_cpu: 0.0,
             rates: Vec::new(),
         }
     }
@@ -309,8 +313,10 @@ impl<'a> Side<'a> {
     async fn measure(&mut self) {
         let nats = self.deployment.nats_pids();
         let nats_before = procs::total_cpu_seconds(&nats);
+        let client_before = procs::own_cpu_seconds();
         let (sample, focus_cpu) = self.stretch(self.calls).await;
         self.nats_cpu += procs::total_cpu_seconds(&nats) - nats_before;
+        self.client_cpu += procs::own_cpu_seconds() - client_before;
         self.rates.push(sample.calls_per_second());
         self.total.merge(sample);
         self.focus_cpu += focus_cpu;
@@ -319,6 +325,11 @@ impl<'a> Side<'a> {
     /// The NATS servers' CPU seconds per measured call.
     fn nats_cpu_per_call(&self) -> f64 {
         self.nats_cpu / self.total.calls as f64
+    }
+
+    /// The load generator's CPU seconds per measured call.
+    fn client_cpu_per_call(&self) -> f64 {
+        self.client_cpu / self.total.calls as f64
     }
 
     /// Everything measured (latencies sorted), the CPU seconds of the replicas called, the stretches'
@@ -750,8 +761,9 @@ async fn run_compare(other: &std::path::Path, servers: usize) {
          ({WRITES_PER_REPLICA} in flight on each, new keys), then lookups with {READ_IN_FLIGHT} calls in \
          flight to the first replica (half the keys added, half never). CPU is the user + system time per call \
          of the replicas called (`/proc/<pid>/stat`), their lease upkeep included, and apart the NATS \
-         servers'.\n\n| workload | build | calls | calls/s | p50 | CPU µs/call on the replicas called | \
-         NATS CPU µs/call | fail-open |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+         servers' and the load generator's (this process, sharing the cores: the same work per call for \
+         both builds).\n\n| workload | build | calls | calls/s | p50 | CPU µs/call on the replicas called | \
+         NATS CPU µs/call | load generator CPU µs/call | fail-open |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
         other.display(),
         if servers == 3 { " r3" } else { "" },
         text::today(),
@@ -761,14 +773,16 @@ async fn run_compare(other: &std::path::Path, servers: usize) {
     );
     for (build, workload, side) in sides {
         let nats_cpu = side.nats_cpu_per_call();
+        let client_cpu = side.client_cpu_per_call();
         let (sample, replica_cpu, _, tally) = side.result();
         let calls = sample.calls;
         markdown += &format!(
-            "| {workload} | {build} | {calls} | {:.0} | {:.0} µs | {:.1} | {:.1} | {} |\n",
+            "| {workload} | {build} | {calls} | {:.0} | {:.0} µs | {:.1} | {:.1} | {:.1} | {} |\n",
             sample.calls_per_second(),
             drive::percentile_us(&sample.latencies, 0.5),
             replica_cpu / calls as f64 * 1e6,
             nats_cpu * 1e6,
+            client_cpu * 1e6,
             tally.fail_open(),
         );
     }
