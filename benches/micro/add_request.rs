@@ -40,8 +40,9 @@ fn encode_packed(keys: &[Bytes]) -> Bytes {
 fn read(body: &Bytes) -> PackedKeys {
     AddKeys::decode(body.clone())
         .unwrap()
-        .into_keys(KEYS)
+        .into_parts(KEYS)
         .unwrap()
+        .1
 }
 
 /// The generated type's decoding, as the gate did before `AddKeys`: a `Bytes` per key.

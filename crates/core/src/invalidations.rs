@@ -195,11 +195,6 @@ impl KeyBuffer {
         self.ends.push(self.data.len());
     }
 
-    /// How many keys.
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
@@ -493,7 +488,6 @@ mod tests {
         let mut buffer = KeyBuffer::default();
         assert!(buffer.is_empty());
         keys.iter().for_each(|key| buffer.push(key));
-        assert_eq!(buffer.len(), 4);
         assert_eq!(buffer.slices().collect::<Vec<_>>(), keys);
         assert_eq!(
             buffer.into_packed(),

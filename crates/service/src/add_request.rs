@@ -53,16 +53,17 @@ impl PartialEq for AddKeys {
 }
 
 impl AddKeys {
-    /// The request's keys, from `keys` or `packed_keys` (both at once is refused), checked against
-    /// `max_keys` as they are unpacked; each key's own checks are the gate's.
-    pub fn into_keys(self, max_keys: usize) -> Result<PackedKeys, Status> {
-        match packed_instead(!self.keys.is_empty(), &self.packed_keys, max_keys)? {
-            Some(packed) => Ok(PackedKeys::from_slices(packed.into_iter())),
+    /// The request's namespace and keys, from `keys` or `packed_keys` (both at once is refused), checked
+    /// against `max_keys` as they are unpacked; each key's own checks are the gate's.
+    pub fn into_parts(self, max_keys: usize) -> Result<(String, PackedKeys), Status> {
+        let keys = match packed_instead(!self.keys.is_empty(), &self.packed_keys, max_keys)? {
+            Some(packed) => PackedKeys::from_slices(packed.into_iter()),
             None => self
                 .keys
                 .into_packed()
-                .ok_or_else(|| Status::invalid_argument("an Add's keys total 4 GiB or more")),
-        }
+                .ok_or_else(|| Status::invalid_argument("an Add's keys total 4 GiB or more"))?,
+        };
+        Ok((self.namespace, keys))
     }
 }
 
@@ -209,16 +210,12 @@ where
         Box::pin(async move {
             let codec = tonic_prost::ProstCodec::<proto::AddResponse, AddKeys>::default();
             let mut grpc = tonic::server::Grpc::new(codec)
-                .apply_compression_config(no_compression(), no_compression())
+                // As the generated server is set up here: no compressed messages either way.
+                .apply_compression_config(Default::default(), Default::default())
                 .apply_max_message_size_config(max, max);
             Ok(grpc.unary(method, request).await)
         })
     }
-}
-
-/// The generated server's default, which the gate keeps: no compressed messages either way.
-fn no_compression() -> tonic::codec::EnabledCompressionEncodings {
-    tonic::codec::EnabledCompressionEncodings::default()
 }
 
 struct AddMethod(GateService);
@@ -294,21 +291,20 @@ mod tests {
         let mut wire = request("users", &[b"a", b"bc"], b"").encode_to_vec();
         // Field 9, a varint: a newer client's field this build does not know.
         wire.extend_from_slice(&[9 << 3, 1]);
-        let read = AddKeys::decode(&wire[..]).unwrap();
-        assert_eq!(read.namespace, "users");
-        let keys = read.into_keys(10).unwrap();
+        let (namespace, keys) = AddKeys::decode(&wire[..]).unwrap().into_parts(10).unwrap();
+        assert_eq!(namespace, "users");
         assert_eq!(keys.slices().collect::<Vec<_>>(), [&b"a"[..], b"bc"]);
 
         let packed = AddKeys::from(request("", &[], &[1, b'a', 2, b'b', b'c']));
-        assert_eq!(packed.into_keys(10).unwrap(), keys);
+        assert_eq!(packed.into_parts(10).unwrap().1, keys);
 
         let both = AddKeys::from(request("", &[b"a"], &[1, b'a']));
-        let refused = both.into_keys(10).unwrap_err();
+        let refused = both.into_parts(10).unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument);
         assert_eq!(refused.message(), "send keys or packed_keys, not both");
         let too_many = AddKeys::from(request("", &[], &[1, b'a', 1, b'b']));
         assert!(too_many
-            .into_keys(1)
+            .into_parts(1)
             .unwrap_err()
             .message()
             .contains("max_batch_keys = 1"));

@@ -65,8 +65,7 @@ impl GateService {
             request,
             |r| &mut r.namespace,
             |writes, request| async move {
-                let namespace = request.namespace.clone();
-                let keys = request.into_keys(max_keys)?;
+                let (namespace, keys) = request.into_parts(max_keys)?;
                 add_response(writes.add(&namespace, keys).await)
             },
         )

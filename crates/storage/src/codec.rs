@@ -350,12 +350,16 @@ mod tests {
         }
     }
 
+    /// 1,000 distinct 16-byte keys (the size of a UUID).
+    fn uuid_sized_keys() -> Vec<Bytes> {
+        (0..1_000u32)
+            .map(|i| Bytes::from([i.to_le_bytes(); 4].concat()))
+            .collect()
+    }
+
     #[test]
     fn a_thousand_uuid_sized_keys_take_one_length_byte_each() {
-        let keys: Vec<Bytes> = (0..1_000u32)
-            .map(|i| Bytes::from([i.to_le_bytes(); 4].concat()))
-            .collect();
-        let mutation = add(keys);
+        let mutation = add(uuid_sized_keys());
         let (varint, fixed) = (
             encoded(&mutation, KeyLengths::Varint).len(),
             encoded(&mutation, KeyLengths::Fixed).len(),
@@ -366,10 +370,7 @@ mod tests {
 
     #[test]
     fn keys_of_one_length_give_it_once_where_the_stream_allows() {
-        let uuids: Vec<Bytes> = (0..1_000u32)
-            .map(|i| Bytes::from([i.to_le_bytes(); 4].concat()))
-            .collect();
-        let mutation = add(uuids);
+        let mutation = add(uuid_sized_keys());
         let uniform = encoded(&mutation, KeyLengths::Uniform);
         assert_eq!(uniform[0], ADD_UNIFORM);
         assert_eq!(uniform.len(), 1 + 2 + 5 + 8 + 8 + 4 + 4 + 16 * 1_000);
