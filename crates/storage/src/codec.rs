@@ -411,7 +411,7 @@ mod tests {
         assert!(with(count_at, 0).contains("0 keys of one length"));
         assert!(with(count_at + 4, 0).contains("of one length, 0 bytes"));
         assert!(
-            with(count_at, 1).contains("bytes"),
+            with(count_at, 1).contains("2 unexpected trailing bytes"),
             "a key's bytes left over"
         );
     }
