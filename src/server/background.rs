@@ -56,11 +56,15 @@ async fn every_tick(every: Duration, shutdown: Shutdown, tick: impl Fn() + Clone
     }
 }
 
-/// Every `MAINTENANCE_INTERVAL`: frees dead windows and expired tombstones, and folds the latency samples
+/// Every `MAINTENANCE_INTERVAL`: checks the wall clock against the gate's own (a step is logged and counted),
+/// frees dead windows and expired tombstones, and folds the latency samples
 /// recorded since into the Prometheus histograms (which otherwise keep every sample until a scrape, so a
 /// server nobody scrapes would grow by ~17 bytes per call).
 pub(super) async fn maintenance(gate: Arc<Gate>, prometheus: PrometheusHandle, shutdown: Shutdown) {
     every_tick(MAINTENANCE_INTERVAL, shutdown, move || {
+        if let Some(check) = gate.check_wall_clock() {
+            crate::service::metrics::wall_clock(check);
+        }
         gate.maintain();
         prometheus.run_upkeep();
     })

@@ -233,7 +233,7 @@ pub async fn start(
     let lease = Arc::new(ReadLease::new(Arc::new(SystemMonotonicClock::new())));
     let mut gate = Gate::new(&options.config, hasher, clock);
     if joined.is_some() {
-        gate = gate.with_read_lease(Arc::clone(&lease));
+        gate = gate.with_read_lease(Arc::clone(&lease)).with_stream_time();
     }
     let gate = Arc::new(gate);
     let (replicated, data_dir) = match (joined, &options.replication) {

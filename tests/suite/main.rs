@@ -12,7 +12,10 @@
 /// TCP proxy, the polyglot runners.
 mod common;
 
-// The core and its state: properties against an exact model, replay, durability, concurrency.
+// The core and its state: properties against an exact model (and against clocks that step), replay,
+// durability, concurrency.
+mod clock;
+mod clock_steps;
 mod concurrency;
 mod durability;
 mod faults;

@@ -1210,3 +1210,44 @@ async fn a_dead_member_is_removed_by_an_operator_and_a_stopped_one_leaves() {
     })
     .await;
 }
+
+/// A replica restarted on a wall clock two hours ahead (libfaketime), with a one-hour retention: the `Add`
+/// it stamps lands in a later window on every replica and drops none, and its own lookups go by the
+/// stream's time, not its clock. (Before stream time, its one `Add` made all 200 keys added a moment earlier
+/// answer ABSENT on all three replicas, for good.)
+#[tokio::test]
+async fn a_replica_restarted_two_hours_ahead_expires_nothing_on_any_replica() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(clock) = common::faketime::SteppedClock::new(dir.path()) else {
+        return;
+    };
+    let config = config_file(
+        dir.path(),
+        "[namespaces.users]\nexpected_keys = 100000\nretention = \"1h\"\nwindows = 4\n",
+    );
+    let mut replicas = start_serving(&nats.url, &config, 3, &[]).await;
+    let mut keys = named("before", 200);
+    add(&replicas[1], "users", &keys).await;
+    for replica in &replicas {
+        assert_eq!(passing_under_lease(replica, &keys).await, keys.len());
+    }
+    replicas.remove(0).kill().await;
+    clock.set("+2h");
+    let mut ahead = Launch::new(&nats.url, &config, "r0");
+    ahead.clock = Some(Arc::new(clock));
+    let r0 = ahead.start().await;
+    r0.serving().await;
+    add(&r0, "users", &["ahead"]).await;
+    keys.push("ahead".to_string());
+    for replica in std::iter::once(&r0).chain(&replicas) {
+        assert_eq!(
+            passing_under_lease(replica, &keys).await,
+            keys.len(),
+            "replica {} answered ABSENT for keys added a moment ago",
+            replica.id
+        );
+    }
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::nats::Nats;
 use existence_gate::core::answer::Answer;
-use existence_gate::core::clock::ManualClock;
+use existence_gate::core::clock::{Clock, ManualClock, SystemClock};
 use existence_gate::core::config::GateConfig;
 use existence_gate::core::filter::{FilterSpec, Retention};
 use existence_gate::core::gate::Gate;
@@ -23,23 +23,32 @@ use existence_gate::replication::stream::{
 };
 use futures_util::StreamExt;
 
+/// The host's clock when these tests first made a mutation: what a writer stamps its mutations with (one
+/// value, so that a mutation read back equals the one published). The stream's leader, on the same host,
+/// stamps them a little later when it stores them, and a replica agrees a mutation's times with that.
+fn now_ms() -> u64 {
+    static FIRST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *FIRST.get_or_init(|| SystemClock.now_ms())
+}
+
 fn add(namespace: &str, key: &str) -> Mutation {
     Mutation::Add {
         namespace: Arc::from(namespace),
         seq: 0,
-        at_ms: 1_800_000_000_000,
+        at_ms: now_ms(),
         keys: vec![Bytes::copy_from_slice(key.as_bytes())].into(),
     }
 }
 
 fn absent(namespace: &str, key: &str) -> Mutation {
+    let at_ms = now_ms();
     Mutation::RecordAbsent {
         namespace: Arc::from(namespace),
         seq: 0,
-        at_ms: 1_800_000_000_001,
+        at_ms,
         key: Bytes::copy_from_slice(key.as_bytes()),
         kind: AbsenceKind::Deleted,
-        expires_at_ms: 1_800_000_060_000,
+        expires_at_ms: at_ms + 600_000,
         observed_seq: 0,
     }
 }
@@ -141,7 +150,7 @@ async fn replica(stream: &MutationStream, last_seq: u64) -> Gate {
             .await
             .unwrap();
     }
-    let clock = Arc::new(ManualClock::new(1_800_000_000_000));
+    let clock = Arc::new(ManualClock::new(now_ms()));
     let gate = Gate::new(&config, KeyHasher::from_seed(stream.seed()), clock);
     let mut follow = std::pin::pin!(stream.follow(0).await.unwrap());
     let mut applied = 1;
@@ -154,7 +163,7 @@ async fn replica(stream: &MutationStream, last_seq: u64) -> Gate {
         applied = read.seq;
         if let Some(mutation) = read.mutation {
             assert_eq!(mutation.seq(), read.seq);
-            gate.apply_streamed(mutation).unwrap();
+            gate.apply_streamed(mutation, read.stored_at_ms).unwrap();
         }
     }
     // Caught up: it answers (its own writes are not what this test is about).
@@ -215,7 +224,7 @@ async fn replicas_applying_the_stream_agree_bit_for_bit() {
     );
     let before = digests(&a);
     for mutation in published {
-        a.apply_streamed(mutation).unwrap();
+        a.apply_streamed(mutation, 0).unwrap();
     }
     assert_eq!(
         digests(&a),

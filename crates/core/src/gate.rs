@@ -12,7 +12,7 @@ use bytes::Bytes;
 use metrics::Counter;
 
 use crate::answer::{Answer, Lookup, NamespaceStats, Scan};
-use crate::clock::Clock;
+use crate::clock::{Clock, ReadTime, StreamTime, WallCheck};
 use crate::config::{GateConfig, Limits};
 use crate::hashing::KeyHasher;
 use crate::invalidations::{PackedKeys, Subscription};
@@ -104,6 +104,8 @@ pub struct Gate {
     writes: OnceLock<Writes>,
     /// For a replica of a shared log: `ABSENT` only while this holds (see [`ReadLease`]).
     lease: Option<Arc<ReadLease>>,
+    /// For a replica of a shared log: what is live is decided at the earlier of its clock and this.
+    stream_time: Option<StreamTime>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -148,6 +150,7 @@ impl Gate {
             clock,
             writes: OnceLock::new(),
             lease: None,
+            stream_time: None,
         }
     }
 
@@ -155,6 +158,25 @@ impl Gate {
     pub fn with_read_lease(mut self, lease: Arc<ReadLease>) -> Self {
         self.lease = Some(lease);
         self
+    }
+
+    /// The same gate deciding what has expired by the time its stream has reached, too: a replica of a shared
+    /// log. Its lookups, expiry, stats and snapshots go by the earlier of its own clock and the latest time
+    /// the stream's leader stored an applied message at ([`StreamTime`]), and each streamed mutation's times
+    /// are [agreed](Mutation::agreed) with its stored time before it is applied. So no one host's clock
+    /// decides: a replica whose clock is ahead expires nothing early (the stream's time bounds it), nor does
+    /// a leader's clock ahead (the replica's bounds it), nor a writer's (its `Add` lands in a later window and
+    /// drops none). Writes are still stamped on the local clock: the applier agrees them.
+    pub fn with_stream_time(mut self) -> Self {
+        self.stream_time = Some(StreamTime::default());
+        self
+    }
+
+    /// A message of the stream, stored by its leader at `stored_at_ms`, was applied (a mutation or not).
+    pub fn stream_time_passed(&self, stored_at_ms: u64) {
+        if let Some(time) = &self.stream_time {
+            time.passed(stored_at_ms);
+        }
     }
 
     /// Ends warming: lookups answer from state, writes go to `log`. Only the first call counts.
@@ -277,7 +299,7 @@ impl Gate {
         // The lease is read before the lookup: a renewal between the two cannot turn a lookup made before
         // it into an ABSENT under the new lease (the state read after the check holds all the lease needs).
         let leased = self.absent_allowed();
-        let lookup = entry.namespace.lookup(key, self.clock.now_ms());
+        let lookup = entry.namespace.lookup(key, self.read_time());
         if lookup.answer == Answer::Absent && !leased {
             entry.lease_fail_opens.increment(1);
             return Ok((Lookup::WARMING, observed_seq));
@@ -307,9 +329,7 @@ impl Gate {
             return Ok(observed_seq);
         }
         let leased = self.absent_allowed();
-        entry
-            .namespace
-            .lookup_many(keys, self.clock.now_ms(), answers);
+        entry.namespace.lookup_many(keys, self.read_time(), answers);
         if !leased {
             let absent = answers.iter_mut().filter(|l| l.answer == Answer::Absent);
             let failed_open = absent.map(|l| *l = Lookup::WARMING).count();
@@ -484,8 +504,14 @@ impl Gate {
     /// Applies one mutation of a replicated stream, whose seqs are the stream's sequence numbers: shared by
     /// every namespace, so a namespace's seqs rise with gaps. Skipped if the state already includes it.
     /// Returns what applying it did (`None` if it was included already).
-    pub fn apply_streamed(&self, mutation: Mutation) -> Result<Option<Applied>, String> {
-        self.apply_logged(mutation, Seqs::Gapped)
+    /// Its times are first [agreed](Mutation::agreed) with `stored_at_ms`, when the stream stored it.
+    pub fn apply_streamed(
+        &self,
+        mutation: Mutation,
+        stored_at_ms: u64,
+    ) -> Result<Option<Applied>, String> {
+        self.stream_time_passed(stored_at_ms);
+        self.apply_logged(mutation.agreed(stored_at_ms), Seqs::Gapped)
     }
 
     fn apply_logged(&self, mutation: Mutation, seqs: Seqs) -> Result<Option<Applied>, String> {
@@ -515,7 +541,7 @@ impl Gate {
     /// Every namespace's state, copied (see [`NamespaceImage::detached`]), sorted by name. Consistent as of
     /// each namespace's seq only if nothing is applied meanwhile: the caller holds the log still.
     pub fn export_detached(&self) -> Result<Vec<NamespaceImage>, String> {
-        let now = self.clock.now_ms();
+        let now = self.read_time();
         self.namespaces()
             .iter()
             .map(|n| n.export(now).map(NamespaceImage::detached))
@@ -528,9 +554,22 @@ impl Gate {
         self.hasher.check_value()
     }
 
-    /// The gate's clock, now.
-    pub fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+    /// The times what is live is decided at: the gate's clock, or for a replica that and the time its stream
+    /// has reached, each structure by the one that errs toward `MAY_EXIST` ([`ReadTime::agreed`]; see
+    /// [`with_stream_time`](Self::with_stream_time)).
+    pub fn read_time(&self) -> ReadTime {
+        let local = self.clock.now_ms();
+        self.stream_time
+            .as_ref()
+            .map_or(ReadTime::from(local), |stream| {
+                ReadTime::agreed(local, stream.reached_ms())
+            })
+    }
+
+    /// How the wall clock stands against the gate's clock, if that clock keeps its own time
+    /// ([`Clock::check_wall`]).
+    pub fn check_wall_clock(&self) -> Option<WallCheck> {
+        self.clock.check_wall()
     }
 
     /// The log, once loading is done; writes before that are refused (their seqs would collide with the
@@ -558,8 +597,19 @@ impl Gate {
     }
 
     /// Frees dead windows and expired tombstones in every namespace.
+    ///
+    /// A replica frees windows only while it holds its lease. Until then the stream time it has applied
+    /// may be any old message's — one a leader stamped two hours ahead before its clock was set right, read
+    /// again by a replica that restarted on a clock of its own two hours ahead — and those two together
+    /// would drop windows a current stamp keeps. Under a lease the latest message applied is at most a
+    /// lease old, stamped by the stream's current leader, and [`ReadTime::agreed`] bounds each clock by the
+    /// other. (Its lookups need no such rule: without a lease they answer no `ABSENT`.)
     pub fn maintain(&self) {
-        let now = self.clock.now_ms();
+        let now = self.read_time();
+        let now = match &self.lease {
+            Some(lease) if !lease.holds_at(lease.now()) => now.keeping_windows(),
+            _ => now,
+        };
         self.namespaces
             .values()
             .for_each(|e| e.namespace.maintain(now));
@@ -567,13 +617,13 @@ impl Gate {
 
     /// Figures of every namespace, sorted by name.
     pub fn stats(&self) -> Vec<NamespaceStats> {
-        let now = self.clock.now_ms();
+        let now = self.read_time();
         self.namespaces().iter().map(|n| n.stats(now)).collect()
     }
 
     /// What a read of each namespace's whole state tells, by name: fill ratio and state digest, for `Stats`.
     pub fn scan(&self) -> HashMap<Arc<str>, Scan> {
-        let now = self.clock.now_ms();
+        let now = self.read_time();
         self.namespaces()
             .iter()
             .map(|n| {
@@ -588,7 +638,7 @@ impl Gate {
 
     /// Publishes every namespace's gauges; returns the figures published (what [`stats`](Self::stats) says).
     pub fn export_gauges(&self) -> Vec<NamespaceStats> {
-        let now = self.clock.now_ms();
+        let now = self.read_time();
         self.namespaces
             .values()
             .map(|e| e.namespace.export_gauges(now))

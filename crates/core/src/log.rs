@@ -112,6 +112,38 @@ impl Mutation {
         }
     }
 
+    /// The same mutation with times no single clock decides, for a log whose leader stamped it
+    /// `stored_at_ms` when it stored it (a replicated stream: every replica reads the same stamp, so every
+    /// replica applies the same times).
+    ///
+    /// Its writer stamped it on its own clock; either clock may have been stepped, and nothing tells which.
+    /// So each time is taken from the clock that errs the safe way:
+    /// - an `Add`'s (and a rebuild step's) keys go to the window of the **later** of the two: a key then
+    ///   lives longer, never shorter. (An insert never expires a window, however far ahead its time:
+    ///   [`WindowedFilter`](crate::filter::windowed::WindowedFilter) leaves that to the reader's time.)
+    /// - a tombstone counts its TTL from the **earlier** of the two: it then stops answering `ABSENT` sooner,
+    ///   never later.
+    ///
+    /// One host's clock stepped by hours therefore changes neither when a key expires nor how long a
+    /// tombstone answers; both clocks wrong the same way is outside the fault model (a minority of hosts).
+    pub fn agreed(mut self, stored_at_ms: u64) -> Self {
+        match &mut self {
+            Self::Add { at_ms, .. } | Self::Rebuild { at_ms, .. } => {
+                *at_ms = (*at_ms).max(stored_at_ms)
+            }
+            Self::RecordAbsent {
+                at_ms,
+                expires_at_ms,
+                ..
+            } => {
+                let earlier = (*at_ms).min(stored_at_ms);
+                *expires_at_ms = earlier.saturating_add(expires_at_ms.saturating_sub(*at_ms));
+                *at_ms = earlier;
+            }
+        }
+        self
+    }
+
     /// The same mutation with its seq `by` higher: for logs written when seqs counted from another origin.
     pub fn shift_seq(self, by: u64) -> Self {
         let seq = self.seq() + by;
@@ -210,5 +242,53 @@ impl Log for MemoryLog {
 
     fn commit(&self, _ticket: Ticket) -> Result<(), LogError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: u64 = 3_600_000;
+
+    fn add(at_ms: u64) -> Mutation {
+        Mutation::Add {
+            namespace: "n".into(),
+            seq: 7,
+            at_ms,
+            keys: PackedKeys::from(vec![Bytes::from_static(b"k")]),
+        }
+    }
+
+    fn absence(at_ms: u64, ttl_ms: u64) -> Mutation {
+        Mutation::RecordAbsent {
+            namespace: "n".into(),
+            seq: 7,
+            at_ms,
+            key: Bytes::from_static(b"k"),
+            kind: AbsenceKind::Missing,
+            expires_at_ms: at_ms + ttl_ms,
+            observed_seq: 0,
+        }
+    }
+
+    #[test]
+    fn an_add_takes_the_later_clock_and_a_tombstone_the_earlier() {
+        let now = 1_000 * HOUR;
+        // Writer two hours ahead, or the leader two hours ahead: the key's window is the later one.
+        assert_eq!(add(now + 2 * HOUR).agreed(now), add(now + 2 * HOUR));
+        assert_eq!(add(now).agreed(now + 2 * HOUR), add(now + 2 * HOUR));
+        // Writer two hours behind: the leader's time.
+        assert_eq!(add(now - 2 * HOUR).agreed(now), add(now));
+        // A tombstone of 60 s from a writer two hours ahead lives 60 s from the leader's time.
+        assert_eq!(
+            absence(now + 2 * HOUR, 60_000).agreed(now),
+            absence(now, 60_000)
+        );
+        // From a writer two hours behind: 60 s from its own time, so it has expired already.
+        assert_eq!(
+            absence(now - 2 * HOUR, 60_000).agreed(now),
+            absence(now - 2 * HOUR, 60_000)
+        );
     }
 }

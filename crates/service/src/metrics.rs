@@ -149,6 +149,24 @@ pub fn writes_refused(refused: bool) {
     gauge!("existence_writes_refused").set(f64::from(u8::from(refused)));
 }
 
+/// Publishes how the wall clock stands against the gate's steady clock (`existence_clock_offset_seconds`),
+/// and counts and logs a step (`existence_clock_steps_total`): a step changes nothing the gate answers (see
+/// [`SteadyClock`](crate::core::clock::SteadyClock)), but an operator wants to know the host's clock moved,
+/// and that the gate keeps its own time until it restarts.
+pub fn wall_clock(check: crate::core::clock::WallCheck) {
+    gauge!("existence_clock_offset_seconds").set(check.offset_ms as f64 / 1000.0);
+    if let Some(stepped_ms) = check.stepped_ms {
+        counter!("existence_clock_steps_total").increment(1);
+        tracing::warn!(
+            stepped_ms,
+            offset_ms = check.offset_ms,
+            "the wall clock stepped; the gate keeps its own time (the wall clock at start, carried by the \
+             monotonic clock), so nothing expires early or late because of it; it reads the wall clock \
+             again when it restarts"
+        );
+    }
+}
+
 /// Counter of calls shed by the in-flight limit (they never reach a handler, so `existence_requests_total`
 /// does not see them).
 pub fn shed_calls() -> Counter {

@@ -120,7 +120,7 @@ pub fn write(
     gate: &Gate,
     seed: [u8; 32],
 ) -> Result<Written, PersistenceError> {
-    let (namespaces, now) = (gate.namespaces(), gate.now_ms());
+    let (namespaces, now) = (gate.namespaces(), gate.read_time());
     let contents = Contents {
         hash_check: gate.hash_check(),
         count: namespaces.len(),
@@ -640,6 +640,6 @@ pub fn restore(gate: &Gate, image: NamespaceImage) -> Result<(), String> {
         ));
     }
     namespace
-        .restore(image, gate.now_ms())
+        .restore(image, gate.read_time())
         .map_err(|stopped| stopped.to_string())
 }

@@ -101,7 +101,7 @@ impl Snapshotter {
             bytes: written.bytes,
             segments_removed,
             elapsed: started.elapsed(),
-            at_ms: gate.now_ms(),
+            at_ms: gate.read_time().tombstones_ms,
         };
         tracing::info!(path = %taken.path.display(), bytes = taken.bytes, elapsed = ?taken.elapsed, "snapshot published");
         *last = Some(taken.clone());

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::{Args, Parser};
 
-use existence_gate::core::clock::SystemClock;
+use existence_gate::core::clock::SteadyClock;
 use existence_gate::core::config::{parse_duration, GateConfig};
 use existence_gate::server::{self, DurabilityOptions, RespOptions, ServeOptions, TlsOptions};
 use existence_gate::storage::SyncMode;
@@ -263,7 +263,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), String> {
     let options = args.options()?;
     log_settings(&options);
     let signal = shutdown_signal();
-    let running = server::start(options, Arc::new(SystemClock))
+    let running = server::start(options, Arc::new(SteadyClock::system()))
         .await
         .map_err(|e| e.to_string())?;
     let shutdown = running.shutdown_handle();

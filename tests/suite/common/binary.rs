@@ -42,16 +42,38 @@ fn command(dir: &Path, faults: &str) -> tokio::process::Command {
 /// Starts the binary on `dir` with `FAILPOINTS=faults` ("" for none) and waits until it has loaded and
 /// serves; returns the process and its gRPC address.
 pub async fn spawn(dir: &Path, faults: &str) -> (tokio::process::Child, String) {
-    let mut child = command(dir, faults)
+    let served = start(command(dir, faults)).await;
+    (served.child, served.grpc_addr)
+}
+
+/// A started binary.
+pub struct Served {
+    /// The process (killed when dropped).
+    pub child: tokio::process::Child,
+    /// Its gRPC address, `IP:PORT`.
+    pub grpc_addr: String,
+    /// Its HTTP address (`/metrics`, `/readyz`), `IP:PORT`.
+    pub http_addr: String,
+}
+
+/// Starts `command` (a [`serve`] with its flags) and waits until it has loaded and serves.
+pub async fn start(mut command: tokio::process::Command) -> Served {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(PATIENCE, async {
+    let field = |line: &str, name: &str| {
+        let rest = line.split(name).nth(1)?;
+        Some(rest.split_whitespace().next()?.to_string())
+    };
+    let (grpc_addr, http_addr) = tokio::time::timeout(PATIENCE, async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("grpc_addr=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
+            if let (Some(grpc), Some(http)) =
+                (field(&line, "grpc_addr="), field(&line, "http_addr="))
+            {
+                return (grpc, http);
             }
         }
         panic!("the binary exited before logging its address");
@@ -62,7 +84,7 @@ pub async fn spawn(dir: &Path, faults: &str) -> (tokio::process::Child, String) 
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     // Loaded once health says SERVING: the gate opens just before (its "state loaded" log line comes earlier,
     // while writes are still refused).
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
         .unwrap()
         .connect_lazy();
     let mut health = HealthClient::new(channel);
@@ -74,7 +96,11 @@ pub async fn spawn(dir: &Path, faults: &str) -> (tokio::process::Child, String) 
         (reply.status() == ServingStatus::Serving).then_some(())
     })
     .await;
-    (child, addr)
+    Served {
+        child,
+        grpc_addr,
+        http_addr,
+    }
 }
 
 /// Runs the binary on `dir` with `FAILPOINTS=faults`, expecting it to refuse to start: everything it wrote

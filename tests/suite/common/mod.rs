@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod faketime;
 pub mod feed;
 pub mod nats;
 pub mod polyglot;

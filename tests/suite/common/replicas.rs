@@ -46,6 +46,8 @@ pub struct Launch {
     pub args: Vec<String>,
     /// `FAILPOINTS` (README "Fault points"); empty for none.
     pub faults: String,
+    /// A wall clock the test steps, if not the host's.
+    pub clock: Option<std::sync::Arc<super::faketime::SteppedClock>>,
 }
 
 impl Launch {
@@ -58,6 +60,7 @@ impl Launch {
             data_dir: config.with_file_name(format!("data-{id}")),
             args: Vec::new(),
             faults: String::new(),
+            clock: None,
         }
     }
 
@@ -73,6 +76,9 @@ impl Launch {
             .env("FAILPOINTS", &self.faults)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut command);
+        }
         command
     }
 

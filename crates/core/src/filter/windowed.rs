@@ -444,7 +444,14 @@ impl WindowedFilter {
         dead
     }
 
-    /// Makes sure a window for `at_ms` exists and drops the windows that are dead by then; returns the new set.
+    /// Makes sure a window for `at_ms` exists; returns the new set.
+    ///
+    /// It drops nothing: only [`expire`](Self::expire), at the reader's time, does. An insert's time is the
+    /// time its writer's clock gave (in a replica, agreed with the stream's: see
+    /// [`Mutation::agreed`](crate::log::Mutation::agreed)), and one writer's clock ahead by two hours must
+    /// not expire every key added before it — which is what dropping here did, on every replica applying
+    /// that `Add`, for good. A window ahead of the reader's time is live (its id is above the oldest live
+    /// one), so keys inserted there are found; they live longer, never shorter.
     fn rotate<'g>(&self, at_ms: u64, guard: &'g Guard) -> &'g Windows {
         let _structure = self.structure.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.load(guard);
@@ -452,15 +459,7 @@ impl WindowedFilter {
         if current.list.last().is_some_and(|w| w.id >= target_id) {
             return current; // another writer rotated first
         }
-        let oldest = self.oldest_live_id(at_ms);
-        let mut next = Windows {
-            list: current
-                .list
-                .iter()
-                .filter(|w| w.id >= oldest)
-                .cloned()
-                .collect(),
-        };
+        let mut next = current.clone();
         next.list.push(Window::new(
             target_id,
             vec![Arc::new(BloomLayer::new(self.base))],
@@ -660,6 +659,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An insert stamped two hours ahead (a writer whose clock stepped) creates its window but drops none:
+    /// the keys added before it answer until their own retention ends by the reader's time.
+    #[test]
+    fn an_insert_from_a_clock_ahead_expires_nothing() {
+        let filter = WindowedFilter::new(spec(Retention::Millis(3 * HOUR), 1_000));
+        let hasher = KeyHasher::from_seed([1; 32]);
+        let (before, ahead) = (hasher.hash(b"before"), hasher.hash(b"ahead"));
+        filter.insert(before, 100 * HOUR);
+        filter.insert(ahead, 200 * HOUR);
+        assert!(filter.contains(before, 100 * HOUR + 1));
+        assert!(filter.contains(ahead, 100 * HOUR + 1));
+        assert_eq!(filter.expire(100 * HOUR + 1), 0);
+        assert!(filter.contains(before, 103 * HOUR));
+        // Once the reader's time passes its retention, the key expires as it would have.
+        assert!(!filter.contains(before, 104 * HOUR));
     }
 
     #[test]

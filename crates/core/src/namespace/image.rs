@@ -69,7 +69,12 @@ impl Namespace {
     /// Replaces the whole state with a snapshot's: filter windows, live tombstones, the memory of recent adds
     /// and seq. Invalidations before `seq` become unservable. (An image without that memory — snapshot
     /// format 2 — brings a floor instead: any absence observed before `seq` is then `SUPERSEDED`.)
-    pub fn restore(&self, image: NamespaceImage, now_ms: u64) -> Result<(), WritesStopped> {
+    pub fn restore(
+        &self,
+        image: NamespaceImage,
+        time: impl Into<ReadTime>,
+    ) -> Result<(), WritesStopped> {
+        let now_ms = time.into().tombstones_ms;
         let NamespaceImage {
             seq,
             keys_added,
@@ -111,7 +116,8 @@ impl Namespace {
 
     /// The state a snapshot needs. Its seq is read under the writer lock, so every mutation logged before
     /// this call is included; later mutations may be partly included and are replayed from the log.
-    pub fn export(&self, now_ms: u64) -> Result<NamespaceImage, WritesStopped> {
+    pub fn export(&self, time: impl Into<ReadTime>) -> Result<NamespaceImage, WritesStopped> {
+        let now_ms = time.into().tombstones_ms;
         let (seq, recent_adds, rebuild) = {
             let writer = self.writer()?;
             let rebuild = writer.shadow.as_ref().and_then(|s| {
@@ -143,13 +149,14 @@ impl Namespace {
     /// the tests) can see that they agree. Taken under the writer lock, so no mutation lands half-way
     /// through; reads go on. Compare digests taken at about the same time: a tombstone or window expiring
     /// between two calls changes it.
-    pub fn state_digest(&self, now_ms: u64) -> Result<StateDigest, WritesStopped> {
+    pub fn state_digest(&self, time: impl Into<ReadTime>) -> Result<StateDigest, WritesStopped> {
+        let time = time.into();
         let _writer = self.writer()?;
         let seq = self.latest_seq();
         let mut digest = siphasher::sip::SipHasher13::new();
         digest.write_u64(seq);
-        self.filter.load().digest(now_ms, &mut digest);
-        let mut tombstones = self.tombstones.live(now_ms);
+        self.filter.load().digest(time.windows_ms, &mut digest);
+        let mut tombstones = self.tombstones.live(time.tombstones_ms);
         tombstones.sort_unstable_by_key(|t| (t.key.tag, t.key.strong.0));
         for tombstone in &tombstones {
             digest.write_u32(tombstone.key.tag);

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arc_swap::ArcSwap;
 
 use crate::answer::{Lookup, NamespaceStats};
+use crate::clock::ReadTime;
 use crate::config::NamespaceSettings;
 use crate::filter::WindowedFilter;
 use crate::hashing::{KeyHash, KeyHasher};
@@ -161,33 +162,42 @@ impl Namespace {
         self.writer.is_poisoned()
     }
 
-    /// The answer for one key at `now_ms`.
+    /// The answer for one key at `time`.
     #[inline]
-    pub fn lookup(&self, key: &[u8], now_ms: u64) -> Lookup {
+    pub fn lookup(&self, key: &[u8], time: impl Into<ReadTime>) -> Lookup {
+        let time = time.into();
         let hash = self.hasher.hash(key);
-        let tombstoned = self
-            .tombstones
-            .lookup(hash, || self.hasher.strong(key), now_ms);
-        let lookup = Lookup::of(tombstoned, || self.filter.load().contains(hash, now_ms));
+        let tombstoned =
+            self.tombstones
+                .lookup(hash, || self.hasher.strong(key), time.tombstones_ms);
+        let lookup = Lookup::of(tombstoned, || {
+            self.filter.load().contains(hash, time.windows_ms)
+        });
         self.metrics.count_answers(std::slice::from_ref(&lookup));
         lookup
     }
 
     /// Answers for many keys at once, in order, into `answers`: the filter probes them as a batch so that
     /// their cache misses overlap.
-    pub fn lookup_many<K: AsRef<[u8]>>(&self, keys: &[K], now_ms: u64, answers: &mut Vec<Lookup>) {
+    pub fn lookup_many<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        time: impl Into<ReadTime>,
+        answers: &mut Vec<Lookup>,
+    ) {
+        let time = time.into();
         let hashes: Vec<KeyHash> = keys.iter().map(|k| self.hasher.hash(k.as_ref())).collect();
         let mut tombstoned = Vec::with_capacity(hashes.len());
         self.tombstones.lookup_many(
             &hashes,
             |i| self.hasher.strong(keys[i].as_ref()),
-            now_ms,
+            time.tombstones_ms,
             &mut tombstoned,
         );
         let mut in_filter = Vec::with_capacity(hashes.len());
         self.filter
             .load()
-            .contains_many(&hashes, now_ms, &mut in_filter);
+            .contains_many(&hashes, time.windows_ms, &mut in_filter);
         answers.clear();
         answers.extend(
             tombstoned
@@ -205,13 +215,15 @@ impl Namespace {
     }
 
     /// Frees dead windows and expired tombstones; the server calls it periodically.
-    pub fn maintain(&self, now_ms: u64) {
-        self.filter.load().expire(now_ms);
-        self.tombstones.purge_expired(now_ms);
+    pub fn maintain(&self, time: impl Into<ReadTime>) {
+        let time = time.into();
+        self.filter.load().expire(time.windows_ms);
+        self.tombstones.purge_expired(time.tombstones_ms);
     }
 
     /// Current figures.
-    pub fn stats(&self, now_ms: u64) -> NamespaceStats {
+    pub fn stats(&self, time: impl Into<ReadTime>) -> NamespaceStats {
+        let now_ms = time.into().windows_ms;
         NamespaceStats {
             name: Arc::clone(&self.name),
             seq: self.latest_seq(),
@@ -227,13 +239,13 @@ impl Namespace {
 
     /// Fraction of the live filter's bits that are set (a scan of every filter word: see
     /// [`crate::filter::WindowedFilter::fill_ratio`]).
-    pub fn fill_ratio(&self, now_ms: u64) -> f64 {
-        self.filter.load().fill_ratio(now_ms)
+    pub fn fill_ratio(&self, time: impl Into<ReadTime>) -> f64 {
+        self.filter.load().fill_ratio(time.into().windows_ms)
     }
 
     /// Publishes the gauges of this namespace; returns the figures it published.
-    pub fn export_gauges(&self, now_ms: u64) -> NamespaceStats {
-        let stats = self.stats(now_ms);
+    pub fn export_gauges(&self, time: impl Into<ReadTime>) -> NamespaceStats {
+        let stats = self.stats(time);
         self.metrics.export(&stats);
         stats
     }

@@ -244,11 +244,16 @@ impl Replica {
         let outcome = match read.mutation {
             Some(mutation) => {
                 self.metrics.applied.increment(1);
-                self.gate.apply_streamed(mutation).map_err(|reason| {
-                    StreamError::Setup(format!("message {}: {reason}", read.seq))
-                })?
+                self.gate
+                    .apply_streamed(mutation, read.stored_at_ms)
+                    .map_err(|reason| {
+                        StreamError::Setup(format!("message {}: {reason}", read.seq))
+                    })?
             }
-            None => None,
+            None => {
+                self.gate.stream_time_passed(read.stored_at_ms);
+                None
+            }
         };
         if read.member.is_some() {
             tracing::info!(seq = read.seq, record = ?read.member, "membership changed");

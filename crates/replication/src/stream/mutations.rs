@@ -140,6 +140,8 @@ fn decode(
         .info()
         .map_err(|e| StreamError::Read(format!("a message of stream {name:?} has no info: {e}")))?;
     let seq = info.stream_sequence;
+    let stored_at_ms =
+        u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
     match consumer {
         Some(before) if before != info.consumer => {
             return Err(StreamError::Read(format!(
@@ -167,6 +169,7 @@ fn decode(
         id: id.clone(),
         barrier: None,
         digest,
+        stored_at_ms,
     };
     if let Some(record) = subject.strip_prefix(control) {
         return Ok(match record {
@@ -191,6 +194,7 @@ fn decode(
             id,
             barrier: None,
             digest,
+            stored_at_ms,
         }),
         Ok(mutation) => Ok(passed_over(
             None,

@@ -179,7 +179,7 @@ fn error_rate(value: Option<&Bytes>) -> Outcome {
 pub fn info(port: &Port, namespace: &str, field: &[Bytes], replies: &mut Replies<'_>) -> Outcome {
     let configured = port.gate.namespace(namespace).map_err(refusal)?;
     let (stats, capacity) = (
-        configured.stats(port.gate.now_ms()),
+        configured.stats(port.gate.read_time()),
         configured.settings().expected_keys,
     );
     let fields: [(&str, &str, Option<u64>); 5] = [
@@ -228,7 +228,7 @@ pub fn card(port: &Port, namespace: &str, replies: &mut Replies<'_>) -> Outcome 
         .gate
         .namespace(namespace)
         .map_err(refusal)?
-        .stats(port.gate.now_ms());
+        .stats(port.gate.read_time());
     replies.integer(stats.filter.keys as i64);
     Ok(())
 }
