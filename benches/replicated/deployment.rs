@@ -368,6 +368,20 @@ fn warning(line: &str) -> Option<String> {
         .find_map(|level| line.find(level).map(|at| line[at..].trim().to_string()))
 }
 
+/// Writes the configuration every server runs with: JetStream syncs each write before acknowledging it
+/// (`sync_interval: always`, README "Scaling out"). `EXISTENCE_GATE_BENCH_NATS_SYNC=default` leaves
+/// NATS's default (a sync every two minutes), to measure what durability costs side by side.
+fn synced_config(dir: &Path) -> PathBuf {
+    let path = dir.join("nats.conf");
+    let sync = match std::env::var("EXISTENCE_GATE_BENCH_NATS_SYNC").as_deref() {
+        Ok("default") => "",
+        _ => "  sync_interval: always\n",
+    };
+    std::fs::write(&path, format!("jetstream {{\n{sync}}}\n"))
+        .expect("a nats-server configuration");
+    path
+}
+
 /// Starts `servers` JetStream servers on free loopback ports, clustered when more than one, each with its
 /// store and log under `dir`, and waits until each reports healthy (for a cluster: a JetStream meta leader
 /// elected, so that a replicated stream can be created).
@@ -386,6 +400,8 @@ async fn start_nats(dir: &Path, servers: usize, commands: &mut Vec<String>) -> V
         let name = NATS_NAMES[i];
         let mut command = Command::new(&binary);
         command
+            .arg("-c")
+            .arg(synced_config(dir))
             .args(["-a", "127.0.0.1", "-p", &client.to_string()])
             .args(["-m", &monitor.to_string(), "-js", "-sd"])
             .arg(dir.join(name))

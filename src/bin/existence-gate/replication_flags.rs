@@ -48,6 +48,11 @@ pub(crate) struct ReplicationArgs {
     /// that acknowledge by the fallback wait the read lease stretched by this much.
     #[arg(long, env = "EXISTENCE_GATE_MAX_CLOCK_DRIFT", default_value = "1%", value_parser = parse_drift)]
     max_clock_drift: u64,
+    /// Start on a nats-server older than 2.10, which cannot sync JetStream's store before acknowledging: a
+    /// power loss of the NATS hosts can then lose acknowledged Adds, answered ABSENT afterwards. For tests
+    /// of such servers only.
+    #[arg(long, env = "EXISTENCE_GATE_NATS_ALLOW_UNSYNCED", requires = "nats")]
+    nats_allow_unsynced: bool,
 }
 
 /// A clock drift in parts per million, from `1%` or `100ppm`.
@@ -96,6 +101,7 @@ impl ReplicationArgs {
                 credentials: self.nats_creds.clone(),
                 tls_ca: self.nats_tls_ca.clone(),
                 replicas: self.nats_replicas,
+                allow_unsynced: self.nats_allow_unsynced,
                 ..StreamOptions::new(self.nats.clone(), &self.nats_stream)
             },
             replica: ReplicaOptions {

