@@ -1251,3 +1251,48 @@ async fn a_replica_restarted_two_hours_ahead_expires_nothing_on_any_replica() {
         );
     }
 }
+
+/// Eight bytes of junk published on the snapshots' index record (`existence.$snapshots`) — read as one seq far
+/// past the stream's end, they named a snapshot no bucket held, and every start failed to download it. Junk
+/// is not an index: a restart with its data and a wiped replica both start, from the snapshots the index
+/// really names, and hold every acknowledged key.
+#[tokio::test]
+async fn junk_on_the_snapshot_index_stops_no_start() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (launches, mut replicas) = snapshotting(&nats, dir.path()).await;
+    let keys = named("indexed", 50);
+    add(&replicas[0], "users", &keys).await;
+    wait_until(PATIENCE, "a shared snapshot", async || {
+        (!shared_snapshots(&nats.url).await.is_empty()).then_some(())
+    })
+    .await;
+    for replica in replicas.drain(1..).rev() {
+        replica.kill().await;
+    }
+    let client = async_nats::connect(&nats.url).await.unwrap();
+    async_nats::jetstream::new(client)
+        .publish(
+            "existence.$snapshots",
+            bytes::Bytes::from_static(b"junk!!!!"),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&launches[2].data_dir).unwrap();
+    for launch in &launches[1..] {
+        let replica = launch.start().await;
+        replica.serving().await;
+        assert_eq!(
+            passing_under_lease(&replica, &keys).await,
+            keys.len(),
+            "replica {}",
+            replica.id
+        );
+        replicas.push(replica);
+    }
+    agreed_digests(&replicas).await;
+}

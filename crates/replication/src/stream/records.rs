@@ -129,19 +129,19 @@ impl MutationStream {
     pub async fn record(
         &self,
         name: &str,
-        valid: impl Fn(&[u8]) -> bool,
+        valid: impl Fn(u64, &[u8]) -> bool,
     ) -> Result<(u64, Option<Bytes>), StreamError> {
         let subject = format!("{}.${name}", self.name);
         let Some(last) = self.last_on(&subject).await? else {
             return Ok((0, None));
         };
-        if valid(&last.payload) {
+        if valid(last.sequence, &last.payload) {
             return Ok((last.sequence, Some(last.payload)));
         }
         tracing::error!(seq = last.sequence, %subject, "the newest record is junk; reading the ones before it");
         let mut newest_valid = None;
-        self.read_subject_before(&subject, last.sequence, |_, payload| {
-            if valid(payload) {
+        self.read_subject_before(&subject, last.sequence, |seq, payload| {
+            if valid(seq, payload) {
                 newest_valid = Some(payload.clone());
             }
         })
