@@ -29,7 +29,8 @@ pub struct ReplicationOptions {
 const HEALTH_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Opens the stream (creating it if this is the first replica) and its snapshot bucket, and checks that
-/// every configured namespace is sized as the stream records; fails with what to fix.
+/// every configured namespace is sized, and the read lease and clock drift set, as the stream records;
+/// fails with what to fix.
 pub(super) async fn join(
     options: &ReplicationOptions,
     config: &GateConfig,
@@ -44,6 +45,13 @@ pub(super) async fn join(
             .await
             .map_err(failed)?;
     }
+    stream
+        .agree_timing(
+            options.replica.read_lease,
+            options.replica.max_clock_drift_ppm,
+        )
+        .await
+        .map_err(failed)?;
     let store = SnapshotStore::open(&stream, options.stream.replicas)
         .await
         .map_err(failed)?;

@@ -713,7 +713,7 @@ async fn a_flood_of_redundant_absences_never_reaches_the_stream() {
 }
 
 /// Test 9: NATS unreachable, a stream of that name with other subjects, a namespace sized otherwise than
-/// the stream records — each refused at start with what to fix.
+/// the stream records, another read lease than the stream records — each refused at start with what to fix.
 #[tokio::test]
 async fn a_setup_that_cannot_work_is_refused_with_the_reason() {
     let Some(nats) = Nats::start().await else {
@@ -756,6 +756,17 @@ async fn a_setup_that_cannot_work_is_refused_with_the_reason() {
     let refused = Launch::new(&nats.url, &resized, "resized").refused().await;
     assert!(
         refused.contains("namespace \"users\" is sized differently here"),
+        "{refused}"
+    );
+
+    // Another read lease than the stream's: its writers would wait out the others' leases by its own.
+    let config = config_file(dir.path(), CONFIG);
+    let mut longer = Launch::new(&nats.url, &config, "longer");
+    longer.args = vec!["--read-lease".to_string(), "5s".to_string()];
+    let refused = longer.refused().await;
+    assert!(
+        refused.contains("runs --read-lease 5s --max-clock-drift 10000ppm")
+            && refused.contains("records --read-lease 100ms --max-clock-drift 10000ppm"),
         "{refused}"
     );
 }

@@ -55,6 +55,9 @@ pub(crate) struct ReplicationArgs {
     nats_allow_unsynced: bool,
 }
 
+/// The longest `--read-lease` accepted.
+const MAX_READ_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A clock drift in parts per million, from `1%` or `100ppm`.
 fn parse_drift(text: &str) -> Result<u64, String> {
     let bad = || {
@@ -85,6 +88,13 @@ impl ReplicationArgs {
             return Err(format!(
                 "--read-lease {:?} is too short: replicas renew it four times per lease over the network; \
                  use at least 4ms (100ms is the default)",
+                self.read_lease
+            ));
+        }
+        if self.read_lease > MAX_READ_LEASE {
+            return Err(format!(
+                "--read-lease {:?} is too long: while a replica is silent, every Add waits about one lease \
+                 before it is acknowledged; use at most {MAX_READ_LEASE:?} (100ms is the default)",
                 self.read_lease
             ));
         }

@@ -25,7 +25,9 @@
 //!   the publish acknowledgement at `p` on its clock, acknowledges once every incarnation that joined
 //!   before N and is a member, or left less than `lease × (1 + ρ) + margin` ago on W's clock, has reported
 //!   reading that very `Add` (its message id) at N; and in any case at `p + lease × (1 + ρ) + margin` (the
-//!   fallback).
+//!   fallback). A process that started from a snapshot acknowledges only by the fallback until a
+//!   fallback has passed since it started ([`start_after`](Protocol::start_after)): the snapshot records
+//!   the members, not the graces.
 //!
 //! # Why no replica answers `ABSENT` for an acknowledged `Add`
 //! Take a lookup at R after the acknowledgement of N, under a lease from a barrier sent at `s`, stored at
@@ -42,7 +44,9 @@
 //! 4. `B < N`, R's incarnation joined at `J < N` and departed at `D` longer than a fallback before W
 //!    decided: R's lease came from a barrier before D (one after D needs R to have applied D, and then R
 //!    is no member), so `s` precedes `D`'s storing, which precedes the moment W applied D; W's grace ran a
-//!    fallback from that moment, so again R's lease had ended.
+//!    fallback from that moment, so again R's lease had ended. A W that started from a snapshot covering
+//!    `D` never applied it: `D` was stored before W started at `w`, and W acknowledges early only from
+//!    `w + fallback` on, so again R's lease had ended.
 //!
 //! # What JetStream is trusted with, and what is checked
 //! The argument needs a replica's consumer to read the quorum's history. nats-server 2.9.10 does not always
@@ -237,6 +241,9 @@ pub struct Protocol {
     /// the quorum's copy there (see [`checked_through`](Self::checked_through)).
     checked_through: u64,
     lease_until: Nanos,
+    /// Before this (its clock), its writes are acknowledged only by the fallback: it started from a
+    /// snapshot, which records the members but not the graces of those who departed just before.
+    early_from: Nanos,
 }
 
 impl Protocol {
@@ -261,13 +268,22 @@ impl Protocol {
             caught_up: false,
             checked_through: 0,
             lease_until: 0,
+            early_from: 0,
         }
     }
 
-    /// Starts from a snapshot covering seqs through `seq`, with the membership it recorded.
-    pub fn start_after(&mut self, seq: u64, members: Membership) {
+    /// Starts, at `now`, from a snapshot covering seqs through `seq`, with the membership it recorded.
+    ///
+    /// A snapshot records who is a member, not who departed less than a fallback before it: an
+    /// incarnation removed while cut off may still hold a lease, which a process applying the removal
+    /// would have waited out as a grace. So until a fallback has passed since its start, this process
+    /// acknowledges its writes only by the fallback: a lease taken before the snapshot was read began
+    /// before `now`, and has ended by `now` + fallback. (A process that applies the stream from its start
+    /// applies every departure itself, and its graces run from when it applied them: later, so longer.)
+    pub fn start_after(&mut self, seq: u64, members: Membership, now: Nanos) {
         self.applied = seq;
         self.members = members;
+        self.early_from = now.saturating_add(self.timing.fallback());
     }
 
     /// This process.
@@ -578,6 +594,10 @@ impl Protocol {
             // Its membership, read from a copy that is not the quorum's, may miss members (their joins at
             // other seqs): only the fallback, which needs no membership, is sound.
             return Ack::Wait(fallback);
+        }
+        if now < self.early_from {
+            // Just started from a snapshot, it knows no graces (`start_after`).
+            return Ack::Wait(self.early_from.min(fallback));
         }
         let reported = |nonce: u64| self.read_there(nonce, seq, write);
         let members_missing = self
@@ -938,6 +958,29 @@ mod tests {
             "or until it reports"
         );
         assert_eq!(w.ack(6, write(1), 11 * MS, 113 * MS), Ack::ByFallback);
+    }
+
+    /// A writer started from a snapshot that covers a removal knows the members, not the removed one's
+    /// grace: it acknowledges only by the fallback until a fallback has passed since it started.
+    #[test]
+    fn a_writer_started_from_a_snapshot_acknowledges_early_only_a_fallback_after_it_started() {
+        let mut w = replica("w", 1);
+        let mut members = Membership::default();
+        members.apply(2, &join("w", 1));
+        members.apply(3, &join("r", 2));
+        members.apply(4, &join("gone", 3));
+        members.apply(5, &MemberRecord::Remove { id: "gone".into() });
+        w.start_after(5, members, 1_000 * MS);
+        w.read_write(6, write(0));
+        w.apply(6, None, 1_001 * MS);
+        w.settle(1_001 * MS);
+        w.heard_reads(2, &[read(6, write(0))]);
+        assert_eq!(
+            w.ack(6, write(0), 1_001 * MS, 1_002 * MS),
+            Ack::Wait(1_102 * MS),
+            "\"gone\" may hold a lease from before its removal, which the snapshot does not say"
+        );
+        assert_eq!(w.ack(6, write(0), 1_001 * MS, 1_102 * MS), Ack::Early);
     }
 
     #[test]

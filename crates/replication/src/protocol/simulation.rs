@@ -124,6 +124,8 @@ enum Event {
     NewAdd(usize),
     Fault,
     Restart(usize),
+    /// The replica crashes and restarts at once from a snapshot of everything it applied.
+    Bounce(usize),
     Heal,
     /// An operator deletes the junk at this seq.
     Delete(u64),
@@ -413,7 +415,14 @@ impl Sim {
                     .into_iter()
                     .for_each(|r| self.at(self.now, Event::Deliver(r)));
             }
-            Event::Restart(r) => self.restart(r),
+            Event::Restart(r) => self.restart(r, false),
+            Event::Bounce(r) => {
+                if self.procs[r].alive {
+                    self.note(|| format!("r{r} crashes and restarts at once"));
+                    self.crash(r);
+                    self.restart(r, true);
+                }
+            }
             Event::Delete(seq) => {
                 self.note(|| format!("an operator deletes seq {seq}"));
                 self.remove(seq);
@@ -1109,7 +1118,29 @@ impl Sim {
     fn fault(&mut self) {
         let n = self.procs.len();
         let r = self.rng.random_range(0..n);
-        match self.rng.random_range(0..12) {
+        match self.rng.random_range(0..13) {
+            12 => {
+                // A member cut off while holding a lease (its server isolated: it answers on, unaware) is
+                // removed, and the replica the removal went through restarts from a snapshot covering it:
+                // the snapshot records the members, not the removed one's grace, which a restart from it
+                // must make up for.
+                let server = self.procs[r].server;
+                let vias: Vec<usize> = (0..n)
+                    .filter(|v| self.procs[*v].server != server && self.procs[*v].alive)
+                    .collect();
+                if !vias.is_empty() {
+                    let via = vias[self.rng.random_range(0..vias.len())];
+                    self.note(|| format!("r{r} is cut off and removed through r{via}"));
+                    self.cut_off(server);
+                    let when = self.now + self.rng.random_range(5 * MS..60 * MS);
+                    self.at(when, Event::Heal);
+                    let id = self.procs[r].id.clone();
+                    let local = self.procs[via].local(self.now);
+                    self.publish(via, Entry::Record(MemberRecord::Remove { id }), local);
+                    let when = self.now + self.rng.random_range(MS..4 * MS);
+                    self.at(when, Event::Bounce(via));
+                }
+            }
             11 => {
                 // Often while a server is cut off: the stale one that may answer for the index.
                 self.at(self.now, Event::Share);
@@ -1207,15 +1238,17 @@ impl Sim {
         p.writes.clear();
     }
 
-    /// A new incarnation: from a snapshot of what the last one applied, or wiped — or from the shared
-    /// snapshot, if that is newer (as the replica loads the newer of the two).
-    fn restart(&mut self, r: usize) {
-        let wiped = self.rng.random_bool(0.3);
+    /// A new incarnation: from a snapshot of what the last one applied (all of it if `latest`), or wiped —
+    /// or from the shared snapshot, if that is newer (as the replica loads the newer of the two).
+    fn restart(&mut self, r: usize, latest: bool) {
+        let wiped = !latest && self.rng.random_bool(0.3);
         let p = &self.procs[r];
         // A replica that found its copy diverged discarded its own snapshots (they may hold that copy's
         // messages).
         let own = if wiped || p.proto.diverged().is_some() {
             0
+        } else if latest {
+            p.proto.applied()
         } else {
             self.rng.random_range(0..=p.proto.applied())
         };
@@ -1246,7 +1279,8 @@ impl Sim {
             },
             self.timing,
         );
-        p.proto.start_after(covered, members);
+        let local = p.local(self.now);
+        p.proto.start_after(covered, members, local);
         p.holds = holds;
         // From its own snapshot, its first consumer must deliver the message read last that the snapshot
         // records; a shared one, vouched for by its sharer's barrier, records none.

@@ -291,7 +291,7 @@ impl Replica {
                 .membership_through(seq, &self.options.id, nonce)
                 .await?
         };
-        self.protocol().start_after(seq, members);
+        self.protocol().start_after(seq, members, self.lease.now());
         *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = last_read;
         self.applied.send_replace(seq);
         self.stream_seq.fetch_max(seq, Ordering::AcqRel);

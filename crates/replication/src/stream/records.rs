@@ -20,6 +20,10 @@ use crate::storage::codec::KeyLengths;
 const IDENTITY: &str = "$identity";
 /// The subject token before a namespace's sizing record.
 const SIZING: &str = "$sizing";
+/// The subject token of the deployment's read lease and clock drift ([`MutationStream::agree_timing`]).
+const TIMING: &str = "$timing";
+/// The start of a timing record; the read lease in nanoseconds and the drift in ppm follow.
+const TIMING_MAGIC: &str = "existence-gate timing v1:";
 /// The start of an identity message, then a u32 format and the 32-byte seed.
 const IDENTITY_MAGIC: &[u8; 8] = b"EXGIDNT1";
 /// The stream format this build writes into a new stream's identity: 3, an `Add` whose keys all have one
@@ -121,6 +125,52 @@ impl MutationStream {
             )));
         }
         Ok(())
+    }
+
+    /// Checks that this replica runs the deployment's read lease and clock drift, recording `read_lease` and
+    /// `drift_ppm` if it is the first replica of this build on the stream. Refused with both values when
+    /// they differ.
+    ///
+    /// A writer waits out other replicas' leases by its own: with the fallback `read_lease × (1 + ρ)` of a
+    /// replica at 100 ms, another at 5 s could answer `ABSENT` for 4.9 s after an `Add` was acknowledged
+    /// (659 such answers in 8 of 10 rounds, the writer's replica silenced). So the first replica writes its
+    /// timing into the stream ([`TIMING`]), and every later one must match it. Junk on the subject is passed
+    /// over ([`record`](Self::record)); two replicas recording different timings at once race on an expected
+    /// last sequence, and the loser reads the winner's and is refused.
+    pub async fn agree_timing(
+        &self,
+        read_lease: Duration,
+        drift_ppm: u64,
+    ) -> Result<(), StreamError> {
+        let mine = describe_timing(read_lease, drift_ppm);
+        loop {
+            let (at, recorded) = self
+                .record(&TIMING[1..], |_, p| parse_timing(p).is_some())
+                .await?;
+            let Some(recorded) = recorded else {
+                let written = self
+                    .replace_record(&TIMING[1..], Bytes::from(mine.clone()), at)
+                    .await?;
+                if written.is_some() {
+                    return Ok(());
+                }
+                continue; // another replica recorded first: compare with its timing
+            };
+            let (lease_ns, drift) = parse_timing(&recorded).expect("validated by record");
+            if (lease_ns, drift) == (read_lease.as_nanos() as u64, drift_ppm) {
+                return Ok(());
+            }
+            return Err(StreamError::Setup(format!(
+                "this replica runs --read-lease {:?} --max-clock-drift {drift_ppm}ppm, but the JetStream \
+                 stream {:?} records --read-lease {:?} --max-clock-drift {drift}ppm (its first replica's): a \
+                 writer waits out the others' leases by its own, so every replica of a stream must run the \
+                 same. Start this one with the stream's values (to change them, move every replica to a new \
+                 stream with --nats-stream)",
+                read_lease,
+                self.name,
+                Duration::from_nanos(lease_ns),
+            )));
+        }
     }
 
     /// The stream's own record `name` (subject `NAME.$name`), replaced over time: the stream seq of the last
@@ -287,5 +337,53 @@ impl MutationStream {
                 self.name
             ))
         })
+    }
+}
+
+/// A timing record's payload, as a person reads it too.
+fn describe_timing(read_lease: Duration, drift_ppm: u64) -> String {
+    format!(
+        "{TIMING_MAGIC} read_lease_ns={} max_clock_drift_ppm={drift_ppm}",
+        read_lease.as_nanos()
+    )
+}
+
+/// The read lease (ns) and drift (ppm) a timing record names; `None` for anything else (junk).
+fn parse_timing(payload: &[u8]) -> Option<(u64, u64)> {
+    let text = std::str::from_utf8(payload)
+        .ok()?
+        .strip_prefix(TIMING_MAGIC)?;
+    let mut fields = text.split_whitespace();
+    let lease = fields
+        .next()?
+        .strip_prefix("read_lease_ns=")?
+        .parse()
+        .ok()?;
+    let drift = fields
+        .next()?
+        .strip_prefix("max_clock_drift_ppm=")?
+        .parse()
+        .ok()?;
+    fields.next().is_none().then_some((lease, drift))
+}
+
+#[cfg(test)]
+mod timing_tests {
+    use super::*;
+
+    #[test]
+    fn a_timing_record_reads_back_and_junk_does_not() {
+        let written = describe_timing(Duration::from_millis(100), 10_000);
+        assert_eq!(
+            parse_timing(written.as_bytes()),
+            Some((100_000_000, 10_000))
+        );
+        for junk in [
+            &b"junk"[..],
+            b"",
+            b"existence-gate timing v1: read_lease_ns=x max_clock_drift_ppm=1",
+        ] {
+            assert_eq!(parse_timing(junk), None);
+        }
     }
 }
