@@ -83,9 +83,10 @@ pub struct FeedArgs {
     /// answer MAY_EXIST until their window expires or a rebuild. Without it such a column is refused.
     #[arg(long)]
     pub non_unique_adds_only: bool,
-    /// When the slot is gone (dropped, or invalidated by max_slot_wal_keep_size): create it again and load
-    /// every key of the tables within its snapshot, as --initial-load does, then follow it. Without it the
-    /// feed says what happened on /readyz and in its log, and retries until the slot is back.
+    /// When the slot is gone (dropped, or invalidated by max_slot_wal_keep_size), at start or while
+    /// following it: create it again and load every key of the tables within its snapshot, as
+    /// --initial-load does, then follow it. Without it the feed says what happened on /readyz and in its
+    /// log, and retries until the slot is back.
     #[arg(long)]
     pub recreate_slot: bool,
     /// Where /metrics, /healthz and /readyz are served.
@@ -131,7 +132,10 @@ pub async fn run(
     setup::ensure_publication(&client, &args.publication, &args.tables).await?;
     let mut first = None;
     if !setup::slot_exists(&client, &args.slot).await? {
-        if args.initial_load {
+        // --recreate-slot at start, as a lost slot's message advises, is a slot to create with every key: a
+        // plain create would follow changes from now on and load none of the rows inserted while it was
+        // gone.
+        if args.initial_load || args.recreate_slot {
             let mut session = connect_gated(&replication, &server).await?;
             let loaded = initial_load::load(
                 &mut session,
