@@ -13,6 +13,7 @@ const LIMITS: RequestLimits = RequestLimits {
     max_args: 10_016,
     max_arg_bytes: 4_096,
     max_inline_bytes: 65_536,
+    unauthenticated: false,
 };
 
 fn encode(args: &[&[u8]], out: &mut Vec<u8>) {

@@ -1267,6 +1267,7 @@ const RESP_LIMITS: existence_gate::service::resp::RequestLimits =
         max_args: 16,
         max_arg_bytes: 64,
         max_inline_bytes: 128,
+        unauthenticated: false,
     };
 
 /// The RESP request reader on arbitrary bytes, as a connection reads them: each command taken is within the

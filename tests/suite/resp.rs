@@ -503,6 +503,84 @@ async fn bad_input_gets_redis_errors_and_the_limits_hold() {
     assert_eq!(reply, b"-ERR max number of clients reached\r\n");
 }
 
+/// Before `AUTH` (tokens configured) a connection may send what Redis lets an unauthenticated client send —
+/// ten arguments — and must authenticate within `handshake_timeout`; any connection must finish a request
+/// within it of its first byte, however it trickles. (Before: an unauthenticated connection could hold an
+/// unfinished request of 10,016 arguments of 4 KiB, 41 MB, and 50 of them aborted the process; one byte a
+/// second kept a connection for ever.)
+#[tokio::test]
+async fn unauthenticated_and_slow_clients_are_bounded_and_closed_in_time() {
+    let config = format!(
+        "{NAMESPACES}[limits]\nhandshake_timeout = \"1s\"\n[[tokens]]\nname = \"reader\"\nsha256 = \"{}\"\n\
+         roles = [\"read\"]\nnamespaces = [\"users\"]\n",
+        hash_token("read-token"),
+    );
+    let server = start_resp(&config, |_| {}).await;
+    let address = server.resp_addr.unwrap();
+
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"*11\r\n", ends_line).await;
+    assert_eq!(
+        String::from_utf8_lossy(&reply),
+        "-ERR Protocol error: unauthenticated multibulk length 11: the limit is 10\r\n"
+    );
+    until_closed(stream).await;
+
+    // AUTH lifts the limits for the commands after it, in the same write too.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let keys: String = (0..20).map(|i| format!("$2\r\nk{}\r\n", i % 10)).collect();
+    let request =
+        format!("AUTH reader read-token\r\n*22\r\n$10\r\nBF.MEXISTS\r\n$5\r\nusers\r\n{keys}");
+    let reply = raw(&mut stream, request.as_bytes(), |r| {
+        r.ends_with(b":0\r\n") && r.len() > 80
+    })
+    .await;
+    assert!(
+        reply.starts_with(b"+OK\r\n*20\r\n"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+
+    // Never authenticated: closed at the deadline, told why.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"", ends_line).await;
+    assert!(
+        reply.starts_with(b"-NOAUTH Authentication required: a connection must AUTH within 1s"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    until_closed(stream).await;
+
+    // Authenticated, then a request trickled a byte at a time: closed a deadline after its first byte,
+    // though each byte kept the connection from being idle.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"AUTH reader read-token\r\n", ends_line).await;
+    assert_eq!(reply, b"+OK\r\n");
+    stream
+        .write_all(b"*2\r\n$4\r\nECHO\r\n$100\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    for _ in 0..100 {
+        if stream.write_all(b"a").await.is_err() {
+            break;
+        }
+        let mut chunk = [0u8; 512];
+        match tokio::time::timeout(Duration::from_millis(100), stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => reply.extend_from_slice(&chunk[..n]),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        reply.starts_with(
+            b"-ERR Protocol error: a request not finished within 1s of its first byte"
+        ),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+}
+
 #[tokio::test]
 async fn idle_connections_and_clients_that_never_read_are_closed() {
     let server = start_resp(NAMESPACES, |resp| {

@@ -167,6 +167,12 @@ pub fn wall_clock(check: crate::core::clock::WallCheck) {
     }
 }
 
+/// Counter of RESP connections closed for missing a deadline: `auth` (not authenticated within the
+/// handshake timeout) or `request` (a request unfinished that long).
+pub fn resp_deadline_closes(reason: &'static str) -> Counter {
+    counter!("existence_resp_deadline_closes_total", "reason" => reason)
+}
+
 /// Counter of calls shed by the in-flight limit (they never reach a handler, so `existence_requests_total`
 /// does not see them).
 pub fn shed_calls() -> Counter {

@@ -105,6 +105,7 @@ impl Port {
             max_args: limits.max_batch_keys + 16,
             max_arg_bytes: limits.max_key_bytes.max(4_096),
             max_inline_bytes: 64 * 1024,
+            unauthenticated: false,
         };
         Arc::new(Self {
             gate,
@@ -176,8 +177,12 @@ pub async fn serve<T: Transport>(
                 refuse(tcp).await;
                 return;
             };
+            let connected = tokio::time::Instant::now();
             match tokio::time::timeout(handshake_timeout, transport.setup(tcp)).await {
-                Ok(Ok(io)) => serve_connection(&port, io).await,
+                Ok(Ok(io)) => {
+                    serve_connection(&port, io, connected + handshake_timeout, handshake_timeout)
+                        .await
+                }
                 Ok(Err(error)) => {
                     tracing::debug!(%error, "RESP connection failed its TLS handshake")
                 }
@@ -222,13 +227,20 @@ async fn refuse(mut tcp: TcpStream) {
     .await;
 }
 
-/// Serves one connection until the peer closes it, `QUIT`, a protocol error, the idle timeout or shutdown.
+/// Serves one connection until the peer closes it, `QUIT`, a protocol error, the idle timeout, a deadline
+/// or shutdown.
 ///
 /// The loop is the per-command cost of an unpipelined client, so it arms nothing per round: the idle timer
 /// is one sleep, pushed back lazily when it fires early (a per-read `timeout` inserted and removed a timer
 /// on every command), and the shutdown wait is one future (a fresh `wait()` per read cloned the shutdown
-/// channel's receiver and registered on its waiter list, shared by every connection).
-async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite + Unpin) {
+/// channel's receiver and registered on its waiter list, shared by every connection). Deadlines are armed
+/// only while they can fire ([`Deadline`]): before `AUTH`, and while a request is unfinished.
+async fn serve_connection(
+    port: &Arc<Port>,
+    mut io: impl AsyncRead + AsyncWrite + Unpin,
+    auth_by: tokio::time::Instant,
+    request_within: Duration,
+) {
     let (pushes_tx, mut pushes) = mpsc::channel::<Push>(PUSH_QUEUE);
     let mut session = Session::new(Arc::clone(port), pushes_tx);
     let mut input = BytesMut::with_capacity(READ_CHUNK);
@@ -236,8 +248,16 @@ async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite 
     let shutdown = port.access.shutdown().clone();
     let mut shutdown = std::pin::pin!(shutdown.wait());
     let mut idle = Idle::new(port.options.idle_timeout);
+    let mut unfinished_since = None;
     loop {
-        let commands = match take_commands(&mut input, &port.limits) {
+        // Before AUTH, one command at a time: the commands after an `AUTH` in the same read are read with
+        // the limits it lifts.
+        let (limits, most) = if session.awaiting_auth() {
+            (port.limits.before_auth(), 1)
+        } else {
+            (port.limits, MAX_PIPELINE)
+        };
+        let commands = match take_commands(&mut input, &limits, most) {
             Ok(commands) => commands,
             Err(ProtocolError(message)) => {
                 session.replies(&mut output).error("ERR", &message);
@@ -273,6 +293,16 @@ async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite 
             // More may be buffered already (more than one round's worth of commands arrived at once).
             continue;
         }
+        // Whatever is left in the input is the start of a request not read whole yet.
+        if input.is_empty() {
+            unfinished_since = None;
+        } else if unfinished_since.is_none() {
+            unfinished_since = Some(tokio::time::Instant::now());
+        }
+        let deadline = Deadline::next(
+            session.awaiting_auth().then_some(auth_by),
+            unfinished_since.map(|since| since + request_within),
+        );
         input.reserve(READ_CHUNK);
         let subscribed = session.is_subscribed();
         tokio::select! {
@@ -286,7 +316,71 @@ async fn serve_connection(port: &Arc<Port>, mut io: impl AsyncRead + AsyncWrite 
                 tracing::debug!(timeout = ?idle.timeout, "closing an idle RESP connection");
                 return;
             },
+            missed = deadline.passed() => {
+                crate::metrics::resp_deadline_closes(missed.reason()).increment(1);
+                session.replies(&mut output).error(missed.kind(), &missed.message(request_within));
+                close_after(&mut io, &output).await;
+                return;
+            },
             () = &mut shutdown => return,
+        }
+    }
+}
+
+/// The deadline a connection must meet next, if any: to authenticate (where tokens are configured) within
+/// `handshake_timeout` of connecting, and to finish a request within `handshake_timeout` of its first
+/// byte. The idle timeout alone let a client holding one unfinished request, a byte a second, keep its
+/// connection (and its place in `max_connections`) for ever: 50 such connections, none authenticated,
+/// refused every new client past four idle timeouts.
+enum Deadline {
+    None,
+    Auth(tokio::time::Instant),
+    Request(tokio::time::Instant),
+}
+
+impl Deadline {
+    fn next(auth: Option<tokio::time::Instant>, request: Option<tokio::time::Instant>) -> Self {
+        match (auth, request) {
+            (Some(auth), Some(request)) if request < auth => Self::Request(request),
+            (Some(auth), _) => Self::Auth(auth),
+            (None, Some(request)) => Self::Request(request),
+            (None, None) => Self::None,
+        }
+    }
+
+    /// Completes when the deadline passes; never if there is none.
+    async fn passed(&self) -> &Self {
+        match self {
+            Self::None => std::future::pending().await,
+            Self::Auth(at) | Self::Request(at) => tokio::time::sleep_until(*at).await,
+        }
+        self
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::Auth(_) => "auth",
+            _ => "request",
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Auth(_) => "NOAUTH",
+            _ => "ERR",
+        }
+    }
+
+    fn message(&self, within: Duration) -> String {
+        match self {
+            Self::Auth(_) => format!(
+                "Authentication required: a connection must AUTH within {within:?} (handshake_timeout); \
+                 closing"
+            ),
+            _ => format!(
+                "Protocol error: a request not finished within {within:?} of its first byte \
+                 (handshake_timeout); closing"
+            ),
         }
     }
 }
@@ -351,13 +445,14 @@ async fn close_after(io: &mut (impl AsyncRead + AsyncWrite + Unpin), last: &[u8]
     .await;
 }
 
-/// Every whole command at the front of `input`, up to [`MAX_PIPELINE`].
+/// Every whole command at the front of `input`, up to `most`.
 fn take_commands(
     input: &mut BytesMut,
     limits: &RequestLimits,
+    most: usize,
 ) -> Result<Vec<Vec<bytes::Bytes>>, ProtocolError> {
     let mut commands = Vec::new();
-    while commands.len() < MAX_PIPELINE {
+    while commands.len() < most {
         match take_command(input, limits)? {
             Some(command) => commands.push(command),
             None => break,

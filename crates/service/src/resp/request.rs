@@ -27,6 +27,32 @@ pub struct RequestLimits {
     pub max_arg_bytes: usize,
     /// Bytes of an inline command's line.
     pub max_inline_bytes: usize,
+    /// Limits for a connection that has not authenticated yet (its refusals say so, as Redis's do).
+    pub unauthenticated: bool,
+}
+
+impl RequestLimits {
+    /// What a connection may send before `AUTH` where tokens are configured: Redis's own limits for an
+    /// unauthenticated client (10 arguments, 16 KiB a bulk), or these limits if lower. Without them, one
+    /// connection that never authenticated could hold an unfinished request of 10,016 arguments of 4 KiB
+    /// (41 MB), and 50 of them exhausted a 3 GB address space: the abort took the gRPC port with it.
+    pub fn before_auth(&self) -> Self {
+        Self {
+            max_args: self.max_args.min(10),
+            max_arg_bytes: self.max_arg_bytes.min(16 * 1024),
+            max_inline_bytes: self.max_inline_bytes.min(16 * 1024),
+            unauthenticated: true,
+        }
+    }
+
+    /// The words of a refusal of `what` past its limit.
+    fn refused(&self, what: &str) -> String {
+        if self.unauthenticated {
+            format!("unauthenticated {what}")
+        } else {
+            format!("invalid {what}")
+        }
+    }
 }
 
 /// A request that cannot be read: answered with `-ERR Protocol error: ...`, then the connection is closed
@@ -67,7 +93,13 @@ fn scan(input: &[u8], limits: &RequestLimits) -> Result<Scanned, ProtocolError> 
 
 /// `*<count>\r\n` then `count` bulk strings `$<length>\r\n<bytes>\r\n`.
 fn scan_array(input: &[u8], limits: &RequestLimits) -> Result<Scanned, ProtocolError> {
-    let Some((count, mut at)) = header(input, 0, limits.max_args, "multibulk length")? else {
+    let Some((count, mut at)) = header(
+        input,
+        0,
+        limits.max_args,
+        &limits.refused("multibulk length"),
+    )?
+    else {
         return Ok(None);
     };
     if count == 0 {
@@ -86,7 +118,13 @@ fn scan_array(input: &[u8], limits: &RequestLimits) -> Result<Scanned, ProtocolE
                 )))
             }
         }
-        let Some((length, body)) = header(input, at, limits.max_arg_bytes, "bulk length")? else {
+        let Some((length, body)) = header(
+            input,
+            at,
+            limits.max_arg_bytes,
+            &limits.refused("bulk length"),
+        )?
+        else {
             return Ok(None);
         };
         let end = body + length;
@@ -118,7 +156,7 @@ fn header(
     let line = &input[at + 1..input.len().min(at + LONGEST)];
     let Some(end) = line.iter().position(|&b| b == b'\r') else {
         if line.len() + 1 >= LONGEST - 1 {
-            return Err(ProtocolError(format!("Protocol error: invalid {what}")));
+            return Err(ProtocolError(format!("Protocol error: {what}")));
         }
         return Ok(None);
     };
@@ -126,7 +164,7 @@ fn header(
         return Ok(None);
     };
     let digits = &line[..end];
-    let invalid = || ProtocolError(format!("Protocol error: invalid {what}"));
+    let invalid = || ProtocolError(format!("Protocol error: {what}"));
     if next != b'\n' {
         return Err(invalid());
     }
@@ -136,7 +174,7 @@ fn header(
         .ok_or_else(invalid)?;
     if value > limit as i64 {
         return Err(ProtocolError(format!(
-            "Protocol error: invalid {what} {value}: the limit is {limit}"
+            "Protocol error: {what} {value}: the limit is {limit}"
         )));
     }
     Ok(Some((value.max(0) as usize, at + 1 + end + 2)))
@@ -200,6 +238,7 @@ mod tests {
         max_args: 8,
         max_arg_bytes: 64,
         max_inline_bytes: 128,
+        unauthenticated: false,
     };
 
     fn take(input: &[u8]) -> Result<Option<Vec<Bytes>>, ProtocolError> {

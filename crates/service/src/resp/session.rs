@@ -237,9 +237,14 @@ impl Session {
         Ok(namespace)
     }
 
+    /// Whether the connection must still authenticate: the gate has tokens, and `AUTH` accepted none yet.
+    pub fn awaiting_auth(&self) -> bool {
+        self.port.access.authorizer().is_enabled() && self.authorization.is_none()
+    }
+
     /// Whether the connection may run commands: the gate has no tokens, or `AUTH` accepted one.
     fn authenticated(&self) -> Outcome {
-        if self.port.access.authorizer().is_enabled() && self.authorization.is_none() {
+        if self.awaiting_auth() {
             return Err(Refusal {
                 kind: "NOAUTH",
                 message: "Authentication required.".to_string(),
