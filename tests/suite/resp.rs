@@ -344,6 +344,12 @@ async fn tokens_and_roles_hold_on_the_resp_port() {
     );
     let reply = raw(&mut stream, b"BF.EXISTS default k\r\n", ends_line).await;
     assert!(reply.starts_with(b"-NOPERM"), "another namespace");
+    let reply = raw(&mut stream, b"INFO\r\n", |r| r.ends_with(b"\r\n\r\n")).await;
+    assert!(
+        String::from_utf8_lossy(&reply).contains("namespaces:users\r\n"),
+        "INFO names only the namespaces the token may use: {}",
+        String::from_utf8_lossy(&reply)
+    );
 
     // A client that authenticates in its URL (AUTH name token), with RESP3 through HELLO.
     let url = format!("redis://writer:write-token@{address}/?protocol=resp3");
@@ -484,6 +490,25 @@ async fn bad_input_gets_redis_errors_and_the_limits_hold() {
     let text = String::from_utf8_lossy(&reply);
     assert!(text.starts_with("-ERR ") && text.contains("1024"), "{text}");
 
+    // A pipeline of BF.EXISTS with one invalid item: each command answers for itself, as unpipelined
+    // (batched, the invalid item failed its neighbours too).
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"BF.ADD users present\r\n", ends_line).await;
+    assert_eq!(reply, b":1\r\n");
+    let pipeline = b"*3\r\n$9\r\nBF.EXISTS\r\n$5\r\nusers\r\n$7\r\npresent\r\n\
+        *3\r\n$9\r\nBF.EXISTS\r\n$5\r\nusers\r\n$0\r\n\r\n\
+        *3\r\n$9\r\nBF.EXISTS\r\n$5\r\nusers\r\n$6\r\nabsent\r\n";
+    let reply = raw(&mut stream, pipeline, |r| r.ends_with(b":0\r\n")).await;
+    let text = String::from_utf8_lossy(&reply);
+    let lines: Vec<&str> = text.split("\r\n").collect();
+    assert_eq!(lines[0], ":1", "{text}");
+    assert!(
+        lines[1].starts_with("-ERR ") && !lines[1].contains("keys[1]"),
+        "{text}"
+    );
+    assert_eq!(lines[2], ":0", "{text}");
+    drop(stream);
+
     // At the connection limit (three open), the next is told so.
     let _second = TcpStream::connect(address).await.unwrap();
     let mut third = TcpStream::connect(address).await.unwrap();
@@ -578,6 +603,40 @@ async fn unauthenticated_and_slow_clients_are_bounded_and_closed_in_time() {
         ),
         "{}",
         String::from_utf8_lossy(&reply)
+    );
+}
+
+/// A subscriber on a quiet namespace outlives the idle timeout (Redis never times out Pub/Sub clients): closed,
+/// a client library resubscribes without a word and the invalidations of the gap are lost, so a local cache
+/// of absences would go on answering ABSENT for keys added meanwhile.
+#[tokio::test]
+async fn a_quiet_subscriber_outlives_the_idle_timeout() {
+    let server = start_resp(NAMESPACES, |resp| {
+        resp.idle_timeout = Duration::from_secs(1)
+    })
+    .await;
+    let address = server.resp_addr.unwrap();
+    let mut subscriber = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut subscriber, b"SUBSCRIBE invalidations:users\r\n", |r| {
+        r.ends_with(b":1\r\n")
+    })
+    .await;
+    assert!(reply.starts_with(b"*3\r\n$9\r\nsubscribe\r\n"));
+    // Opened after the subscriber, an idle connection that is closed shows the timeout has passed for both.
+    let mut idle = TcpStream::connect(address).await.unwrap();
+    assert_eq!(raw(&mut idle, b"PING\r\n", ends_line).await, b"+PONG\r\n");
+    until_closed(idle).await;
+    let mut redis = connection(&server).await;
+    let _: bool = redis::cmd("BF.ADD")
+        .arg(&["users", "late"])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let push = raw(&mut subscriber, b"", |r| r.ends_with(b" late\r\n")).await;
+    assert!(
+        String::from_utf8_lossy(&push).contains("invalidations:users"),
+        "{}",
+        String::from_utf8_lossy(&push)
     );
 }
 

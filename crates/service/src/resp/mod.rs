@@ -13,7 +13,9 @@
 //! client that pipelines without reading its replies stalls itself, not the server's memory: what one
 //! connection holds is at most one request (bounded by [`RequestLimits`]) and its replies. The number of
 //! connections is capped (`-ERR max number of clients reached`, as Redis says), and one that sends
-//! nothing for the idle timeout, or does not take its replies within it, is closed.
+//! nothing for the idle timeout (unless it is subscribed), or does not take its replies within it, is
+//! closed; one that has not authenticated, or has not finished a request, within the handshake timeout is
+//! closed too ([`Deadline`]).
 
 pub mod bloom;
 pub mod commands;
@@ -50,7 +52,8 @@ pub struct RespOptions {
     pub listen: SocketAddr,
     /// Connections open at once; more are told `-ERR max number of clients reached` and closed.
     pub max_connections: usize,
-    /// A connection that sends nothing, or does not read its replies, for this long is closed.
+    /// A connection that sends nothing, or does not read its replies, for this long is closed (a subscriber
+    /// waiting for pushes is not).
     pub idle_timeout: Duration,
     /// Threads connections are served on ([`workers`]); 0 = one per core.
     pub threads: usize,
@@ -312,7 +315,9 @@ async fn serve_connection(
                 Ok(_) => idle.active(),
             },
             Some(push) = pushes.recv(), if subscribed => session.write_push(&push, &mut output),
-            expired = idle.expired() => if expired {
+            // A subscriber waits for pushes, however quiet its namespaces: as Redis does, the idle
+            // timeout spares it (one that does not read its pushes is closed above, by the same timeout).
+            expired = idle.expired(), if !subscribed => if expired {
                 tracing::debug!(timeout = ?idle.timeout, "closing an idle RESP connection");
                 return;
             },

@@ -92,7 +92,12 @@ impl Session {
         while at < commands.len() && !self.closing {
             let run = self.exists_run(&commands[at..]);
             if run > 1 {
-                self.exists_batch(&commands[at..at + run], out);
+                if !self.exists_batch(&commands[at..at + run], out) {
+                    // An item of the run is invalid: each command answers for itself, as unbatched.
+                    for args in &commands[at..at + run] {
+                        self.execute(args, out).await;
+                    }
+                }
                 at += run;
             } else {
                 self.execute(&commands[at], out).await;
@@ -149,30 +154,35 @@ impl Session {
             .count()
     }
 
-    /// Answers a run of `BF.EXISTS` of one namespace with one batch lookup.
-    fn exists_batch(&mut self, run: &[Vec<Bytes>], out: &mut BytesMut) {
+    /// Answers a run of `BF.EXISTS` of one namespace with one batch lookup; `false` (nothing written) if an
+    /// item is invalid, for the caller to run each command alone. Batching must change no reply: the
+    /// gate refuses a batch with one empty or over-long key whole (naming `keys[i]`), and the commands
+    /// beside it, which a client sent on their own, would have failed with it — a different outcome
+    /// depending on how TCP split the pipeline.
+    fn exists_batch(&mut self, run: &[Vec<Bytes>], out: &mut BytesMut) -> bool {
         let spec = commands::find(b"bf.exists").expect("in the table");
         let keys: Vec<&[u8]> = run.iter().map(|args| &args[2][..]).collect();
-        let outcome = self
-            .admit(spec, &run[0])
-            .and_then(|namespace| bloom::exists_many(&self.port, &namespace, &keys));
-        self.port
-            .metrics
-            .record(spec, run.len() as u64, outcome.is_ok());
-        match outcome {
-            Ok(answers) => {
-                let mut replies = self.replies(out);
-                for may_exist in answers {
-                    replies.boolean(may_exist);
-                }
-            }
+        let answers = match self.admit(spec, &run[0]) {
+            // The connection's token and the namespace: the same refusal for every command of the run.
             Err(refusal) => {
+                self.port.metrics.record(spec, run.len() as u64, false);
                 let mut replies = self.replies(out);
                 for _ in run {
                     replies.error(refusal.kind, &refusal.message);
                 }
+                return true;
             }
+            Ok(namespace) => match bloom::exists_many(&self.port, &namespace, &keys) {
+                Ok(answers) => answers,
+                Err(_) => return false,
+            },
+        };
+        self.port.metrics.record(spec, run.len() as u64, true);
+        let mut replies = self.replies(out);
+        for may_exist in answers {
+            replies.boolean(may_exist);
         }
+        true
     }
 
     /// Runs one command.
@@ -577,13 +587,23 @@ impl Session {
         self.name = None;
     }
 
+    /// `INFO`. The namespaces are those the connection's token may use at all: refusals never reveal which
+    /// namespaces exist to a token scoped to others (README, Security), and neither does `INFO`.
     fn info(&self) -> String {
+        let authorizer = self.port.access.authorizer();
+        let visible = |name: &str| {
+            !authorizer.is_enabled()
+                || [Role::Read, Role::Write, Role::Admin]
+                    .into_iter()
+                    .any(|role| authorizer.allows(self.authorization.as_deref(), role, name))
+        };
         let namespaces: Vec<String> = self
             .port
             .gate
             .namespaces()
             .iter()
             .map(|n| n.name().to_string())
+            .filter(|name| visible(name))
             .collect();
         format!(
             "# Server\r\n\
