@@ -63,6 +63,8 @@ pub struct DurabilityOptions {
     pub snapshot_log_bytes: u64,
     /// How log segments are created: the file system, or a test's faulty files.
     pub segment_files: Arc<dyn SegmentFiles>,
+    /// Refuse to start a single server on a data directory that holds no state yet.
+    pub require_existing: bool,
 }
 
 impl DurabilityOptions {
@@ -75,6 +77,7 @@ impl DurabilityOptions {
             snapshot_interval: Duration::from_secs(300),
             snapshot_log_bytes: 256 << 20,
             segment_files: Arc::new(RealFiles),
+            require_existing: false,
         }
     }
 }
@@ -328,18 +331,36 @@ pub async fn start(
     })
 }
 
-/// The data directory, opened and locked, when state is durable; a replica's must hold the stream's `seed`.
+/// The data directory, opened and locked, when state is durable; a replica's must hold the stream's `seed`. A
+/// single server's that holds no state yet is refused under `require_existing`, and logged otherwise.
 fn open_data_dir(
     durability: Option<&DurabilityOptions>,
     seed: Option<[u8; 32]>,
 ) -> Result<Option<DataDir>, ServerError> {
-    let open = |path: &std::path::Path| match seed {
-        Some(seed) => DataDir::open_for_replica(path, seed),
-        None => DataDir::open(path),
+    let Some(durability) = durability else {
+        return Ok(None);
     };
-    durability
-        .map(|durability| open(&durability.data_dir).map_err(ServerError::Persistence))
-        .transpose()
+    let path = &durability.data_dir;
+    let Some(seed) = seed else {
+        let new = !DataDir::holds_state(path);
+        if new && durability.require_existing {
+            return Err(ServerError::Config(format!(
+                "the data directory {} holds no state (missing, or never started on), and                  --require-existing-data was given: if this server held state before, it is gone — restore                  the directory (or mount its volume) and start again; to start a new, empty server, start                  once without the flag",
+                path.display()
+            )));
+        }
+        let dir = DataDir::open(path).map_err(ServerError::Persistence)?;
+        if new {
+            tracing::warn!(
+                data_dir = %path.display(),
+                "a new data directory: starting with no state. If this server held state before, its data                  directory is gone and every key added before answers ABSENT: stop, restore it, and start                  again (--require-existing-data refuses to start on an empty directory)"
+            );
+        }
+        return Ok(Some(dir));
+    };
+    DataDir::open_for_replica(path, seed)
+        .map(Some)
+        .map_err(ServerError::Persistence)
 }
 
 impl RunningServer {

@@ -164,6 +164,43 @@ async fn a_graceful_restart_keeps_everything_via_the_final_snapshot() {
     server.stop().await.unwrap();
 }
 
+/// With `--require-existing-data`, a single server refuses to start on a data directory that holds no state
+/// (never started on, or deleted under it) rather than start empty and answer ABSENT for every key added
+/// before (after an `rm -rf`, a restart once started empty without a word); with state it starts.
+#[tokio::test]
+async fn a_server_required_to_find_its_state_refuses_an_empty_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let required = || {
+        let mut options = options(&data, "");
+        options.durability.as_mut().unwrap().require_existing = true;
+        options
+    };
+    let refused = |error: Result<RunningServer, server::ServerError>| {
+        let error = error.err().expect("refused").to_string();
+        assert!(
+            error.contains("holds no state") && error.contains("--require-existing-data"),
+            "{error}"
+        );
+    };
+    refused(server::start(required(), Arc::new(SystemClock)).await);
+    assert!(!data.exists(), "a refused start creates nothing");
+
+    let server = start_durable(&data, "").await.unwrap();
+    let seq = populate(&server, 100).await;
+    let digest = state_digest(&server).await;
+    server.stop().await.unwrap();
+    let server = server::start(required(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    server.loaded().await.unwrap();
+    assert_restored(&server, 100, seq, digest).await;
+    server.stop().await.unwrap();
+
+    std::fs::remove_dir_all(&data).unwrap();
+    refused(server::start(required(), Arc::new(SystemClock)).await);
+}
+
 #[tokio::test]
 async fn the_log_alone_restores_state_and_snapshots_remove_covered_log() {
     let dir = tempfile::tempdir().unwrap();

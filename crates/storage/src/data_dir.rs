@@ -113,6 +113,11 @@ impl DataDir {
         })
     }
 
+    /// Whether `path` is a data directory some server has started on (it holds an identity).
+    pub fn holds_state(path: &Path) -> bool {
+        path.join("identity").is_file()
+    }
+
     /// The deployment's hash seed.
     pub fn seed(&self) -> [u8; 32] {
         self.seed

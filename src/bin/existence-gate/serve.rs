@@ -72,6 +72,16 @@ pub(crate) struct ServeArgs {
     /// Keep state in memory only (no data directory; everything is lost on restart).
     #[arg(long, env = "EXISTENCE_GATE_IN_MEMORY", conflicts_with = "data_dir")]
     in_memory: bool,
+    /// Refuse to start on a data directory that holds no state yet (missing, or never started on): for a
+    /// deployed single server, where that means the state was lost (a deleted directory, a volume not
+    /// mounted), and starting empty would answer ABSENT for every key added before. Start once without it
+    /// to create the directory.
+    #[arg(
+        long,
+        env = "EXISTENCE_GATE_REQUIRE_EXISTING_DATA",
+        conflicts_with = "in_memory"
+    )]
+    require_existing_data: bool,
     /// When writes are acknowledged: after fsync (always), after write with an fsync every
     /// --sync-interval (interval), or after write (never).
     #[arg(long, env = "EXISTENCE_GATE_SYNC", value_enum, default_value_t = Sync::Always)]
@@ -131,6 +141,7 @@ impl ServeArgs {
             },
             snapshot_interval: self.snapshot_interval,
             snapshot_log_bytes: self.snapshot_log_bytes,
+            require_existing: self.require_existing_data,
             ..DurabilityOptions::new(self.data_dir.clone())
         })
     }

@@ -189,7 +189,7 @@ impl Wal {
     fn check_failed(&self) -> Result<(), LogError> {
         match self.failed.get() {
             Some(reason) => Err(LogError(std::io::Error::other(format!(
-                "the write-ahead log failed earlier ({reason}); restart the server to recover from the log"
+                "the write-ahead log failed earlier: {reason}"
             )))),
             None => Ok(()),
         }
@@ -290,7 +290,9 @@ impl Wal {
             }
             Err(Failure::Poison(error)) => {
                 tracing::error!(%error, "write-ahead log write failed; refusing further writes");
-                let _ = self.failed.set(error.to_string());
+                let _ = self.failed.set(format!(
+                    "{error}; restart the server to recover from the log (everything acknowledged is in it)"
+                ));
                 Err(error)
             }
         };
@@ -336,7 +338,7 @@ impl Wal {
     pub fn check_segment_linked(&self) {
         let segment = lock(&self.segment);
         if let Some(reason) = self.unlinked(&segment) {
-            tracing::error!("{reason}: refusing further writes; restart the server");
+            tracing::error!("{reason}; refusing further writes");
             let _ = self.failed.set(reason);
         }
     }
@@ -354,8 +356,13 @@ impl Wal {
         (!same).then(|| {
             format!(
                 "{} was removed or replaced under the running server (was the data directory deleted?); \
-                 writes would reach no file a restart reads",
-                path.display()
+                 writes would reach no file a restart reads. If the data directory {} is gone, so is the \
+                 state: a restart on it would start empty and answer ABSENT for every key added so far. \
+                 Restore the directory from a backup before restarting, or restart and add every key again \
+                 (`existence-gate load`, or Admin.Rebuild from the source); `serve --require-existing-data` \
+                 refuses to start on an empty directory",
+                path.display(),
+                self.maker.dir.display()
             )
         })
     }
