@@ -104,7 +104,7 @@ pub struct Gate {
     writes: OnceLock<Writes>,
     /// For a replica of a shared log: `ABSENT` only while this holds (see [`ReadLease`]).
     lease: Option<Arc<ReadLease>>,
-    /// For a replica of a shared log: what is live is decided at the earlier of its clock and this.
+    /// For a replica of a shared log: what is live is decided by its clock and this ([`ReadTime::agreed`]).
     stream_time: Option<StreamTime>,
 }
 
@@ -161,12 +161,13 @@ impl Gate {
     }
 
     /// The same gate deciding what has expired by the time its stream has reached, too: a replica of a shared
-    /// log. Its lookups, expiry, stats and snapshots go by the earlier of its own clock and the latest time
-    /// the stream's leader stored an applied message at ([`StreamTime`]), and each streamed mutation's times
-    /// are [agreed](Mutation::agreed) with its stored time before it is applied. So no one host's clock
-    /// decides: a replica whose clock is ahead expires nothing early (the stream's time bounds it), nor does
-    /// a leader's clock ahead (the replica's bounds it), nor a writer's (its `Add` lands in a later window and
-    /// drops none). Writes are still stamped on the local clock: the applier agrees them.
+    /// log. Its lookups, expiry, stats and snapshots go by its own clock and the time the stream's leader
+    /// stored the latest applied message at ([`StreamTime`]): windows by the earlier, tombstones by the later
+    /// ([`ReadTime::agreed`]); and each streamed mutation's times are [agreed](Mutation::agreed) with its
+    /// stored time before it is applied. So no one host's clock decides: a replica whose clock is ahead
+    /// expires no window early (the stream's time bounds it), nor does a leader's clock ahead (the replica's
+    /// bounds it), nor a writer's (its `Add` lands in a later window and drops none). Writes are still stamped
+    /// on the local clock: the applier agrees them.
     pub fn with_stream_time(mut self) -> Self {
         self.stream_time = Some(StreamTime::default());
         self
