@@ -41,7 +41,7 @@ use crate::core::writes::Writes;
 use crate::listener::Acceptor;
 use commands::{Spec, COMMANDS};
 pub use request::RequestLimits;
-use request::{take_command, ProtocolError};
+use request::{take_command_resuming, Partial, ProtocolError};
 use session::{Push, Session};
 pub use workers::Workers;
 
@@ -252,6 +252,7 @@ async fn serve_connection(
     let mut shutdown = std::pin::pin!(shutdown.wait());
     let mut idle = Idle::new(port.options.idle_timeout);
     let mut unfinished_since = None;
+    let mut partial = Partial::default();
     loop {
         // Before AUTH, one command at a time: the commands after an `AUTH` in the same read are read with
         // the limits it lifts.
@@ -260,7 +261,7 @@ async fn serve_connection(
         } else {
             (port.limits, MAX_PIPELINE)
         };
-        let commands = match take_commands(&mut input, &limits, most) {
+        let commands = match take_commands(&mut input, &mut partial, &limits, most) {
             Ok(commands) => commands,
             Err(ProtocolError(message)) => {
                 session.replies(&mut output).error("ERR", &message);
@@ -450,15 +451,16 @@ async fn close_after(io: &mut (impl AsyncRead + AsyncWrite + Unpin), last: &[u8]
     .await;
 }
 
-/// Every whole command at the front of `input`, up to `most`.
+/// Every whole command at the front of `input`, up to `most`, resuming the one `partial` was reading.
 fn take_commands(
     input: &mut BytesMut,
+    partial: &mut Partial,
     limits: &RequestLimits,
     most: usize,
 ) -> Result<Vec<Vec<bytes::Bytes>>, ProtocolError> {
     let mut commands = Vec::new();
     while commands.len() < most {
-        match take_command(input, limits)? {
+        match take_command_resuming(input, limits, partial)? {
             Some(command) => commands.push(command),
             None => break,
         }
