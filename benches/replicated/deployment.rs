@@ -139,6 +139,17 @@ impl Deployment {
         Self::start_with(name, servers, binary, config, &REPLICA_IDS, None).await
     }
 
+    /// [`start`](Self::start) with NATS servers syncing as `sync` says.
+    pub async fn start_syncing(
+        name: &'static str,
+        servers: usize,
+        binary: &Path,
+        config: &str,
+        sync: NatsSync,
+    ) -> Self {
+        Self::start_full(name, servers, binary, config, &REPLICA_IDS, None, sync).await
+    }
+
     /// Starts `servers` NATS servers and the replicas `ids`, each with a data directory snapshotting
     /// every `snapshot_interval` if given.
     pub async fn start_with(
@@ -149,9 +160,22 @@ impl Deployment {
         ids: &[&'static str],
         snapshot_interval: Option<&'static str>,
     ) -> Self {
+        let sync = NatsSync::Always;
+        Self::start_full(name, servers, binary, config, ids, snapshot_interval, sync).await
+    }
+
+    async fn start_full(
+        name: &'static str,
+        servers: usize,
+        binary: &Path,
+        config: &str,
+        ids: &[&'static str],
+        snapshot_interval: Option<&'static str>,
+        sync: NatsSync,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut commands = Vec::new();
-        let nats = start_nats(dir.path(), servers, &mut commands).await;
+        let nats = start_nats(dir.path(), servers, sync, &mut commands).await;
         let urls: Vec<String> = nats
             .iter()
             .map(|server| format!("nats://{}", server.addr))
@@ -368,16 +392,23 @@ fn warning(line: &str) -> Option<String> {
         .find_map(|level| line.find(level).map(|at| line[at..].trim().to_string()))
 }
 
-/// Writes the configuration every server runs with: JetStream syncs each write before acknowledging it
-/// (`sync_interval: always`, README "Scaling out"). `EXISTENCE_GATE_BENCH_NATS_SYNC=default` leaves
-/// NATS's default (a sync every two minutes), to measure what durability costs side by side.
-fn synced_config(dir: &Path) -> PathBuf {
+/// When the NATS servers sync JetStream's store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatsSync {
+    /// Before acknowledging each write (`sync_interval: always`), as README asks of a deployment.
+    Always,
+    /// NATS's default, a sync every two minutes: only to measure what syncing costs beside it.
+    Default,
+}
+
+/// Writes the configuration every server of a deployment runs with.
+fn nats_config(dir: &Path, sync: NatsSync) -> PathBuf {
     let path = dir.join("nats.conf");
-    let sync = match std::env::var("EXISTENCE_GATE_BENCH_NATS_SYNC").as_deref() {
-        Ok("default") => "",
-        _ => "  sync_interval: always\n",
+    let setting = match sync {
+        NatsSync::Always => "  sync_interval: always\n",
+        NatsSync::Default => "",
     };
-    std::fs::write(&path, format!("jetstream {{\n{sync}}}\n"))
+    std::fs::write(&path, format!("jetstream {{\n{setting}}}\n"))
         .expect("a nats-server configuration");
     path
 }
@@ -385,7 +416,12 @@ fn synced_config(dir: &Path) -> PathBuf {
 /// Starts `servers` JetStream servers on free loopback ports, clustered when more than one, each with its
 /// store and log under `dir`, and waits until each reports healthy (for a cluster: a JetStream meta leader
 /// elected, so that a replicated stream can be created).
-async fn start_nats(dir: &Path, servers: usize, commands: &mut Vec<String>) -> Vec<Server> {
+async fn start_nats(
+    dir: &Path,
+    servers: usize,
+    sync: NatsSync,
+    commands: &mut Vec<String>,
+) -> Vec<Server> {
     let binary = nats_binary();
     let ports: Vec<(u16, u16, u16)> = (0..servers)
         .map(|_| (procs::free_port(), procs::free_port(), procs::free_port()))
@@ -401,7 +437,7 @@ async fn start_nats(dir: &Path, servers: usize, commands: &mut Vec<String>) -> V
         let mut command = Command::new(&binary);
         command
             .arg("-c")
-            .arg(synced_config(dir))
+            .arg(nats_config(dir, sync))
             .args(["-a", "127.0.0.1", "-p", &client.to_string()])
             .args(["-m", &monitor.to_string(), "-js", "-sd"])
             .arg(dir.join(name))

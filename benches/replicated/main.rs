@@ -15,7 +15,9 @@
 //! 3. **reads** of the R1 deployment (R3 is stopped first): `BatchMayExist` and unary `MayExist` from
 //!    clients spread over one, two and three replicas, in alternating stretches;
 //!
-//! and writes `benches/results/replicated.md`. `cargo bench --bench replicated -- bootstrap` measures
+//! and writes `benches/results/replicated.md`. `cargo bench --bench replicated -- sync [r3]` measures `Add`s
+//! with the NATS servers syncing before they acknowledge against NATS's default, side by side
+//! (`benches/results/replicated-sync.md`). `cargo bench --bench replicated -- bootstrap` measures
 //! instead how long a wiped replica takes to serve a stream of 10,000,000 keys (see [`bootstrap`]). The harness, the NATS servers and the replicas share the
 //! machine's cores, so throughput is end to end on a crowded machine; server CPU per call (from
 //! `/proc/<pid>/stat`) is the figure that carries over to a machine of their own.
@@ -57,7 +59,7 @@ use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{AddRequest, Basis, BatchMayExistRequest, MayExistRequest};
 use tonic::transport::Channel;
 
-use deployment::{Deployment, Replica};
+use deployment::{Deployment, NatsSync, Replica};
 use drive::{Op, Sample, Until};
 use keys::{keys, pack};
 use report::{CatchUp, Idle, Reads, Report, Writes};
@@ -669,6 +671,13 @@ fn main() {
         runtime.block_on(run_bootstrap());
     } else if args.iter().any(|a| a == "faults") {
         runtime.block_on(run_faults());
+    } else if let Some(at) = args.iter().position(|a| a == "sync") {
+        let servers = if args.get(at + 1).is_some_and(|a| a == "r3") {
+            3
+        } else {
+            1
+        };
+        runtime.block_on(run_sync(servers));
     } else if let Some(at) = args.iter().position(|a| a == "compare") {
         let other = args.get(at + 1).expect("compare OTHER_BINARY [r3]");
         let servers = if args.get(at + 2).is_some_and(|a| a == "r3") {
@@ -794,11 +803,96 @@ async fn run_compare(other: &std::path::Path, servers: usize) {
     write_results(file, &markdown);
 }
 
+/// Single-key and 1,000-key `Add`s on two deployments of this build side by side, in alternating stretches:
+/// one whose NATS servers sync before they acknowledge (`sync_interval: always`, as README asks), one on
+/// NATS's default (a sync every two minutes). What durability costs, added to
+/// `benches/results/replicated-sync.md`.
+async fn run_sync(servers: usize) {
+    let load_at_start = text::load_average();
+    let binary = procs::gate_binary();
+    let mut deployments = Vec::new();
+    for (name, sync) in [("always", NatsSync::Always), ("default", NatsSync::Default)] {
+        println!("starting R{servers} with NATS sync {name}...");
+        let config = COMPARE_CONFIG;
+        deployments.push(Deployment::start_syncing(name, servers, &binary, config, sync).await);
+    }
+    let mut sides = Vec::new();
+    for deployment in &deployments {
+        for workload in [SINGLE_WRITES, BATCHED_WRITES] {
+            let next = Arc::new(AtomicU64::new(0));
+            let connections = workload.per_replica * deployment.replicas.len();
+            let calls = workload.calls / WRITE_ROUNDS;
+            let (base, batch) = (workload.base, workload.batch);
+            let side = Side::new(
+                deployment,
+                &deployment.replicas,
+                connections,
+                calls,
+                |c, t| add(c, base, batch, next, t),
+            )
+            .await;
+            sides.push((deployment.name, workload, side));
+        }
+    }
+    for round in 0..WRITE_ROUNDS {
+        println!("sync, stretch {}/{WRITE_ROUNDS}...", round + 1);
+        for (_, _, side) in &mut sides {
+            side.measure().await;
+        }
+    }
+    let mut markdown = format!(
+        "\n## R{servers}, {}\n\n`cargo bench --bench replicated -- sync{}` on {} (load average at start: \
+         {load_at_start}). Two R{servers} deployments of this build ({}, three replicas each), their NATS \
+         servers' `sync_interval` the only difference; {WRITE_ROUNDS} stretches alternating between them. \
+         CPU is user + system time per call of the replicas and, apart, of the NATS servers.\n\n\
+         | workload | NATS sync | calls | calls/s | keys/s | p50 | p99 | replicas CPU µs/call | NATS CPU \
+         µs/call |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        text::today(),
+        if servers == 3 { " r3" } else { "" },
+        text::machine(),
+        if servers == 3 {
+            "a JetStream cluster of three nats-servers"
+        } else {
+            "one nats-server"
+        },
+    );
+    for (sync, workload, side) in sides {
+        let nats_cpu = side.nats_cpu_per_call();
+        let (sample, replica_cpu, _, _) = side.result();
+        let calls = sample.calls;
+        markdown += &format!(
+            "| Add, {} | {sync} | {calls} | {:.0} | {:.0} | {:.2} ms | {:.2} ms | {:.0} | {:.0} |\n",
+            workload.label,
+            sample.calls_per_second(),
+            sample.calls_per_second() * workload.batch as f64,
+            drive::percentile_us(&sample.latencies, 0.5) / 1e3,
+            drive::percentile_us(&sample.latencies, 0.99) / 1e3,
+            replica_cpu / calls as f64 * 1e6,
+            nats_cpu * 1e6,
+        );
+    }
+    let path = results_path("replicated-sync.md");
+    let before = std::fs::read_to_string(&path).unwrap_or_else(|_| SYNC_HEADING.to_string());
+    write_results("replicated-sync.md", &(before + &markdown));
+}
+
+/// The start of `benches/results/replicated-sync.md`, to which each `sync` run adds its section.
+const SYNC_HEADING: &str = "# What syncing NATS costs: `sync_interval: always` against NATS's default\n\n\
+    Each section is one run of `cargo bench --bench replicated -- sync [r3]`, newest last. The stream is the \
+    deployment's only log, so README asks every NATS server to sync before it acknowledges (\"NATS must sync \
+    before it acknowledges\"); the default syncs every two minutes and loses acknowledged `Add`s in a power \
+    loss of the NATS hosts.\n";
+
+/// `benches/results/FILE`.
+fn results_path(file: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("benches/results")
+        .join(file)
+}
+
 /// Writes `markdown` to `benches/results/FILE` and shows it.
 fn write_results(file: &str, markdown: &str) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("benches/results")
-        .join(file);
+    let path = results_path(file);
     std::fs::write(&path, markdown).unwrap_or_else(|e| panic!("writing {file}: {e}"));
     println!("\n{markdown}\nwritten: {}", path.display());
 }
