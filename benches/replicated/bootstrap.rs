@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use existence_gate::proto::AddRequest;
 
-use crate::deployment::{self, Deployment, Replica, REPLICA_IDS};
+use crate::deployment::{self, Deployment, NatsSync, Replica, REPLICA_IDS};
 use crate::keys::keys;
 use crate::text::{load_average, machine, si, today};
 
@@ -58,6 +58,7 @@ pub async fn run(binary: &std::path::Path) -> Bootstrap {
         CONFIG,
         &REPLICA_IDS[..2],
         Some(SNAPSHOT_INTERVAL),
+        NatsSync::Always,
     )
     .await;
     println!("bootstrap: adding {} keys...", si(KEYS as f64));

@@ -136,7 +136,7 @@ impl Deployment {
     /// R`servers` stream, with the configuration `config`; returns once every replica serves (caught up,
     /// holding a read lease).
     pub async fn start(name: &'static str, servers: usize, binary: &Path, config: &str) -> Self {
-        Self::start_with(name, servers, binary, config, &REPLICA_IDS, None).await
+        Self::start_syncing(name, servers, binary, config, NatsSync::Always).await
     }
 
     /// [`start`](Self::start) with NATS servers syncing as `sync` says.
@@ -147,24 +147,12 @@ impl Deployment {
         config: &str,
         sync: NatsSync,
     ) -> Self {
-        Self::start_full(name, servers, binary, config, &REPLICA_IDS, None, sync).await
+        Self::start_with(name, servers, binary, config, &REPLICA_IDS, None, sync).await
     }
 
-    /// Starts `servers` NATS servers and the replicas `ids`, each with a data directory snapshotting
-    /// every `snapshot_interval` if given.
+    /// Starts `servers` NATS servers, syncing as `sync` says, and the replicas `ids`, each with a data
+    /// directory snapshotting every `snapshot_interval` if given.
     pub async fn start_with(
-        name: &'static str,
-        servers: usize,
-        binary: &Path,
-        config: &str,
-        ids: &[&'static str],
-        snapshot_interval: Option<&'static str>,
-    ) -> Self {
-        let sync = NatsSync::Always;
-        Self::start_full(name, servers, binary, config, ids, snapshot_interval, sync).await
-    }
-
-    async fn start_full(
         name: &'static str,
         servers: usize,
         binary: &Path,

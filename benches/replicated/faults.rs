@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use existence_gate::proto::{AddRequest, Basis, MayExistRequest, RemoveReplicaRequest};
 
-use crate::deployment::{Deployment, Replica};
+use crate::deployment::{Deployment, NatsSync, Replica};
 use crate::proxy::{Mode, Proxy};
 use crate::text::{load_average, machine, today};
 
@@ -48,7 +48,16 @@ pub struct Faults {
 
 pub async fn run(binary: &std::path::Path) -> Faults {
     let load_at_start = load_average();
-    let mut deployment = Deployment::start_with("R1", 1, binary, CONFIG, &["r0", "r1"], None).await;
+    let mut deployment = Deployment::start_with(
+        "R1",
+        1,
+        binary,
+        CONFIG,
+        &["r0", "r1"],
+        None,
+        NatsSync::Always,
+    )
+    .await;
     let proxy = Proxy::start(deployment.nats[0].addr).await;
     deployment.add_replica_through("r2", &proxy.url());
     deployment.replicas[2].serving().await;
