@@ -21,6 +21,7 @@
 //! PostgreSQL's own subscriber does: PostgreSQL 15 skips transactions that touch no published table and
 //! sends a keepalive instead, so a feed whose tables are quiet still lets the slot release WAL.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
@@ -50,6 +51,9 @@ pub enum Stop {
     /// The slot is gone (dropped or invalidated): what it held is lost, and only `--recreate-slot` or the
     /// operator can make the gate complete again.
     SlotLost(String),
+    /// The slot was consumed by another client (its confirmed position moved without this feed): the
+    /// changes it skipped are lost for the feed, as with a lost slot.
+    SlotConsumed(String),
     /// Something only the operator can fix (a table without its column, a token the gate refuses).
     Fatal(String),
 }
@@ -68,6 +72,8 @@ pub struct Follower<'a> {
     pub slot: &'a str,
     /// Asks the fencer for a fence now.
     pub fence_wanted: &'a Notify,
+    /// Where this feed left the slot: where it started following, then what it confirmed (0: not known).
+    pub confirmed: &'a AtomicU64,
 }
 
 /// Sends calls to the gate, retrying while it is unavailable (cheap to clone: one connection shared).
@@ -210,6 +216,7 @@ impl Follower<'_> {
 
     fn confirm(&self, session: &ReplicationClient, lsn: Lsn) {
         session.update_applied_lsn(lsn);
+        self.confirmed.store(lsn.as_u64(), Ordering::Relaxed);
         self.writer.metrics.confirmed(lsn.as_u64());
     }
 }

@@ -127,9 +127,12 @@ async fn send_rows(
 fn settled(sent: Option<Result<Result<(), Stop>, tokio::task::JoinError>>) -> Result<(), String> {
     match sent {
         None | Some(Ok(Ok(()))) => Ok(()),
-        Some(Ok(Err(Stop::Fatal(reason) | Stop::Session(reason) | Stop::SlotLost(reason)))) => {
-            Err(reason)
-        }
+        Some(Ok(Err(
+            Stop::Fatal(reason)
+            | Stop::Session(reason)
+            | Stop::SlotLost(reason)
+            | Stop::SlotConsumed(reason),
+        ))) => Err(reason),
         Some(Err(error)) => Err(format!("an Add of the initial load failed: {error}")),
     }
 }

@@ -26,6 +26,7 @@ pub mod pgoutput;
 pub mod setup;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -165,15 +166,24 @@ pub async fn run(
     );
     let fenced = fencer.fence().await?;
     let fencing = tokio::spawn(fencer.run(fenced));
-    let retained = tokio::spawn(watch_retained(client, args.slot.clone(), writer.metrics));
+    let retained = tokio::spawn(watch_retained(
+        Arc::clone(&client),
+        args.slot.clone(),
+        writer.metrics,
+    ));
+    let confirmed = AtomicU64::new(0);
     let mut tables = Tables::new(args.tables.clone(), args.key_format);
     let follow = async {
         let mut pause = FIRST_RECONNECT_PAUSE;
         let mut told_slot_lost = false;
         loop {
-            let session = match first.take() {
-                Some(session) => Ok(session),
-                None => connect_gated(&replication, &server).await,
+            let moved = consumed_elsewhere(&client, &args.slot, &confirmed).await;
+            let session = match (moved, first.take()) {
+                (Some(moved), _) => Err(Stop::SlotConsumed(moved)),
+                (None, Some(session)) => Ok(session),
+                (None, None) => connect_gated(&replication, &server)
+                    .await
+                    .map_err(Stop::Session),
             };
             let stopped = match session {
                 Ok(mut session) => {
@@ -184,6 +194,7 @@ pub async fn run(
                         linger: args.linger,
                         slot: &args.slot,
                         fence_wanted: &fence_wanted,
+                        confirmed: &confirmed,
                     };
                     let (started, stopped) = follow_session(&mut session, follower, &health).await;
                     if started {
@@ -192,14 +203,15 @@ pub async fn run(
                     }
                     stopped
                 }
-                Err(reason) => Stop::Session(reason),
+                Err(stop) => stop,
             };
             let reason = match stopped {
                 Stop::Fatal(reason) => return reason,
-                Stop::SlotLost(reason) if args.recreate_slot => {
-                    tracing::warn!(%reason, slot = %args.slot, "the replication slot is gone: creating it again and loading every key of the tables (--recreate-slot)");
+                Stop::SlotLost(reason) | Stop::SlotConsumed(reason) if args.recreate_slot => {
+                    tracing::warn!(%reason, slot = %args.slot, "the replication slot lost changes: creating it again and loading every key of the tables (--recreate-slot)");
                     match recreate_slot(&config, &replication, &server, &args, &writer).await {
                         Ok(session) => {
+                            confirmed.store(0, Ordering::Relaxed);
                             first = Some(session);
                             continue;
                         }
@@ -208,9 +220,9 @@ pub async fn run(
                         }
                     }
                 }
-                Stop::SlotLost(reason) => {
+                stop @ (Stop::SlotLost(_) | Stop::SlotConsumed(_)) => {
                     writer.metrics.slot_lost(true);
-                    let lost = slot_lost(&args.slot, &reason);
+                    let lost = slot_lost(&args.slot, &stop);
                     if !told_slot_lost {
                         tracing::error!("{lost}");
                         told_slot_lost = true;
@@ -273,14 +285,51 @@ fn start_refused(error: PgWireError) -> Stop {
     }
 }
 
-/// What a lost slot means and what to do, as one line for the log and `/readyz`.
-fn slot_lost(slot: &str, reason: &str) -> String {
-    format!(
-        "replication slot {slot} is gone ({reason}): it was dropped, or PostgreSQL invalidated it \
-         (max_slot_wal_keep_size), and changes made since are not followed, so keys inserted meanwhile are \
-         missing from the gate. Restart the feed with --recreate-slot to create it again and load every key \
-         of the tables, or create it (--initial-load) and rebuild the namespaces; retrying meanwhile"
-    )
+/// What a lost or consumed slot means and what to do, as one line for the log and `/readyz`.
+fn slot_lost(slot: &str, stop: &Stop) -> String {
+    match stop {
+        Stop::SlotConsumed(moved) => format!(
+            "replication slot {slot} was consumed by another client ({moved}): the changes it took are not \
+             followed, so keys inserted meanwhile are missing from the gate. Start this feed with \
+             --recreate-slot to have it create the slot again and load every key of the tables when this \
+             happens; now, drop the slot (SELECT pg_drop_replication_slot('{slot}')) and restart the feed \
+             with --recreate-slot (a restarted feed cannot tell a consumed slot from its own); retrying \
+             meanwhile"
+        ),
+        Stop::SlotLost(reason) | Stop::Session(reason) | Stop::Fatal(reason) => format!(
+            "replication slot {slot} is gone ({reason}): it was dropped, or PostgreSQL invalidated it \
+             (max_slot_wal_keep_size), and changes made since are not followed, so keys inserted meanwhile \
+             are missing from the gate. Restart the feed with --recreate-slot to create it again and load \
+             every key of the tables, or create it (--initial-load) and rebuild the namespaces; retrying \
+             meanwhile"
+        ),
+    }
+}
+
+/// Why the slot's confirmed position is past where this feed left it, if it is: another client consumed it
+/// (a second feed on the same slot, `pg_logical_slot_get_changes`, `pg_replication_slot_advance`), and the
+/// changes it took never reached the gate — while this feed, reconnecting, would resume after them without
+/// a word. Checked before each session; `confirmed` is where this feed left the slot (0: not known yet,
+/// then the slot's position now is taken as where it starts).
+async fn consumed_elsewhere(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    confirmed: &AtomicU64,
+) -> Option<String> {
+    let ours = confirmed.load(Ordering::Relaxed);
+    let theirs = setup::confirmed_position(client, slot).await.ok()??;
+    if ours == 0 {
+        // Where this feed starts following: its own from now on.
+        confirmed.store(theirs, Ordering::Relaxed);
+        return None;
+    }
+    (theirs > ours).then(|| {
+        format!(
+            "its confirmed position moved from {} to {} without this feed",
+            pgwire_replication::Lsn::from_u64(ours),
+            pgwire_replication::Lsn::from_u64(theirs)
+        )
+    })
 }
 
 /// Drops what is left of `args.slot` (an invalidated slot still exists) and creates it again with an

@@ -272,3 +272,19 @@ pub async fn retained_wal(client: &Client, name: &str) -> Result<u64, String> {
         .and_then(|row| row.get::<_, Option<i64>>(0))
         .map_or(0, |bytes| bytes.max(0) as u64))
 }
+
+/// Where `name`'s consumer has confirmed it up to (`confirmed_flush_lsn`, as a u64); `None` if the slot is
+/// gone.
+pub async fn confirmed_position(client: &Client, name: &str) -> Result<Option<u64>, String> {
+    let row = client
+        .query_opt(
+            "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&name],
+        )
+        .await
+        .map_err(|e| format!("cannot read replication slot {name}: {}", said(&e)))?;
+    Ok(row
+        .and_then(|row| row.get::<_, Option<i64>>(0))
+        .map(|lsn| lsn.max(0) as u64))
+}

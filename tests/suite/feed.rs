@@ -706,6 +706,87 @@ async fn a_lost_slot_is_said_and_recreated_on_request() {
     feed.kill().await;
 }
 
+/// Another client consumes the feed's slot while the feed is paused (its walsender ended): `rows` are
+/// inserted, then the slot is advanced past them, as a second feed or `pg_logical_slot_get_changes` would.
+async fn consume_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::Range<i64>) {
+    feed.signal("STOP");
+    db.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'feed_slot'",
+        &[],
+    )
+    .await
+    .unwrap();
+    wait_until(PATIENCE, "the slot to be released", async || {
+        let row = db
+            .query_one(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = 'feed_slot'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (!row.get::<_, bool>(0)).then_some(())
+    })
+    .await;
+    insert(db, rows.start, rows.end).await;
+    // A slot advances only as far as WAL is flushed, which `synchronous_commit = off` leaves behind: a
+    // switch to the next WAL segment flushes the rows' WAL, and the slot is advanced past it.
+    db.execute("SELECT pg_switch_wal()", &[]).await.unwrap();
+    db.execute(
+        "SELECT pg_replication_slot_advance('feed_slot', pg_current_wal_lsn())",
+        &[],
+    )
+    .await
+    .unwrap();
+    feed.signal("CONT");
+}
+
+/// A slot consumed by another client while the feed was cut off: the feed sees its confirmed position moved
+/// past its own when it reconnects, says so on `/readyz` with what to do (it once resumed after the
+/// consumed changes without a word, their keys answering ABSENT while `/readyz` said 200); following that
+/// advice, or running with `--recreate-slot`, loads every key again.
+#[tokio::test]
+async fn a_slot_consumed_by_another_client_is_said_and_recreated_on_request() {
+    let Some(postgres) = database().await else {
+        return;
+    };
+    let gate = start(CONFIG).await;
+    let db = postgres.client().await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
+    feed.ready().await;
+    insert(&db, 0, 50).await;
+    all_present(&gate, ids(0..50)).await;
+    consume_slot(&db, &feed, 50..100).await;
+    let body = wait_until(
+        PATIENCE,
+        "/readyz to say the slot was consumed",
+        async || {
+            let (status, body) = common::try_http_get(feed.http, "/readyz").await.ok()?;
+            (status == 503 && body.contains("consumed by another client")).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        body.contains("pg_drop_replication_slot('feed_slot')"),
+        "{body}"
+    );
+    assert_eq!(present(&gate, ids(50..100)).await, 0);
+    feed.kill().await;
+
+    // As advised: drop the slot, restart with --recreate-slot.
+    db.execute("SELECT pg_drop_replication_slot('feed_slot')", &[])
+        .await
+        .unwrap();
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &["--recreate-slot"]).await;
+    feed.ready().await;
+    all_present(&gate, ids(50..100)).await;
+    insert(&db, 100, 110).await;
+    all_present(&gate, ids(100..110)).await;
+    // Consumed while it runs with --recreate-slot: created again and loaded at once.
+    consume_slot(&db, &feed, 110..160).await;
+    all_present(&gate, ids(110..160)).await;
+    feed.kill().await;
+}
+
 fn lsn(text: &str) -> u64 {
     let (high, low) = text.split_once('/').expect("an LSN");
     (u64::from_str_radix(high, 16).unwrap() << 32) | u64::from_str_radix(low, 16).unwrap()
