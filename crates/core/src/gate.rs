@@ -5,6 +5,7 @@
 //! gRPC layer maps [`GateError`] to status codes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -106,6 +107,9 @@ pub struct Gate {
     lease: Option<Arc<ReadLease>>,
     /// For a replica of a shared log: what is live is decided by its clock and this ([`ReadTime::agreed`]).
     stream_time: Option<StreamTime>,
+    /// A maintenance tick kept the windows for want of the read lease: they are freed once it holds
+    /// ([`lease_granted`](Self::lease_granted)).
+    windows_waiting: AtomicBool,
 }
 
 impl std::fmt::Debug for Gate {
@@ -151,6 +155,7 @@ impl Gate {
             writes: OnceLock::new(),
             lease: None,
             stream_time: None,
+            windows_waiting: AtomicBool::new(false),
         }
     }
 
@@ -604,16 +609,33 @@ impl Gate {
     /// again by a replica that restarted on a clock of its own two hours ahead — and those two together
     /// would drop windows a current stamp keeps. Under a lease the latest message applied is at most a
     /// lease old, stamped by the stream's current leader, and [`ReadTime::agreed`] bounds each clock by the
-    /// other. (Its lookups need no such rule: without a lease they answer no `ABSENT`.)
+    /// other. (Its lookups need no such rule: without a lease they answer no `ABSENT`.) A replica renews its
+    /// lease only while it is used, so a tick without it asks for it, as a lookup would, and the windows are
+    /// freed when it is granted ([`lease_granted`](Self::lease_granted)): a replica that takes no lookups
+    /// would otherwise keep a window more every span, for ever.
     pub fn maintain(&self) {
         let now = self.read_time();
         let now = match &self.lease {
-            Some(lease) if !lease.holds_at(lease.now()) => now.keeping_windows(),
+            Some(lease) if !lease.holds_at(lease.now()) => {
+                self.windows_waiting.store(true, Ordering::Release);
+                lease.holds();
+                now.keeping_windows()
+            }
             _ => now,
         };
         self.namespaces
             .values()
             .for_each(|e| e.namespace.maintain(now));
+    }
+
+    /// The replica's read lease was just granted: frees the windows a maintenance tick kept for want of it.
+    pub fn lease_granted(&self) {
+        if self.windows_waiting.swap(false, Ordering::AcqRel) {
+            let now = self.read_time();
+            self.namespaces
+                .values()
+                .for_each(|e| e.namespace.expire_windows(now));
+        }
     }
 
     /// Figures of every namespace, sorted by name.

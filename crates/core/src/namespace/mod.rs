@@ -221,6 +221,11 @@ impl Namespace {
         self.tombstones.purge_expired(time.tombstones_ms);
     }
 
+    /// Frees dead windows only (a replica's once its lease holds: see [`Gate::maintain`](crate::gate::Gate)).
+    pub fn expire_windows(&self, time: impl Into<ReadTime>) {
+        self.filter.load().expire(time.into().windows_ms);
+    }
+
     /// Current figures.
     pub fn stats(&self, time: impl Into<ReadTime>) -> NamespaceStats {
         let now_ms = time.into().windows_ms;

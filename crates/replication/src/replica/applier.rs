@@ -314,6 +314,9 @@ impl Replica {
         protocol.settle(self.lease.now());
         self.lease.set_until(protocol.lease_until());
         drop(protocol);
+        if self.lease.holds_at(self.lease.now()) {
+            self.gate.lease_granted();
+        }
         let last_barrier = *self.last_barrier.lock().unwrap_or_else(|e| e.into_inner());
         match last_barrier {
             Some((at, seq)) if seq <= self.applied_seq() => {
