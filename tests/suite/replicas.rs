@@ -1307,3 +1307,50 @@ async fn junk_on_the_snapshot_index_stops_no_start() {
     }
     agreed_digests(&replicas).await;
 }
+
+/// The newest shared snapshot's object missing from the bucket (deleted by hand, lost with a server): a
+/// wiped replica falls back to the older snapshot the index names — the stream is purged only below the
+/// oldest retained — and serves every key, instead of failing to start.
+#[tokio::test]
+async fn a_missing_snapshot_object_falls_back_to_the_older_one() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (launches, mut replicas) = snapshotting(&nats, dir.path()).await;
+    let mut keys = Vec::new();
+    wait_until(PATIENCE, "two shared snapshots", async || {
+        let more = named(&format!("before-{}", keys.len()), 20);
+        add(&replicas[0], "users", &more).await;
+        keys.extend(more);
+        (shared_snapshots(&nats.url).await.len() == 2).then_some(())
+    })
+    .await;
+    // Every replica stopped, so that no newer snapshot is shared meanwhile; the one to start again wiped.
+    for replica in replicas.drain(..) {
+        replica.kill().await;
+    }
+    std::fs::remove_dir_all(&launches[2].data_dir).unwrap();
+    let shared = shared_snapshots(&nats.url).await;
+    let client = async_nats::connect(&nats.url).await.unwrap();
+    let bucket = async_nats::jetstream::new(client)
+        .get_object_store("existence-snapshots")
+        .await
+        .unwrap();
+    bucket
+        .delete(format!("snapshot-{:020}", shared[1]))
+        .await
+        .unwrap();
+    let restarted = launches[2].start().await;
+    restarted.serving().await;
+    assert_eq!(
+        passing_under_lease(&restarted, &keys).await,
+        keys.len(),
+        "every key, from the older snapshot and the stream after it"
+    );
+    assert_eq!(
+        restarted.metric("existence_replica_start_seq").await as u64,
+        shared[0],
+        "started from the older snapshot"
+    );
+}

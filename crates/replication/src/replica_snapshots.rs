@@ -101,27 +101,46 @@ impl ReplicaSnapshots {
     }
 
     /// Downloads the newest shared snapshot if it covers more than `than`. A download that fails because a
-    /// replica sharing a newer snapshot deleted it meanwhile is retried with the newer one.
+    /// replica sharing a newer snapshot deleted it meanwhile is retried with the newer one; one that keeps
+    /// failing (the object missing from the bucket, damaged) falls back to the older snapshot the index
+    /// names, which is as good a start: the stream is purged only below the oldest one retained. Every
+    /// named snapshot failing is an error unless the replica has a snapshot of its own: the mutations below
+    /// them may be purged.
     async fn download_newer(&self, than: u64) -> Result<Option<(u64, PathBuf)>, String> {
-        let mut attempts = 0;
+        let mut failures: Vec<(u64, u32)> = Vec::new();
+        let mut last_error = None;
         loop {
-            let newest = self
-                .store
-                .covered()
-                .await
-                .map_err(|e| e.to_string())?
-                .last()
-                .copied();
-            let Some(seq) = newest.filter(|seq| *seq > than) else {
-                return Ok(None);
+            let covered = self.store.covered().await.map_err(|e| e.to_string())?;
+            let failed = |seq: u64| {
+                failures
+                    .iter()
+                    .find(|(s, _)| *s == seq)
+                    .map_or(0, |(_, n)| *n)
+            };
+            let next = covered
+                .iter()
+                .rev()
+                .copied()
+                .filter(|seq| *seq > than)
+                .find(|seq| failed(*seq) < DOWNLOAD_ATTEMPTS);
+            let Some(seq) = next else {
+                // None newer left to try: the replica's own snapshot, if it has one, else the failure. (A
+                // local one older than what was purged is caught at the gap, as any stale start is.)
+                return match last_error {
+                    Some(error) if than == 0 => Err(error),
+                    _ => Ok(None),
+                };
             };
             match self.download(seq).await {
                 Ok(path) => return Ok(Some((seq, path))),
-                Err(error) if attempts < DOWNLOAD_ATTEMPTS => {
-                    tracing::warn!(%error, "downloading the shared snapshot again");
-                    attempts += 1;
+                Err(error) => {
+                    tracing::warn!(%error, seq, "a shared snapshot failed to download; trying again, then an older one");
+                    match failures.iter_mut().find(|(s, _)| *s == seq) {
+                        Some((_, n)) => *n += 1,
+                        None => failures.push((seq, 1)),
+                    }
+                    last_error = Some(error);
                 }
-                Err(error) => return Err(error),
             }
         }
     }
