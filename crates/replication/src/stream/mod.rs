@@ -199,7 +199,9 @@ impl MutationStream {
     /// together) can time out a request, and a stream just created can refuse the first publish ("no stream
     /// found": seen under load on one server), and of two replicas creating it at once on one server the
     /// second can be refused with "subjects overlap with an existing stream" while the first is being stored
-    /// (seen with two replicas started together on a loaded 2-core machine): opening is then tried again,
+    /// (seen with two replicas started together on a loaded 2-core machine), and a server of a cluster can
+    /// answer a request about a stream created a moment before through another with "stream not found"
+    /// (nats-server 2.15, three replicas started together on an R3 cluster): opening is then tried again,
     /// `SETUP_ATTEMPTS` times in all, a second apart, and finds the stream the other one created. A stream
     /// of another name that really owns the subjects is refused with the same message after those tries.
     pub async fn open(options: &StreamOptions) -> Result<Self, StreamError> {
@@ -212,6 +214,7 @@ impl MutationStream {
                 Err(StreamError::Setup(e) | StreamError::Read(e))
                     if (e.contains("timed out")
                         || e.contains("no stream found")
+                        || e.contains("stream not found")
                         || e.contains("subjects overlap"))
                         && attempt < SETUP_ATTEMPTS =>
                 {
