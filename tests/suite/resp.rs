@@ -430,6 +430,22 @@ async fn invalidations_arrive_as_pubsub_messages() {
     );
     assert!(payload.split(' ').nth(1).unwrap().parse::<u64>().unwrap() > seq.parse().unwrap());
 
+    // One subscription per namespace and connection: one reader cannot take every subscriber place of a
+    // namespace with channels that differ only by their seq.
+    let mut stream = TcpStream::connect(server.resp_addr.unwrap()).await.unwrap();
+    let reply = raw(
+        &mut stream,
+        b"SUBSCRIBE invalidations:users@1\r\nSUBSCRIBE invalidations:users@2\r\n",
+        |r| r.windows(5).any(|w| w == b"-ERR ") && r.ends_with(b"\r\n"),
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&reply)
+            .contains("-ERR this connection follows namespace \"users\" already"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+
     let refused = pubsub.subscribe("users").await.unwrap_err();
     assert!(
         refused.to_string().contains("invalidations:<namespace>"),

@@ -508,6 +508,16 @@ impl Session {
             let namespace = bloom::namespace(name.as_bytes())?;
             self.check(Role::Read, &namespace)?;
             let channel: Arc<str> = Arc::from(String::from_utf8_lossy(channel).as_ref());
+            if let Some(other) = self
+                .following(&namespace)
+                .filter(|other| **other != channel)
+            {
+                return Err(Refusal::err(format!(
+                    "this connection follows namespace {namespace:?} already, on channel {other}: one \
+                     subscription per namespace and connection (each holds one of the namespace's \
+                     max_subscribers_per_namespace places); UNSUBSCRIBE it first"
+                )));
+            }
             if !self.subscriptions.contains_key(&channel) {
                 if after_seq > 0 {
                     // A seq seen on a replica ahead of this one: reach it first, so the subscription goes
@@ -544,6 +554,16 @@ impl Session {
             replies.integer(count as i64);
         }
         Ok(())
+    }
+
+    /// The channel on which this connection follows `namespace`, if it does.
+    fn following(&self, namespace: &str) -> Option<&Arc<str>> {
+        self.subscriptions.keys().find(|channel| {
+            invalidation_channel(channel.as_bytes())
+                .ok()
+                .and_then(|(name, _)| bloom::namespace(name.as_bytes()).ok())
+                .is_some_and(|followed| followed == namespace)
+        })
     }
 
     /// `UNSUBSCRIBE [channel ...]`: the channels named, or all.
