@@ -634,9 +634,8 @@ async fn a_bytea_key_column_is_followed_as_its_bytes() {
     feed.kill().await;
 }
 
-/// Loses the feed's slot under it, as an operator's mistake or `max_slot_wal_keep_size` would: the feed
-/// paused, its walsender ended, the slot dropped, then `rows` inserted while no slot records them.
-async fn lose_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::Range<i64>) {
+/// Cuts the feed off from its slot: the feed paused (SIGSTOP), its walsender ended, the slot released.
+async fn cut_off(db: &tokio_postgres::Client, feed: &Feed) {
     feed.signal("STOP");
     db.execute(
         "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'feed_slot'",
@@ -655,6 +654,12 @@ async fn lose_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::Ran
         (!row.get::<_, bool>(0)).then_some(())
     })
     .await;
+}
+
+/// Loses the feed's slot under it, as an operator's mistake or `max_slot_wal_keep_size` would: the feed
+/// paused, its walsender ended, the slot dropped, then `rows` inserted while no slot records them.
+async fn lose_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::Range<i64>) {
+    cut_off(db, feed).await;
     db.execute("SELECT pg_drop_replication_slot('feed_slot')", &[])
         .await
         .unwrap();
@@ -709,24 +714,7 @@ async fn a_lost_slot_is_said_and_recreated_on_request() {
 /// Another client consumes the feed's slot while the feed is paused (its walsender ended): `rows` are
 /// inserted, then the slot is advanced past them, as a second feed or `pg_logical_slot_get_changes` would.
 async fn consume_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::Range<i64>) {
-    feed.signal("STOP");
-    db.execute(
-        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'feed_slot'",
-        &[],
-    )
-    .await
-    .unwrap();
-    wait_until(PATIENCE, "the slot to be released", async || {
-        let row = db
-            .query_one(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = 'feed_slot'",
-                &[],
-            )
-            .await
-            .unwrap();
-        (!row.get::<_, bool>(0)).then_some(())
-    })
-    .await;
+    cut_off(db, feed).await;
     insert(db, rows.start, rows.end).await;
     // A slot advances only as far as WAL is flushed, which `synchronous_commit = off` leaves behind: a
     // switch to the next WAL segment flushes the rows' WAL, and the slot is advanced past it.
