@@ -272,7 +272,8 @@ impl Protocol {
         }
     }
 
-    /// Starts, at `now`, from a snapshot covering seqs through `seq`, with the membership it recorded.
+    /// Starts, at `now`, from a snapshot covering seqs through `seq` (0: none, the stream from its start),
+    /// with the membership it recorded.
     ///
     /// A snapshot records who is a member, not who departed less than a fallback before it: an
     /// incarnation removed while cut off may still hold a lease, which a process applying the removal
@@ -283,7 +284,9 @@ impl Protocol {
     pub fn start_after(&mut self, seq: u64, members: Membership, now: Nanos) {
         self.applied = seq;
         self.members = members;
-        self.early_from = now.saturating_add(self.timing.fallback());
+        if seq > 0 {
+            self.early_from = now.saturating_add(self.timing.fallback());
+        }
     }
 
     /// This process.
