@@ -592,6 +592,22 @@ async fn unauthenticated_and_slow_clients_are_bounded_and_closed_in_time() {
     );
     until_closed(stream).await;
 
+    // A client that pipelines for longer than the deadline, every write ending mid-command and finishing
+    // the one before: each request is finished in time, so the connection stays.
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut stream, b"AUTH reader read-token\r\nPI", ends_line).await;
+    assert_eq!(reply, b"+OK\r\n");
+    let started = std::time::Instant::now();
+    let mut pongs = 0;
+    while started.elapsed() < Duration::from_millis(2_500) {
+        let reply = raw(&mut stream, b"NG\r\nPI", ends_line).await;
+        assert_eq!(reply, b"+PONG\r\n", "after {pongs} PONGs");
+        pongs += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await; // the client's pace, not a synchronisation
+    }
+    let reply = raw(&mut stream, b"NG\r\n", ends_line).await;
+    assert_eq!(reply, b"+PONG\r\n");
+
     // Authenticated, then a request trickled a byte at a time: closed a deadline after its first byte,
     // though each byte kept the connection from being idle.
     let mut stream = TcpStream::connect(address).await.unwrap();

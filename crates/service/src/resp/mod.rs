@@ -294,7 +294,10 @@ async fn serve_connection(
             return;
         }
         if !commands.is_empty() {
-            // More may be buffered already (more than one round's worth of commands arrived at once).
+            // A request was finished: what is left starts the next one, whose time starts when it is seen
+            // unfinished (a pipelining client's reads end mid-request all the time). More may be buffered
+            // already (more than one round's worth of commands arrived at once).
+            unfinished_since = None;
             continue;
         }
         // Whatever is left in the input is the start of a request not read whole yet.
