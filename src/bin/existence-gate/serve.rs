@@ -75,7 +75,8 @@ pub(crate) struct ServeArgs {
     /// Refuse to start on a data directory that holds no state yet (missing, or never started on): for a
     /// deployed single server, where that means the state was lost (a deleted directory, a volume not
     /// mounted), and starting empty would answer ABSENT for every key added before. Start once without it
-    /// to create the directory.
+    /// to create the directory. A replica (--nats) does not need it: an empty directory starts from the
+    /// stream and its shared snapshots.
     #[arg(
         long,
         env = "EXISTENCE_GATE_REQUIRE_EXISTING_DATA",
