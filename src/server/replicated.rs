@@ -10,7 +10,7 @@ use super::ServerError;
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::replication::replica::{Replica, ReplicaOptions};
-use crate::replication::replica_snapshots::{Origin, ReplicaSnapshots, Sharing};
+use crate::replication::replica_snapshots::{ReadPoint, ReplicaSnapshots, Sharing};
 use crate::replication::snapshot_store::SnapshotStore;
 use crate::replication::stream::{MutationStream, StreamError, StreamOptions};
 use crate::service::lifecycle::Lifecycle;
@@ -101,11 +101,11 @@ impl Replicated {
             "state loaded; applying the stream after it"
         );
         metrics::gauge!("existence_replica_start_seq").set(covered as f64);
-        let last_read = match origin {
-            Origin::Local(_, last_read) => last_read,
-            Origin::Shared(_) | Origin::Empty => None,
-        };
-        if let Err(error) = replica.start_after(covered, last_read).await {
+        let point = origin.read_point();
+        if let Err(error) = replica
+            .start_after(covered, point.last_read, point.history)
+            .await
+        {
             return lifecycle.fail(format!(
                 "cannot read the replicas' membership from the stream: {error}; restart when NATS is reachable"
             ));
@@ -155,14 +155,17 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
         let (exporter, reader) = (Arc::clone(&gate), Arc::clone(replica));
         let cut = replica
             .while_still(move |applied| {
-                let last_read = reader.last_read();
+                let point = ReadPoint {
+                    last_read: reader.last_read(),
+                    history: reader.history_digest(),
+                };
                 exporter
                     .export_detached()
-                    .map(|images| (applied, last_read, images))
+                    .map(|images| (applied, point, images))
             })
             .await;
         let taken = match cut.and_then(|cut| cut) {
-            Ok((covered, last_read, images)) => {
+            Ok((covered, point, images)) => {
                 last = covered;
                 // Shared only once a barrier of this replica read as sent vouches for the state: one read
                 // off a diverged copy would reach every replica that loads it.
@@ -182,7 +185,7 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
                 });
                 replicated
                     .snapshots
-                    .take(covered, last_read, images, gate.hash_check(), share)
+                    .take(covered, point, images, gate.hash_check(), share)
                     .await
             }
             Err(error) => Err(error),

@@ -860,6 +860,22 @@ async fn a_replica_that_missed_purged_mutations_stops_and_restarts_from_the_shar
     }
     replicas.push(restarted);
     agreed_digests(&replicas).await;
+    // Its history digest came with the shared snapshot, and one restarted on its own data from the local
+    // one: each goes on with the chain, and the other two agree with it.
+    let own_data = replicas.remove(0);
+    own_data.kill().await;
+    replicas.insert(0, launches[0].start().await);
+    for replica in [&replicas[0], &replicas[2]] {
+        wait_until(
+            PATIENCE,
+            "the other two to agree with its history",
+            async || {
+                let same = replica.metric("existence_replica_histories_same").await;
+                (same == 2.0).then_some(())
+            },
+        )
+        .await;
+    }
 }
 
 /// Test 5: a replica killed under load and wiped starts from the shared snapshot and the stream after it,
@@ -1140,6 +1156,59 @@ async fn a_new_consumer_must_deliver_the_message_read_last_before_the_replica_re
     assert_eq!(status, 503, "{why}");
     let (answer, basis, _) = replica.lookup("users", b"never-added").await;
     assert_eq!((answer, basis), (Answer::MayExist, Basis::Warming));
+}
+
+/// A replica that applied another message than the others at one seq — as if its NATS server's copy of the
+/// stream held one there and came back into line after (fault point `stream-read-other`: its fourth
+/// mutation read as a message that changes nothing) — is noticed by comparing history digests: it gives
+/// its history up (no ABSENT, not ready, saying whom it differs from), and the two that agree go on.
+/// Without the comparison it serves on, answering `ABSENT` for the key it lacks.
+#[tokio::test]
+async fn a_replica_whose_history_differs_from_every_other_gives_it_up() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), CONFIG);
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        let mut launch = Launch::new(&nats.url, &config, &format!("r{i}"));
+        if i == 2 {
+            launch.faults = "stream-read-other=3*off->1*return->off".to_string();
+        }
+        replicas.push(launch.start().await);
+    }
+    for replica in &replicas {
+        replica.serving().await;
+    }
+    let keys = named("history", 6);
+    for key in &keys {
+        add(&replicas[0], "users", &[key]).await;
+    }
+    let (status, why) = wait_until(PATIENCE, "r2 to give up its history", async || {
+        let (status, why) = replicas[2].readiness().await;
+        why.contains("differs from that of every other replica")
+            .then_some((status, why))
+    })
+    .await;
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("\"r0\"") && why.contains("\"r1\""), "{why}");
+    // The key it lacks (read as another message) and one never added: no ABSENT from it.
+    for key in [keys[3].as_str(), "never-added"] {
+        let (answer, basis, _) = replicas[2].lookup("users", key.as_bytes()).await;
+        assert_eq!((answer, basis), (Answer::MayExist, Basis::Warming), "{key}");
+    }
+    for replica in &replicas[..2] {
+        wait_until(PATIENCE, "r0 and r1 to see r2 differ", async || {
+            let differing = replica
+                .metric("existence_replica_histories_differing")
+                .await;
+            (differing == 1.0).then_some(())
+        })
+        .await;
+        assert_eq!(replica.readiness().await.0, 200, "{}", replica.id);
+        assert_answers_absent(replica).await;
+    }
 }
 
 /// Deletes every consumer of `stream` (the replicas' ordered consumers): their clients create them again.

@@ -17,9 +17,10 @@ use existence_gate::core::gate::Gate;
 use existence_gate::core::hashing::KeyHasher;
 use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::tombstones::AbsenceKind;
+use existence_gate::replication::protocol::history::HistoryReport;
 use existence_gate::replication::protocol::{WriteId, WriteRead};
 use existence_gate::replication::stream::{
-    AppliedReport, MutationStream, StreamError, StreamOptions,
+    AppliedReport, Heard, MutationStream, StreamError, StreamOptions,
 };
 use futures_util::StreamExt;
 
@@ -244,16 +245,16 @@ async fn replicas_applying_the_stream_agree_bit_for_bit() {
 }
 
 /// Replicas hear each other's applied seqs and the writes read at each seq (what an acknowledgement waits
-/// on), those sent to all and those sent to them alone, never those sent to another; and none of it enters
-/// the stream: reports take no stream seq.
+/// on), those sent to all and those sent to them alone, never those sent to another, and each other's
+/// history digests; and none of it enters the stream: reports take no stream seq.
 #[tokio::test]
 async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
     let Some(nats) = Nats::start().await else {
         return;
     };
     let (a, b, c) = (open(&nats).await, open(&nats).await, open(&nats).await);
-    let a_hears = a.applied_reports(1).await.unwrap();
-    let c_hears = c.applied_reports(3).await.unwrap();
+    let a_hears = a.reports(1).await.unwrap();
+    let c_hears = c.reports(3).await.unwrap();
     let reads = [
         WriteRead {
             seq: 8,
@@ -282,25 +283,37 @@ async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
     a.report_applied("replica-a", 1, 9, &[], None)
         .await
         .unwrap();
-    let report = |replica: &str, nonce, seq| AppliedReport {
-        replica: replica.to_string(),
-        nonce,
-        seq,
-        reads: if seq == 8 { reads.to_vec() } else { Vec::new() },
+    let history = HistoryReport {
+        replica: "replica-b".into(),
+        nonce: 2,
+        seq: 10,
+        digest: Some(0xfeed),
     };
-    let mut heard: Vec<AppliedReport> =
-        tokio::time::timeout(common::PATIENCE, a_hears.take(4).collect())
-            .await
-            .expect("the reports to all and to a arrive at a");
+    b.report_history(&history).await.unwrap();
+    let report = |replica: &str, nonce, seq| {
+        Heard::Applied(AppliedReport {
+            replica: replica.to_string(),
+            nonce,
+            seq,
+            reads: if seq == 8 { reads.to_vec() } else { Vec::new() },
+        })
+    };
+    let mut heard: Vec<Heard> = tokio::time::timeout(common::PATIENCE, a_hears.take(5).collect())
+        .await
+        .expect("the reports to all and to a arrive at a");
     // Two connections: the server may pass on theirs in either order, each connection's in its order.
-    heard.sort_by_key(|r| r.seq);
+    heard.sort_by_key(|r| match r {
+        Heard::Applied(r) => (r.seq, 0),
+        Heard::History(r) => (r.seq, 1),
+    });
     assert_eq!(
         heard,
         [
             report("replica-b", 2, 7),
             report("replica-b", 2, 8),
             report("replica-a", 1, 9),
-            report("replica-b", 2, 10)
+            report("replica-b", 2, 10),
+            Heard::History(history),
         ]
     );
     // c hears b's reports in the order b sent them: the one to a alone would come before b's seq 10.
@@ -311,8 +324,10 @@ async fn replicas_hear_each_others_applied_seqs_outside_the_stream() {
             .await
             .expect("b's reports to all arrive at c")
             .expect("c is still subscribed");
-        if next.replica == "replica-b" {
-            from_b.push(next.seq);
+        if let Heard::Applied(next) = next {
+            if next.replica == "replica-b" {
+                from_b.push(next.seq);
+            }
         }
     }
     assert_eq!(from_b, [7, 10], "c does not hear the report meant for a");

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::protocol::copy::MessageDigest;
+use super::protocol::history::{self, HistoryDigest};
 use super::snapshot_store::SnapshotStore;
 use super::stream::MutationStream;
 use crate::core::gate::Gate;
@@ -37,12 +38,37 @@ const DOWNLOAD_ATTEMPTS: u32 = 3;
 pub enum Origin {
     /// No snapshot: the stream from its start.
     Empty,
-    /// The replica's own data directory, and the message the replica had read last when it wrote it (seq
-    /// and digest; `None` for a snapshot of an earlier release): the first follow checks the copy it reads
-    /// against it ([`copy`](crate::protocol::copy)).
-    Local(PathBuf, Option<(u64, MessageDigest)>),
-    /// The shared bucket (downloaded).
-    Shared(u64),
+    /// The replica's own data directory, and where it stood in the stream when it wrote it.
+    Local(PathBuf, ReadPoint),
+    /// The shared bucket (downloaded), and the history digest the sharer recorded with it.
+    Shared(u64, Option<HistoryDigest>),
+}
+
+impl Origin {
+    /// Where the replica stands in the stream after loading from here.
+    pub fn read_point(&self) -> ReadPoint {
+        match self {
+            Self::Empty => ReadPoint {
+                last_read: None,
+                history: Some(history::EMPTY),
+            },
+            Self::Local(_, point) => *point,
+            Self::Shared(_, history) => ReadPoint {
+                last_read: None,
+                history: *history,
+            },
+        }
+    }
+}
+
+/// Where a replica stood in the stream when a snapshot was taken, recorded beside its local snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadPoint {
+    /// The message read last (seq and digest; `None`: none read yet, or a snapshot of an earlier release):
+    /// the first follow checks the copy it reads against it ([`copy`](crate::protocol::copy)).
+    pub last_read: Option<(u64, MessageDigest)>,
+    /// The history digest at the covered seq ([`history`]; `None`: unknown).
+    pub history: Option<HistoryDigest>,
 }
 
 /// What sharing a snapshot needs besides it.
@@ -84,17 +110,17 @@ impl ReplicaSnapshots {
         };
         let local_seq = local.as_ref().map_or(0, |(seq, _)| *seq);
         match (local, self.download_newer(local_seq).await?) {
-            (_, Some((seq, path))) => {
+            (_, Some((seq, path, history))) => {
                 self.restore(gate, &path).await?;
                 if self.dir.is_none() {
                     let _ = std::fs::remove_file(&path);
                 }
-                Ok((seq, Origin::Shared(seq)))
+                Ok((seq, Origin::Shared(seq, history)))
             }
             (Some((seq, path)), _) => {
-                let last_read = read_last(&path)?;
+                let point = read_point(&path)?;
                 self.restore(gate, &path).await?;
-                Ok((seq, Origin::Local(path, last_read)))
+                Ok((seq, Origin::Local(path, point)))
             }
             (None, _) => Ok((0, Origin::Empty)),
         }
@@ -106,7 +132,10 @@ impl ReplicaSnapshots {
     /// names, which is as good a start: the stream is purged only below the oldest one retained. Every
     /// named snapshot failing is an error unless the replica has a snapshot of its own: the mutations below
     /// them may be purged.
-    async fn download_newer(&self, than: u64) -> Result<Option<(u64, PathBuf)>, String> {
+    async fn download_newer(
+        &self,
+        than: u64,
+    ) -> Result<Option<(u64, PathBuf, Option<HistoryDigest>)>, String> {
         let mut failures: Vec<(u64, u32)> = Vec::new();
         let mut last_error = None;
         loop {
@@ -132,7 +161,7 @@ impl ReplicaSnapshots {
                 };
             };
             match self.download(seq).await {
-                Ok(path) => return Ok(Some((seq, path))),
+                Ok((path, history)) => return Ok(Some((seq, path, history))),
                 Err(error) => {
                     tracing::warn!(%error, seq, "a shared snapshot failed to download; trying again, then an older one");
                     match failures.iter_mut().find(|(s, _)| *s == seq) {
@@ -145,8 +174,9 @@ impl ReplicaSnapshots {
         }
     }
 
-    /// Downloads the shared snapshot covering `seq` beside the local ones (or into the temporary directory).
-    async fn download(&self, seq: u64) -> Result<PathBuf, String> {
+    /// Downloads the shared snapshot covering `seq` beside the local ones (or into the temporary directory);
+    /// where it went, and the history digest it carries.
+    async fn download(&self, seq: u64) -> Result<(PathBuf, Option<HistoryDigest>), String> {
         let (dir, name) = match &self.dir {
             Some(dir) => (dir.path().to_path_buf(), None),
             None => (std::env::temp_dir(), Some(std::process::id())),
@@ -156,7 +186,7 @@ impl ReplicaSnapshots {
             None => snapshot::snapshot_path(&dir, seq),
         };
         let temp = path.with_extension("snap.tmp");
-        let bytes = self
+        let (bytes, history) = self
             .store
             .download(seq, &temp)
             .await
@@ -169,7 +199,7 @@ impl ReplicaSnapshots {
             bucket = self.store.bucket(),
             "downloaded the shared snapshot"
         );
-        Ok(path)
+        Ok((path, history))
     }
 
     /// Reads the snapshot at `path` and restores every namespace of it into `gate`.
@@ -219,7 +249,7 @@ impl ReplicaSnapshots {
     }
 
     /// Writes a local snapshot of `images` (every namespace exactly as of stream seq `covered`, see
-    /// [`Gate::export_detached`]) with the message read last then (`last_read`, see [`Origin::Local`]),
+    /// [`Gate::export_detached`]) with where the replica stood then (`point`),
     /// removing older local ones; if `share`, uploads it, keeps the newest
     /// [`KEEP`] in the bucket and purges the stream below the oldest kept — or below what the slowest
     /// replica heard from has applied, if that is less: a live replica must never find a gap. Returns the
@@ -227,7 +257,7 @@ impl ReplicaSnapshots {
     pub async fn take(
         &self,
         covered: u64,
-        last_read: Option<(u64, MessageDigest)>,
+        point: ReadPoint,
         images: Vec<NamespaceImage>,
         hash_check: u64,
         share: Option<Sharing<'_>>,
@@ -238,10 +268,8 @@ impl ReplicaSnapshots {
         let (writer_dir, seed) = (Arc::clone(dir), self.seed);
         let written = tokio::task::spawn_blocking(move || {
             let dir = writer_dir.path();
-            // Before the snapshot: a snapshot in place always has the record of what was read last.
-            if let Some(last_read) = last_read {
-                write_last_read(dir, covered, last_read)?;
-            }
+            // Before the snapshot: a snapshot in place always has the record of where the replica stood.
+            write_read_point(dir, covered, point)?;
             let written = snapshot::write_images(dir, covered, images, hash_check, seed)?;
             crate::storage::remove_older_snapshots(dir, covered)?;
             Ok::<_, crate::storage::PersistenceError>(written)
@@ -257,7 +285,7 @@ impl ReplicaSnapshots {
         };
         let oldest = self
             .store
-            .share(covered, &written.path, KEEP)
+            .share(covered, &written.path, point.history, KEEP)
             .await
             .map_err(|e| e.to_string())?;
         // The message each replica read last stays: following again, a replica's new consumer starts there,
@@ -288,48 +316,69 @@ impl ReplicaSnapshots {
     }
 }
 
-/// Where the message read last is recorded beside the local snapshot covering `covered`.
-fn last_read_path(dir: &Path, covered: u64) -> PathBuf {
+/// Where the read point is recorded beside the local snapshot covering `covered`.
+fn read_point_path(dir: &Path, covered: u64) -> PathBuf {
     snapshot::snapshot_path(dir, covered).with_extension("read")
 }
 
-/// Records `(seq, digest)` of the message read last beside the snapshot covering `covered`, as one line
-/// `<seq> <digest, 16 hex digits>`, written whole (a temporary file renamed into place).
-fn write_last_read(
-    dir: &Path,
-    covered: u64,
-    (seq, digest): (u64, MessageDigest),
-) -> Result<(), PersistenceError> {
-    let path = last_read_path(dir, covered);
+/// Records `point` beside the snapshot covering `covered`, as one line: the message read last, `<seq>
+/// <digest, 16 hex digits>` (`- -` for none), then the history digest in 16 hex digits if known (an
+/// earlier release wrote the first two fields alone). Written whole: a temporary file renamed into place.
+fn write_read_point(dir: &Path, covered: u64, point: ReadPoint) -> Result<(), PersistenceError> {
+    let path = read_point_path(dir, covered);
     let temp = path.with_extension("read.tmp");
-    std::fs::write(&temp, format!("{seq} {digest:016x}\n"))
+    let mut line = match point.last_read {
+        Some((seq, digest)) => format!("{seq} {digest:016x}"),
+        None => "- -".to_string(),
+    };
+    if let Some(history) = point.history {
+        line.push_str(&format!(" {history:016x}"));
+    }
+    std::fs::write(&temp, format!("{line}\n"))
         .map_err(|e| PersistenceError::io(&temp, "write", e))?;
     std::fs::rename(&temp, &path).map_err(|e| PersistenceError::io(&path, "rename", e))
 }
 
-/// The message read last recorded beside the local snapshot at `snapshot` (`None` if none is: a snapshot
+/// The read point recorded beside the local snapshot at `snapshot` (nothing known if none is: a snapshot
 /// of an earlier release); an unreadable record is an error naming the file and the remedy.
-fn read_last(snapshot: &Path) -> Result<Option<(u64, MessageDigest)>, String> {
+fn read_point(snapshot: &Path) -> Result<ReadPoint, String> {
     let path = snapshot.with_extension("read");
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(ReadPoint {
+                last_read: None,
+                history: None,
+            })
+        }
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let parsed = text.trim_end().split_once(' ').and_then(|(seq, digest)| {
-        Some((
-            seq.parse().ok()?,
-            MessageDigest::from_str_radix(digest, 16).ok()?,
-        ))
-    });
-    parsed.map(Some).ok_or_else(|| {
+    parse_read_point(&text).ok_or_else(|| {
         format!(
-            "{} does not hold `<seq> <digest>` (it records the message this replica read last); remove it and \
-             {} to start from the shared snapshot or the stream",
+            "{} does not hold `<seq> <digest> [<history>]` (it records where this replica stood in the \
+             stream); remove it and {} to start from the shared snapshot or the stream",
             path.display(),
             snapshot.display()
         )
     })
+}
+
+fn parse_read_point(text: &str) -> Option<ReadPoint> {
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let last_read = match fields.get(..2)? {
+        ["-", "-"] => None,
+        [seq, digest] => Some((
+            seq.parse().ok()?,
+            MessageDigest::from_str_radix(digest, 16).ok()?,
+        )),
+        _ => return None,
+    };
+    let history = match fields.get(2..)? {
+        [] => None,
+        [history] => Some(HistoryDigest::from_str_radix(history, 16).ok()?),
+        _ => return None,
+    };
+    Some(ReadPoint { last_read, history })
 }
 
 #[cfg(test)]
@@ -337,26 +386,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_message_read_last_is_found_beside_its_snapshot_and_goes_with_it() {
-        let dir = std::env::temp_dir().join(format!("read-last-{}", std::process::id()));
+    fn the_read_point_is_found_beside_its_snapshot_and_goes_with_it() {
+        let dir = std::env::temp_dir().join(format!("read-point-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let snapshot = snapshot::snapshot_path(&dir, 40);
+        let unknown = ReadPoint {
+            last_read: None,
+            history: None,
+        };
         assert_eq!(
-            read_last(&snapshot),
-            Ok(None),
+            read_point(&snapshot),
+            Ok(unknown),
             "a snapshot of an earlier release"
         );
-        write_last_read(&dir, 40, (39, 0x0123_4567_89ab_cdef)).unwrap();
-        assert_eq!(read_last(&snapshot), Ok(Some((39, 0x0123_4567_89ab_cdef))));
-        std::fs::write(last_read_path(&dir, 40), "39\n").unwrap();
-        let error = read_last(&snapshot).unwrap_err();
+        let point = ReadPoint {
+            last_read: Some((39, 0x0123_4567_89ab_cdef)),
+            history: Some(0xfeed),
+        };
+        write_read_point(&dir, 40, point).unwrap();
+        assert_eq!(read_point(&snapshot), Ok(point));
+        let nothing_read = ReadPoint {
+            last_read: None,
+            ..point
+        };
+        write_read_point(&dir, 40, nothing_read).unwrap();
+        assert_eq!(read_point(&snapshot), Ok(nothing_read));
+        std::fs::write(read_point_path(&dir, 40), "39 0123456789abcdef\n").unwrap();
+        assert_eq!(
+            read_point(&snapshot),
+            Ok(ReadPoint {
+                history: None,
+                ..point
+            }),
+            "an earlier release's record"
+        );
+        std::fs::write(read_point_path(&dir, 40), "39\n").unwrap();
+        let error = read_point(&snapshot).unwrap_err();
         assert!(
             error.contains("snapshot-00000000000000000040.read"),
             "{error}"
         );
         crate::storage::remove_older_snapshots(&dir, 41).unwrap();
         assert!(
-            !last_read_path(&dir, 40).exists(),
+            !read_point_path(&dir, 40).exists(),
             "removed with its snapshot"
         );
         std::fs::remove_dir_all(&dir).unwrap();

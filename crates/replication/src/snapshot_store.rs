@@ -14,18 +14,25 @@
 //! waiting for ever. The record is replaced only if it is still the one read (an expected last subject
 //! sequence), so replicas sharing at once each add their snapshot; objects are uploaded before the record
 //! names them and deleted after it stops naming them.
+//!
+//! Each object's metadata carries the sharer's [history digest](crate::protocol::history) at the covered
+//! seq (`history`, 16 hex digits), so a replica that loads it goes on with that chain; an object shared by
+//! an earlier release has none.
 
 use std::path::Path;
 
 use bytes::Bytes;
 
+use super::protocol::history::HistoryDigest;
 use super::stream::{open_or_create, MutationStream, StreamError};
-use async_nats::jetstream::object_store::{self, ObjectStore};
+use async_nats::jetstream::object_store::{self, ObjectMetadata, ObjectStore};
 
 /// The prefix of every snapshot object's name; the covered seq follows, zero-padded to sort.
 const PREFIX: &str = "snapshot-";
 /// The stream record naming the snapshots the bucket holds.
 const INDEX: &str = "snapshots";
+/// The object metadata key of the history digest at the covered seq.
+const HISTORY: &str = "history";
 
 /// The snapshot bucket of one stream.
 #[derive(Clone)]
@@ -90,8 +97,13 @@ impl SnapshotStore {
         Ok(self.index().await?.0)
     }
 
-    /// Copies the snapshot covering `seq` into the file `to`; returns its size.
-    pub async fn download(&self, seq: u64, to: &Path) -> Result<u64, StreamError> {
+    /// Copies the snapshot covering `seq` into the file `to`; returns its size and the history digest it
+    /// carries (`None`: none, or one that does not parse).
+    pub async fn download(
+        &self,
+        seq: u64,
+        to: &Path,
+    ) -> Result<(u64, Option<HistoryDigest>), StreamError> {
         let name = object_name(seq);
         let failed = |e: &dyn std::fmt::Display| {
             StreamError::Read(format!(
@@ -104,17 +116,29 @@ impl SnapshotStore {
             &"injected by fault point object-store-get"
         )));
         let mut object = self.store.get(&name).await.map_err(|e| failed(&e))?;
+        let history = object
+            .info
+            .metadata
+            .get(HISTORY)
+            .and_then(|hex| HistoryDigest::from_str_radix(hex, 16).ok());
         let mut file = tokio::fs::File::create(to).await.map_err(|e| failed(&e))?;
         let bytes = tokio::io::copy(&mut object, &mut file)
             .await
             .map_err(|e| failed(&e))?;
         file.sync_all().await.map_err(|e| failed(&e))?;
-        Ok(bytes)
+        Ok((bytes, history))
     }
 
-    /// Uploads the snapshot file `from`, covering `seq`, names it in the index with at most `keep - 1` older
-    /// ones, and deletes the objects the index stopped naming. Returns the oldest seq still covered.
-    pub async fn share(&self, seq: u64, from: &Path, keep: usize) -> Result<u64, StreamError> {
+    /// Uploads the snapshot file `from`, covering `seq`, with the history digest there (if known), names it
+    /// in the index with at most `keep - 1` older ones, and deletes the objects the index stopped naming.
+    /// Returns the oldest seq still covered.
+    pub async fn share(
+        &self,
+        seq: u64,
+        from: &Path,
+        history: Option<HistoryDigest>,
+        keep: usize,
+    ) -> Result<u64, StreamError> {
         let name = object_name(seq);
         fail::fail_point!("object-store-put", |_| Err(upload_failed(
             &name,
@@ -124,8 +148,16 @@ impl SnapshotStore {
         let mut file = tokio::fs::File::open(from)
             .await
             .map_err(|e| upload_failed(&name, &self.bucket, &e))?;
+        let metadata = ObjectMetadata {
+            name: name.clone(),
+            metadata: history
+                .map(|digest| (HISTORY.to_string(), format!("{digest:016x}")))
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
         self.store
-            .put(name.as_str(), &mut file)
+            .put(metadata, &mut file)
             .await
             .map_err(|e| upload_failed(&name, &self.bucket, &e))?;
         let (dropped, kept) = loop {

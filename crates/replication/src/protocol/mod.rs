@@ -76,6 +76,7 @@
 
 pub mod copy;
 pub mod gap;
+pub mod history;
 pub mod membership;
 #[cfg(test)]
 mod simulation;
@@ -329,6 +330,13 @@ impl Protocol {
     /// something else at `seq` than what this process read there: what it applied is no one copy's
     /// history, and may lack messages of the quorum's. It takes no lease from then on.
     pub fn copy_differs(&mut self, seq: u64) {
+        self.diverge(seq);
+    }
+
+    /// Every other replica heard from applied another history through `seq` than this process, and none
+    /// the same ([`history`]): it takes its own for the one read off a diverged copy, and no lease from it
+    /// from then on.
+    pub fn history_differs(&mut self, seq: u64) {
         self.diverge(seq);
     }
 

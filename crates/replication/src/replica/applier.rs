@@ -81,6 +81,7 @@ impl Replica {
             let gap = self.apply_in_order(batch)?;
             drop(applying);
             self.settle();
+            self.judge_history();
             self.check_not_diverged()?;
             let applied = self.applied_seq();
             reads.retain(|read| read.seq <= applied);
@@ -88,6 +89,7 @@ impl Replica {
                 .protocol()
                 .recipients(reads.iter().map(|read| read.write.writer));
             self.report(recipients, reads).await;
+            self.report_history().await;
             if let Some(missing) = gap {
                 return Err(self.explain_gap(missing).await);
             }
@@ -115,6 +117,14 @@ impl Replica {
         let Some(seq) = self.protocol().diverged() else {
             return Ok(());
         };
+        if let Some(reason) = self
+            .stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(StreamError::Setup(reason)); // given up by its history's comparison
+        }
         Err(StreamError::Setup(format!(
             "what this replica read at seq {seq} of the JetStream stream {:?} is not what the quorum stored \
              there (one of its own barriers, writes or joins was acknowledged at that seq but it read something \
@@ -218,6 +228,7 @@ impl Replica {
         self.metrics.skipped.increment(last - first + 1);
         tracing::error!(first, last, "messages deleted from the stream; passed over");
         self.protocol().pass_over(last);
+        self.history().passed_over(last);
         self.applied.send_replace(last);
     }
 
@@ -241,6 +252,7 @@ impl Replica {
             .as_ref()
             .and(read.id.as_deref())
             .and_then(write_id);
+        let mutation_digest = read.mutation.is_some().then_some(read.digest);
         let outcome = match read.mutation {
             Some(mutation) => {
                 self.metrics.applied.increment(1);
@@ -270,6 +282,7 @@ impl Replica {
         self.lease.set_until(protocol.lease_until());
         drop(protocol);
         *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = Some((read.seq, read.digest));
+        self.history_applied(read.seq, mutation_digest);
         self.applied.send_replace(read.seq);
         if let Some(waiter) = read.id.and_then(|id| {
             self.waiting

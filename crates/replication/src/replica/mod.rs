@@ -24,6 +24,7 @@
 //! - [`applier`]: following the stream and applying it in order; gaps explained.
 //! - [`lease_keeper`]: reports, barriers, join and leave.
 //! - [`peers`]: the other replicas' reports.
+//! - [`history`]: history digests told and compared; a replica every other one differs from stops.
 //! - [`writes`]: `Add` and `RecordAbsent` published, applied and acknowledged under the safety rule.
 //! - [`add_queue`]: concurrent small `Add`s of one namespace merged into one message.
 //! - [`health`]: whether the replica should take traffic ([`Lagging`]).
@@ -31,6 +32,7 @@
 mod add_queue;
 mod applier;
 mod health;
+mod history;
 mod lease_keeper;
 mod peers;
 mod writes;
@@ -47,6 +49,7 @@ use tokio::sync::{oneshot, watch, Notify};
 
 use self::peers::Peers;
 use super::protocol::copy::MessageDigest;
+use super::protocol::history::{History, HistoryDigest};
 use super::protocol::{Incarnation, MemberRecord, Protocol, Timing, WriteId};
 use super::stream::{MutationStream, StreamError};
 use crate::core::gate::{Gate, GateError};
@@ -118,6 +121,8 @@ struct ReplicaMetrics {
     publish_retries: Counter,
     skipped: Counter,
     read_failures: Counter,
+    histories_same: Gauge,
+    histories_differing: Gauge,
 }
 
 impl ReplicaMetrics {
@@ -139,6 +144,8 @@ impl ReplicaMetrics {
             publish_retries: counter!("existence_replica_publish_retries_total"),
             skipped: counter!("existence_replica_skipped_messages_total"),
             read_failures: counter!("existence_replica_stream_read_failures_total"),
+            histories_same: gauge!("existence_replica_histories_same"),
+            histories_differing: gauge!("existence_replica_histories_differing"),
         }
     }
 }
@@ -184,6 +191,11 @@ pub struct Replica {
     stopped: Mutex<Option<String>>,
     /// The message this process read last, by seq and digest: a new consumer must find it first.
     last_read: Mutex<Option<(u64, MessageDigest)>>,
+    /// The digest of what it applied, and the others' (see [`history`]). Locked briefly, never with
+    /// `protocol`.
+    history: Mutex<History>,
+    /// When (the lease's clock) it last told the others its history digest; 0: never.
+    history_reported_at: AtomicU64,
     /// Since when the lease has not held (`None` while it holds).
     lease_lost_at: Mutex<Option<Instant>>,
     /// Held while a batch is applied: a snapshot holding it sees the state as of exactly the applied seq.
@@ -269,6 +281,8 @@ impl Replica {
             next_id: AtomicU64::new(0),
             stopped: Mutex::new(None),
             last_read: Mutex::new(None),
+            history: Mutex::new(History::start(0, None, 0)),
+            history_reported_at: AtomicU64::new(0),
             lease_lost_at: Mutex::new(None),
             applying: Arc::default(),
             metrics: ReplicaMetrics::new(),
@@ -277,11 +291,13 @@ impl Replica {
 
     /// Starts from a restored snapshot covering stream seq `seq` (before [`apply`](Self::apply) runs),
     /// reading the membership as of `seq` from the stream (see `MutationStream::membership_through`); the
-    /// first consumer must deliver `last_read`, the message read last when the snapshot was taken, if known.
+    /// first consumer must deliver `last_read`, the message read last when the snapshot was taken, if known,
+    /// and the history goes on from `history`, its digest at `seq`, if known.
     pub async fn start_after(
         &self,
         seq: u64,
         last_read: Option<(u64, MessageDigest)>,
+        history: Option<HistoryDigest>,
     ) -> Result<(), StreamError> {
         let members = if seq == 0 {
             Default::default()
@@ -293,6 +309,7 @@ impl Replica {
         };
         self.protocol().start_after(seq, members, self.lease.now());
         *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = last_read;
+        *self.history() = History::start(seq, history, self.lease.now());
         self.applied.send_replace(seq);
         self.stream_seq.fetch_max(seq, Ordering::AcqRel);
         Ok(())
@@ -381,6 +398,11 @@ impl Replica {
     /// The message this process read last: its seq and digest.
     pub fn last_read(&self) -> Option<(u64, MessageDigest)> {
         *self.last_read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The digest of the history applied through the applied seq, if known ([`history`]).
+    pub fn history_digest(&self) -> Option<HistoryDigest> {
+        self.history().digest()
     }
 
     /// Whether, within `within`, what this process applied through `seq` comes to be vouched for by one of

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::{Replica, MAX_RETRY_PAUSE};
-use crate::stream::AppliedReport;
+use crate::stream::{AppliedReport, Heard};
 
 /// A replica not heard from for this long is forgotten.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
@@ -80,7 +80,7 @@ impl Replica {
         loop {
             let reports = tokio::select! {
                 () = &mut stop => return,
-                reports = self.stream.applied_reports(self.nonce()) => reports,
+                reports = self.stream.reports(self.nonce()) => reports,
             };
             match reports {
                 Ok(reports) => {
@@ -90,7 +90,8 @@ impl Replica {
                         tokio::select! {
                             () = &mut stop => return,
                             report = reports.next() => match report {
-                                Some(report) => self.heard(report),
+                                Some(Heard::Applied(report)) => self.heard(report),
+                                Some(Heard::History(report)) => self.heard_history(&report),
                                 None => break,
                             },
                         }

@@ -52,7 +52,7 @@ mod records;
 mod reports;
 
 pub(crate) use concurrent_setup::open_or_create;
-pub use reports::AppliedReport;
+pub use reports::{AppliedReport, Heard};
 
 use std::path::PathBuf;
 use std::time::Duration;

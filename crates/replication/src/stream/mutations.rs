@@ -186,16 +186,30 @@ fn decode(
         });
     }
     match codec::decode_shared(&message.payload) {
-        Ok(mutation) if format!("{name}.{}", mutation.namespace()) == subject => Ok(Streamed {
-            seq,
-            mutation: Some(mutation.with_seq(seq)),
-            member: None,
-            junk: None,
-            id,
-            barrier: None,
-            digest,
-            stored_at_ms,
-        }),
+        Ok(mutation) if format!("{name}.{}", mutation.namespace()) == subject => {
+            // As if this copy of the stream held another message here: one that changes nothing.
+            fail::fail_point!("stream-read-other", |_| {
+                Ok(Streamed {
+                digest: digest ^ 1,
+                ..passed_over(
+                    None,
+                    Some(format!(
+                        "subject {subject}: another message, injected by fault point stream-read-other"
+                    ))
+                )
+            })
+            });
+            Ok(Streamed {
+                seq,
+                mutation: Some(mutation.with_seq(seq)),
+                member: None,
+                junk: None,
+                id,
+                barrier: None,
+                digest,
+                stored_at_ms,
+            })
+        }
         Ok(mutation) => Ok(passed_over(
             None,
             Some(format!(

@@ -1,11 +1,12 @@
-//! Applied-seq reports: each replica says how far it has applied, and which writes it read at which seqs,
-//! on a core NATS subject outside the stream (lossy, unordered across replicas; the protocol counts on
-//! neither).
+//! Reports on a core NATS subject outside the stream (lossy, unordered across replicas; the protocol counts
+//! on neither): each replica says how far it has applied and which writes it read at which seqs, and about
+//! once a second what its history digests to ([`history`](crate::protocol::history)).
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
 use super::{MutationStream, StreamError};
+use crate::protocol::history::HistoryReport;
 use crate::protocol::{WriteId, WriteRead};
 
 /// The start of an applied-seq report: then the seq and the nonce (u64 LE each), the number of writes read
@@ -17,6 +18,19 @@ const REPORT_MAGIC: &[u8; 8] = b"EXGREPT3";
 const REPORT_MAGIC_WITHOUT_READS: &[u8; 8] = b"EXGREPT2";
 /// Bytes per write read in a report.
 const READ_BYTES: usize = 24;
+/// The start of a history report: then the seq and the nonce (u64 LE each), 1 and the digest (u64 LE) or 0
+/// and nothing for a history without one, then the replica id. An older build passes it over as a report
+/// it does not read.
+const HISTORY_MAGIC: &[u8; 8] = b"EXGHIST1";
+
+/// A report from a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// How far it applied, and the writes it read.
+    Applied(AppliedReport),
+    /// What its history digests to.
+    History(HistoryReport),
+}
 
 /// A replica's word that it has applied the stream up to a seq.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,15 +83,38 @@ impl MutationStream {
             payload.extend_from_slice(&read.write.counter.to_le_bytes());
         }
         payload.extend_from_slice(replica.as_bytes());
-        let client = self.jetstream.client();
-        let failed = |e: &dyn std::fmt::Display| {
-            StreamError::Publish(format!(
-                "reporting the applied seq of replica {replica:?} to NATS failed: {e}"
-            ))
-        };
         let subject = match to {
             Some(to) => self.reports_subject_to(to),
             None => self.reports_subject(),
+        };
+        self.send_report(replica, subject, payload).await
+    }
+
+    /// Tells every replica what this one's history digests to ([`HistoryReport`]); flushed, not
+    /// acknowledged, like [`report_applied`](Self::report_applied).
+    pub async fn report_history(&self, report: &HistoryReport) -> Result<(), StreamError> {
+        let mut payload = Vec::with_capacity(33 + report.replica.len());
+        payload.extend_from_slice(HISTORY_MAGIC);
+        payload.extend_from_slice(&report.seq.to_le_bytes());
+        payload.extend_from_slice(&report.nonce.to_le_bytes());
+        payload.push(u8::from(report.digest.is_some()));
+        payload.extend_from_slice(&report.digest.unwrap_or(0).to_le_bytes());
+        payload.extend_from_slice(report.replica.as_bytes());
+        self.send_report(&report.replica, self.reports_subject(), payload)
+            .await
+    }
+
+    async fn send_report(
+        &self,
+        replica: &str,
+        subject: String,
+        payload: Vec<u8>,
+    ) -> Result<(), StreamError> {
+        let client = self.jetstream.client();
+        let failed = |e: &dyn std::fmt::Display| {
+            StreamError::Publish(format!(
+                "sending a report of replica {replica:?} to NATS failed: {e}"
+            ))
         };
         client
             .publish(subject, Bytes::from(payload))
@@ -86,21 +123,19 @@ impl MutationStream {
         client.flush().await.map_err(|e| failed(&e))
     }
 
-    /// The applied-seq reports meant for the process with nonce `me` from now on, as they arrive: those
-    /// sent to every replica (this replica's own included) and those sent to it alone. The subscriptions
-    /// are live once this returns: a report sent after that is seen.
-    pub async fn applied_reports(
+    /// The reports meant for the process with nonce `me` from now on, as they arrive: those sent to every
+    /// replica (this replica's own included) and those sent to it alone. The subscriptions are live once
+    /// this returns: a report sent after that is seen.
+    pub async fn reports(
         &self,
         me: u64,
-    ) -> Result<impl Stream<Item = AppliedReport> + Send + 'static, StreamError> {
+    ) -> Result<impl Stream<Item = Heard> + Send + 'static, StreamError> {
         let client = self.jetstream.client();
         let watch = |subject: String| {
             let client = client.clone();
             async move {
                 client.subscribe(subject).await.map_err(|e| {
-                    StreamError::Read(format!(
-                        "cannot watch the replicas' applied seqs on NATS: {e}"
-                    ))
+                    StreamError::Read(format!("cannot watch the replicas' reports on NATS: {e}"))
                 })
             }
         };
@@ -115,7 +150,31 @@ impl MutationStream {
 }
 
 /// A report's payload, or `None` for one this build does not read (another version's, or junk).
-fn parse_report(payload: &[u8]) -> Option<AppliedReport> {
+fn parse_report(payload: &[u8]) -> Option<Heard> {
+    if let Some(rest) = payload.strip_prefix(HISTORY_MAGIC.as_slice()) {
+        return parse_history(rest).map(Heard::History);
+    }
+    parse_applied(payload).map(Heard::Applied)
+}
+
+/// A history report, after its magic.
+fn parse_history(rest: &[u8]) -> Option<HistoryReport> {
+    let u64_at = |at: usize| Some(u64::from_le_bytes(rest.get(at..at + 8)?.try_into().ok()?));
+    let digest = match rest.get(16)? {
+        0 => None,
+        1 => Some(u64_at(17)?),
+        _ => return None,
+    };
+    Some(HistoryReport {
+        seq: u64_at(0)?,
+        nonce: u64_at(8)?,
+        digest,
+        replica: std::str::from_utf8(rest.get(25..)?).ok()?.to_string(),
+    })
+}
+
+/// An applied-seq report.
+fn parse_applied(payload: &[u8]) -> Option<AppliedReport> {
     if let Some(rest) = payload.strip_prefix(REPORT_MAGIC_WITHOUT_READS.as_slice()) {
         return Some(AppliedReport {
             seq: u64::from_le_bytes(rest.get(..8)?.try_into().ok()?),
@@ -173,7 +232,7 @@ mod tests {
             },
         };
         assert_eq!(
-            parse_report(&current),
+            parse_applied(&current),
             Some(AppliedReport {
                 replica: "gate:50051".into(),
                 nonce: 2,
@@ -181,15 +240,38 @@ mod tests {
                 reads: vec![read],
             })
         );
-        assert_eq!(parse_report(&current[..40]), None, "a write cut short");
+        assert_eq!(parse_applied(&current[..40]), None, "a write cut short");
         let mut previous = REPORT_MAGIC_WITHOUT_READS.to_vec();
         for word in [9u64, 2] {
             previous.extend_from_slice(&word.to_le_bytes());
         }
         previous.extend_from_slice(b"old");
         assert_eq!(
-            parse_report(&previous).map(|r| (r.seq, r.nonce, r.reads.len())),
+            parse_applied(&previous).map(|r| (r.seq, r.nonce, r.reads.len())),
             Some((9, 2, 0))
         );
+    }
+
+    #[test]
+    fn a_history_report_reads_back_with_or_without_its_digest_and_junk_does_not() {
+        for digest in [Some(0xfeed_beef), None] {
+            let report = HistoryReport {
+                replica: "gate:50051".into(),
+                nonce: 3,
+                seq: 12,
+                digest,
+            };
+            let mut payload = HISTORY_MAGIC.to_vec();
+            for word in [12u64, 3] {
+                payload.extend_from_slice(&word.to_le_bytes());
+            }
+            payload.push(u8::from(digest.is_some()));
+            payload.extend_from_slice(&digest.unwrap_or(0).to_le_bytes());
+            payload.extend_from_slice(b"gate:50051");
+            assert_eq!(parse_report(&payload), Some(Heard::History(report)));
+            payload[24] = 2;
+            assert_eq!(parse_report(&payload), None, "neither with nor without");
+            assert_eq!(parse_report(&payload[..20]), None, "cut short");
+        }
     }
 }
