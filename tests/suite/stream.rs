@@ -418,6 +418,49 @@ async fn replicas_must_size_a_namespace_alike() {
     c.agree_sizing("orders", &spec(5_000)).await.unwrap();
 }
 
+/// Junk published where a namespace's sizing belongs, before its first replica starts, stops no start: it
+/// is passed over, the first replica's sizing is written after it and counts, and a later sizing (even a
+/// well-formed one published by hand) changes nothing.
+#[tokio::test]
+async fn junk_before_a_namespaces_first_sizing_is_passed_over() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let spec = |expected_keys| FilterSpec {
+        expected_keys,
+        false_positive_rate: 0.01,
+        retention: Retention::Forever,
+        windows: 1,
+        max_bytes: 1 << 24,
+    };
+    let stream = open(&nats).await;
+    let jetstream =
+        async_nats::jetstream::new(async_nats::connect(nats.url.as_str()).await.unwrap());
+    let publish = async |payload: String| {
+        jetstream
+            .publish("existence.$sizing.users", payload.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    };
+    publish("junk".to_string()).await;
+    publish(String::new()).await;
+    stream.agree_sizing("users", &spec(1_000)).await.unwrap();
+    publish(spec(9_000).describe()).await;
+    open(&nats)
+        .await
+        .agree_sizing("users", &spec(1_000))
+        .await
+        .unwrap();
+    let refused = stream
+        .agree_sizing("users", &spec(9_000))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("expected_keys = 1000"), "{refused}");
+}
+
 /// The first byte of stream message `seq`: a mutation's type says how it frames its keys.
 async fn type_of(jetstream: &async_nats::jetstream::Context, stream: &str, seq: u64) -> u8 {
     let stream = jetstream.get_stream(stream).await.unwrap();

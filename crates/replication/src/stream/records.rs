@@ -1,6 +1,6 @@
 //! The stream's own records every replica must agree on, each on a subject no namespace can have: the
 //! deployment's identity (hash seed) at seq 1 and each namespace's sizing, written with an expected last
-//! sequence so exactly one of several starting replicas wins; read past junk to the last valid one.
+//! sequence so exactly one of several starting replicas wins; junk on their subjects is read past.
 
 use std::time::Duration;
 
@@ -36,6 +36,11 @@ const IDENTITY_FORMAT: u32 = 3;
 /// How long reading one of the stream's record subjects from its start may take (the membership at start,
 /// a record's history past junk).
 const SUBJECT_READ: Duration = Duration::from_secs(10);
+/// Junk messages read past, at most, before the first valid sizing of a namespace: beyond, the start is
+/// refused with the remedy (purge the subject) rather than read for ever.
+const MAX_JUNK_BEFORE_SIZING: usize = 1_000;
+/// How every sizing record starts ([`FilterSpec::describe`]).
+const SIZING_START: &str = "expected_keys = ";
 
 impl MutationStream {
     /// Reads the identity — the hash seed, and how the stream's mutations frame their keys — publishing
@@ -98,7 +103,9 @@ impl MutationStream {
     }
 
     /// Checks that this replica sizes `namespace` as the deployment does, recording `spec` if it is the
-    /// first to serve it. Refused with both sizings when they differ.
+    /// first to serve it. Refused with both sizings when they differ. The first sizing record on the
+    /// subject counts; junk before it (anything that is not a sizing) is passed over, and junk alone is
+    /// written after, so junk published before a namespace's first replica starts stops no start.
     pub async fn agree_sizing(
         &self,
         namespace: &str,
@@ -106,16 +113,18 @@ impl MutationStream {
     ) -> Result<(), StreamError> {
         let subject = format!("{}.{SIZING}.{namespace}", self.name);
         let mine = spec.describe();
-        let recorded = match self.first_on(&subject).await? {
-            Some(found) => found,
-            None => {
-                let first = jetstream::message::PublishMessage::build()
-                    .payload(Bytes::from(mine.clone()))
-                    .expected_last_subject_sequence(0);
-                self.write_first(&subject, first).await?
+        let recorded = loop {
+            let (found, last_junk) = self.first_sizing(&subject).await?;
+            if let Some(found) = found {
+                break found;
             }
+            let first = jetstream::message::PublishMessage::build()
+                .payload(Bytes::from(mine.clone()))
+                .expected_last_subject_sequence(last_junk);
+            // Written, or another replica's sizing came first: read again either way.
+            self.write_once(&subject, first).await?;
         };
-        let theirs = String::from_utf8_lossy(&recorded.payload);
+        let theirs = String::from_utf8_lossy(&recorded);
         if theirs != mine {
             return Err(StreamError::Setup(format!(
                 "namespace {namespace:?} is sized differently here ({mine}) than in the JetStream stream {:?} \
@@ -276,13 +285,46 @@ impl MutationStream {
         }
     }
 
+    /// The first sizing record on `subject`, if there is one, and the seq of the last junk message read
+    /// before it (0: none), which a sizing written after it must expect.
+    async fn first_sizing(&self, subject: &str) -> Result<(Option<Bytes>, u64), StreamError> {
+        let mut from = 1;
+        let mut last_junk = 0;
+        for _ in 0..=MAX_JUNK_BEFORE_SIZING {
+            let Some(found) = self.first_on_from(subject, from).await? else {
+                return Ok((None, last_junk));
+            };
+            if found.payload.starts_with(SIZING_START.as_bytes()) {
+                return Ok((Some(found.payload), last_junk));
+            }
+            tracing::error!(seq = found.sequence, %subject, "junk where a sizing belongs; passed over");
+            last_junk = found.sequence;
+            from = found.sequence + 1;
+        }
+        Err(StreamError::Setup(format!(
+            "{subject} in the JetStream stream {:?} holds more than {MAX_JUNK_BEFORE_SIZING} messages that \
+             are not sizing records before any that is: purge the subject (`nats stream purge {} --subject \
+             {subject}`) and start again; only replicas should have publish rights on the stream's subjects",
+            self.name, self.name
+        )))
+    }
+
     /// The first message on `subject`, if there is one: for the records written once, by the first writer
     /// (an expected sequence lets only it store), the one that counts — anything published on the subject
     /// later is junk and changes nothing.
     async fn first_on(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
+        self.first_on_from(subject, 1).await
+    }
+
+    /// The first message on `subject` at or after stream seq `from`, if there is one.
+    async fn first_on_from(
+        &self,
+        subject: &str,
+        from: u64,
+    ) -> Result<Option<StreamMessage>, StreamError> {
         match self
             .stream
-            .get_first_raw_message_by_subject(subject, 1)
+            .get_first_raw_message_by_subject(subject, from)
             .await
         {
             Ok(message) => Ok(Some(message)),
@@ -313,6 +355,22 @@ impl MutationStream {
         subject: &str,
         message: jetstream::message::PublishMessage,
     ) -> Result<StreamMessage, StreamError> {
+        self.write_once(subject, message).await?;
+        self.first_on(subject).await?.ok_or_else(|| {
+            StreamError::Setup(format!(
+                "{subject} vanished from the JetStream stream {:?} right after it was written",
+                self.name
+            ))
+        })
+    }
+
+    /// Publishes a message whose expected sequence lets only one writer store it; losing that race is no
+    /// error (read what won).
+    async fn write_once(
+        &self,
+        subject: &str,
+        message: jetstream::message::PublishMessage,
+    ) -> Result<(), StreamError> {
         let acked = match self
             .jetstream
             .send_publish(subject.to_string(), message)
@@ -322,21 +380,13 @@ impl MutationStream {
             Err(e) => Err(e),
         };
         match acked {
-            Ok(_) => {}
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {}
-            Err(e) => {
-                return Err(StreamError::Setup(format!(
-                    "cannot write {subject} into the JetStream stream {:?}: {e}",
-                    self.name
-                )))
-            }
-        }
-        self.first_on(subject).await?.ok_or_else(|| {
-            StreamError::Setup(format!(
-                "{subject} vanished from the JetStream stream {:?} right after it was written",
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(()),
+            Err(e) => Err(StreamError::Setup(format!(
+                "cannot write {subject} into the JetStream stream {:?}: {e}",
                 self.name
-            ))
-        })
+            ))),
+        }
     }
 }
 
