@@ -67,6 +67,8 @@ const RECENT_LEASES: u32 = 2;
 /// How often an idle replica (no lookup asked for the lease) still publishes a barrier: what keeps its
 /// health true while nobody asks it anything.
 const PROBE: Duration = Duration::from_secs(1);
+/// Reads of the membership at start before the replica gives up starting.
+const MEMBERSHIP_READS: u32 = 3;
 /// Added to the protocol's waits for clock granularity.
 const MARGIN: Duration = Duration::from_millis(1);
 
@@ -302,10 +304,7 @@ impl Replica {
         let members = if seq == 0 {
             Default::default()
         } else {
-            let nonce = self.nonce();
-            self.stream
-                .membership_through(seq, &self.options.id, nonce)
-                .await?
+            self.membership_through(seq).await?
         };
         self.protocol().start_after(seq, members, self.lease.now());
         *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = last_read;
@@ -313,6 +312,31 @@ impl Replica {
         self.applied.send_replace(seq);
         self.stream_seq.fetch_max(seq, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// The membership as of `seq`, read again (a few times) after a read that could not complete: a
+    /// server's copy that lags or differs from the quorum's is passed over by the next read.
+    async fn membership_through(
+        &self,
+        seq: u64,
+    ) -> Result<super::protocol::Membership, StreamError> {
+        let mut pause = FIRST_RETRY_PAUSE;
+        let mut attempts = 1;
+        loop {
+            let read = self
+                .stream
+                .membership_through(seq, &self.options.id, self.nonce())
+                .await;
+            match read {
+                Err(StreamError::Read(reason)) if attempts < MEMBERSHIP_READS => {
+                    tracing::warn!(%reason, "reading the membership again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                    attempts += 1;
+                }
+                read => return read,
+            }
+        }
     }
 
     fn protocol(&self) -> std::sync::MutexGuard<'_, Protocol> {

@@ -63,10 +63,11 @@ impl MutationStream {
     }
 
     /// The membership as of stream seq `seq` (a snapshot's), read completely: this process publishes a hello
-    /// on the membership subject, then reads that subject from its start until its own hello comes back. The
-    /// hello was acknowledged by a quorum, so every record stored before it has been read — a stale server
-    /// cannot serve a shorter history without withholding the hello too (the read then times out and is
-    /// tried again).
+    /// on the membership subject, then reads that subject from its start until its own hello comes back at
+    /// the seq it was stored at. The hello was acknowledged by a quorum, so every record stored before it has
+    /// been read — a stale server cannot serve a shorter history without withholding the hello too (the read
+    /// then times out and is tried again), and a copy that differs from the quorum's holds something else at
+    /// the hello's seq (an error; tried again).
     pub async fn membership_through(
         &self,
         seq: u64,
@@ -74,11 +75,10 @@ impl MutationStream {
         nonce: u64,
     ) -> Result<Membership, StreamError> {
         let subject = format!("{}.{MEMBER}", self.name);
-        let hello = self
-            .publish_record(MEMBER, encode_member(None, (replica, nonce)))
-            .await?;
+        let hello = encode_member(None, (replica, nonce));
+        let at = self.publish_record(MEMBER, hello.clone()).await?;
         let mut members = Membership::default();
-        self.read_subject_before(&subject, hello, |at, payload| match parse_member(payload) {
+        self.read_subject_before(&subject, (at, &hello), |at, payload| match parse_member(payload) {
             Ok(Some(record)) if at <= seq => drop(members.apply(at, &record)),
             Ok(_) => {}
             Err(why) => {

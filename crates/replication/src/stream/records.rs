@@ -199,7 +199,7 @@ impl MutationStream {
         }
         tracing::error!(seq = last.sequence, %subject, "the newest record is junk; reading the ones before it");
         let mut newest_valid = None;
-        self.read_subject_before(&subject, last.sequence, |seq, payload| {
+        self.read_subject_before(&subject, (last.sequence, &last.payload), |seq, payload| {
             if valid(seq, payload) {
                 newest_valid = Some(payload.clone());
             }
@@ -208,13 +208,16 @@ impl MutationStream {
         Ok((last.sequence, newest_valid))
     }
 
-    /// Calls `each(seq, payload)` for every message on `subject` below stream seq `end`, in order, where the
-    /// message at `end` is known to be on `subject`: reading until it comes back proves none before it was
-    /// missed (an ordered consumer, served by the stream's leader). Bounded by [`SUBJECT_READ`].
+    /// Calls `each(seq, payload)` for every message on `subject` below stream seq `end`, in order, where
+    /// `end` and its payload are known (a message on `subject` that a quorum stored): reading until that
+    /// very message comes back proves none before it was missed. The copy read may be any server's, so it
+    /// must be that message — another one at `end` (a copy that differs from the quorum's), or none, means
+    /// the records before may not be the quorum's either: an error, read again. Bounded by
+    /// [`SUBJECT_READ`].
     pub(super) async fn read_subject_before(
         &self,
         subject: &str,
-        end: u64,
+        (end, expected): (u64, &[u8]),
         mut each: impl FnMut(u64, &Bytes),
     ) -> Result<(), StreamError> {
         let failed = |e: &dyn std::fmt::Display| {
@@ -236,8 +239,14 @@ impl MutationStream {
             while let Some(message) = messages.next().await {
                 let message = message.map_err(|e| failed(&e))?;
                 let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
-                if at >= end {
+                if at == end && message.payload == expected {
                     return Ok(());
+                }
+                if at >= end {
+                    return Err(failed(&format!(
+                        "the copy read holds another message at seq {at} than the one stored there, or none \
+                         (a copy that differs from the quorum's)"
+                    )));
                 }
                 each(at, &message.payload);
             }
