@@ -3,7 +3,7 @@
 //! encoding the request, and what the gate spends decoding it into its keys (`AddKeys`, the `Add` route's
 //! reading of the request: every key into one packed buffer, as the `Add` hands them on), beside the
 //! generated type's decoding (a `Bytes` per key) that it replaced. `cargo bench --bench add_request`;
-//! figures in README.
+//! figures in docs/performance.md.
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

@@ -1,7 +1,7 @@
 //! The RESP port's request reader beside `redis-protocol` 6 (the most used RESP codec crate) on what Redis
 //! clients send: pipelines of `BF.EXISTS` (16 deep, as `redis-benchmark -P 16`) and one `BF.MEXISTS` of 100
 //! keys. Both read from a `BytesMut` and hand out the arguments as `Bytes` slices of it (no copy), as the
-//! port needs them. `cargo bench --bench resp_request`; figures in README.
+//! port needs them. `cargo bench --bench resp_request`; figures in docs/resp.md.
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};

@@ -384,7 +384,7 @@ fn warning(line: &str) -> Option<String> {
 /// When the NATS servers sync JetStream's store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NatsSync {
-    /// Before acknowledging each write (`sync_interval: always`), as README asks of a deployment.
+    /// Before acknowledging each write (`sync_interval: always`), as docs/deployment.md asks of a deployment.
     Always,
     /// NATS's default, a sync every two minutes: only to measure what syncing costs beside it.
     Default,

@@ -804,8 +804,8 @@ async fn run_compare(other: &std::path::Path, servers: usize) {
 }
 
 /// Single-key and 1,000-key `Add`s on two deployments of this build side by side, in alternating stretches:
-/// one whose NATS servers sync before they acknowledge (`sync_interval: always`, as README asks), one on
-/// NATS's default (a sync every two minutes). What durability costs, added to
+/// one whose NATS servers sync before they acknowledge (`sync_interval: always`, as docs/deployment.md
+/// asks), one on NATS's default (a sync every two minutes). What durability costs, added to
 /// `benches/results/replicated-sync.md`.
 async fn run_sync(servers: usize) {
     let load_at_start = text::load_average();

@@ -1,7 +1,8 @@
 //! Hostile traffic: a flood of random absences next to hot tombstones, overload far beyond the in-flight
-//! limit, subscribers that never read, and malformed wire input. The gate must stay up, bounded and
-//! correct. Scales are set for a 2-core CI machine; `EXISTENCE_FLOOD_KEYS` raises the flood (the README's
-//! figure uses 2,000,000) and `EXISTENCE_SUBSCRIBER_KEYS` sets the keys added past idle subscribers.
+//! limit, subscribers that never read, and malformed wire input. The gate must stay up, bounded and correct.
+//! Scales are set for a 2-core CI machine; `EXISTENCE_FLOOD_KEYS` raises the flood (the figure in
+//! docs/security.md uses 2,000,000) and `EXISTENCE_SUBSCRIBER_KEYS` sets the keys added past idle
+//! subscribers.
 
 use crate::common;
 

@@ -288,10 +288,10 @@ async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add()
 
 /// Scenarios 1-3 (see the test), checking every acknowledged key on every replica as they go. `Err` if one
 /// stopped them early: a replica found that the NATS server it reads from holds a copy of the stream that
-/// differs from the quorum's (nats-server 2.9.10 does so now and then after a stream leader changes; README,
-/// "What is checked of JetStream") and stopped rather than answer from it. Its lookups fail open from then
-/// on, so the rule still holds — the caller checks that — but nothing that needs every replica applying
-/// can go on.
+/// differs from the quorum's (nats-server 2.9.10 does so now and then after a stream leader changes;
+/// docs/replication.md, "What is checked of JetStream, not trusted") and stopped rather than answer from it.
+/// Its lookups fail open from then on, so the rule still holds — the caller checks that — but nothing that
+/// needs every replica applying can go on.
 async fn run_scenarios(
     cluster: &ProxiedCluster,
     leader: usize,

@@ -1,8 +1,8 @@
-//! Fault points (README "Fault points"): a failure injected where state is written or a peer is waited on,
-//! in the real binary (`FAILPOINTS`, one process per test so no other test sees the fault), and what README
-//! promises then: an error that names the file or the stream and the remedy, nothing acknowledged lost, and
-//! a restart (or the next attempt) that recovers. The WAL's own writes and fsyncs are covered by
-//! `storage::faulty_files` in the durability tests.
+//! Fault points (docs/development.md, "Fault points"): a failure injected where state is written or a peer
+//! is waited on, in the real binary (`FAILPOINTS`, one process per test so no other test sees the fault), and
+//! what that page promises then: an error that names the file or the stream and the remedy, nothing
+//! acknowledged lost, and a restart (or the next attempt) that recovers. The WAL's own writes and fsyncs are
+//! covered by `storage::faulty_files` in the durability tests.
 
 use crate::common;
 

@@ -421,9 +421,9 @@ async fn a_feed_that_cannot_work_says_why_in_one_line() {
 }
 
 /// The race fences close: the feed lags (paused); a row is deleted; the application adds its key again
-/// (acknowledged) and, following README, inserts the row only after that (its transaction still open when
-/// the feed resumes). The feed's old delete must not hide the key: it carries a fence from before the
-/// delete, the gate finds the key added since and refuses the tombstone (`SUPERSEDED`). A delete without
+/// (acknowledged) and, following docs/contract.md, inserts the row only after that (its transaction still
+/// open when the feed resumes). The feed's old delete must not hide the key: it carries a fence from before
+/// the delete, the gate finds the key added since and refuses the tombstone (`SUPERSEDED`). A delete without
 /// a re-add still becomes a tombstone.
 #[tokio::test]
 async fn a_stale_delete_never_hides_a_key_added_again() {

@@ -1,6 +1,7 @@
-//! `scripts/three-replicas.sh`, the way README "Scaling out" tells a newcomer to try replicated mode: it
-//! starts three nats-servers and three replicas that all turn `SERVING`, and a SIGTERM stops every one of
-//! them. (The replicas once shared the default data directory, so the second one refused to start.)
+//! `scripts/three-replicas.sh`, the way docs/deployment.md ("Three replicas") tells a newcomer to try
+//! replicated mode: it starts three nats-servers and three replicas that all turn `SERVING`, and a SIGTERM
+//! stops every one of them. (The replicas once shared the default data directory, so the second one refused
+//! to start.)
 
 use crate::common;
 

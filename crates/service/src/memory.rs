@@ -64,8 +64,8 @@ impl Memory {
         self.filters + self.tombstones + self.recent_adds + self.replay_buffers
     }
 
-    /// The parts as `(name, bytes)`, in the order README lists them (the `part` label of
-    /// `existence_memory_bytes`).
+    /// The parts as `(name, bytes)`, in the order docs/metrics.md lists them (the `part` label
+    /// of `existence_memory_bytes`).
     pub fn labelled(&self) -> [(&'static str, u64); 7] {
         [
             ("filters", self.filters),

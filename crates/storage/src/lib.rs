@@ -18,8 +18,8 @@
 //! (snapshots of a running gate), and beside them the formats: `wal/` (the log), `snapshot.rs`, `frame.rs`,
 //! `codec.rs`, `segment_file.rs` (and, for tests and the `fault-points` feature, `faulty_files.rs`).
 
-/// A fault point where state is written (README "Fault points"): with the `fault-points` feature and
-/// `FAILPOINTS=NAME=return` in the process's environment, the enclosing function returns the
+/// A fault point where state is written (docs/development.md, "Fault points"): with the `fault-points`
+/// feature and `FAILPOINTS=NAME=return` in the process's environment, the enclosing function returns the
 /// [`PersistenceError::Io`] a failed `ACTION` on `PATH` would; otherwise (and in every release build) nothing.
 macro_rules! io_fault_point {
     ($name:literal, $path:expr, $action:literal) => {

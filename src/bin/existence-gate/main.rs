@@ -64,7 +64,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Tests start the binary with FAILPOINTS=NAME=ACTION;... (README "Fault points"); not in a release build.
+    // Tests start the binary with FAILPOINTS=NAME=ACTION;... (docs/development.md, "Fault points"); not in a
+    // release build.
     #[cfg(feature = "fault-points")]
     let _faults = fail::FailScenario::setup();
     let cli = Cli::parse();

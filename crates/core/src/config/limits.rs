@@ -127,9 +127,9 @@ impl Limits {
     ///
     /// Why half the filter: a filter costs about 1.2 bytes per expected key at 1%, a buffered key its length
     /// plus 4 bytes (plus 128 per `Add`), so half the filter holds the last ~3% of a namespace's expected
-    /// keys for 16-byte keys — minutes to hours of `Add`s for a namespace that fills over its retention,
-    /// and the 10M-key namespace of README's figures keeps 6 MB instead of a fixed 16 MiB. A fixed size
-    /// was both too small for large namespaces and, across many small ones, most of the gate's memory.
+    /// keys for 16-byte keys — minutes to hours of `Add`s for a namespace that fills over its retention, and
+    /// the 10M-key namespace of docs/performance.md's figures keeps 6 MB instead of a fixed 16 MiB. A fixed
+    /// size was both too small for large namespaces and, across many small ones, most of the gate's memory.
     pub fn replay_buffer_bytes_for(&self, filter_bytes: u64) -> usize {
         self.replay_buffer_bytes.unwrap_or_else(|| {
             usize::try_from(filter_bytes / 2)

@@ -3,8 +3,8 @@
 //! Answers are RedisBloom's wherever that keeps the gate's guarantees: `BF.EXISTS` is `0` only where gRPC
 //! would answer `ABSENT` (the filter, a live tombstone, and on a replica only under its read lease); an
 //! `ADD` is acknowledged under the same rule as gRPC's `Add`. Where the models differ (namespaces are
-//! configured, capacity and error rate too, keys expire by windows) README's table says what a RedisBloom
-//! user sees instead.
+//! configured, capacity and error rate too, keys expire by windows) the table in docs/resp.md says what a
+//! RedisBloom user sees instead.
 
 use bytes::Bytes;
 

@@ -10,7 +10,7 @@
 //!   string or a billion arguments is refused before a byte of it is buffered.
 //! - No frame tree: the arguments are slices of the read buffer. 2.4× faster than `redis-protocol` 6 on 16
 //!   pipelined `BF.EXISTS`, 1.7× on a 100-key `BF.MEXISTS` (`cargo bench -p existence-gate-service --bench
-//!   resp_request`; README, Redis clients).
+//!   resp_request`; docs/resp.md).
 //!
 //! A request that is not complete yet is `Ok(None)`: the caller reads more and calls again with the same
 //! [`Partial`], which resumes where the last call stopped, so a request arriving in many small reads is

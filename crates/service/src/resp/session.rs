@@ -608,7 +608,7 @@ impl Session {
     }
 
     /// `INFO`. The namespaces are those the connection's token may use at all: refusals never reveal which
-    /// namespaces exist to a token scoped to others (README, Security), and neither does `INFO`.
+    /// namespaces exist to a token scoped to others (docs/security.md), and neither does `INFO`.
     fn info(&self) -> String {
         let authorizer = self.port.access.authorizer();
         let visible = |name: &str| {

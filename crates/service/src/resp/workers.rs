@@ -4,8 +4,8 @@
 //! the gRPC port's runtime; writes still reach the gate's writer (the log, or the replica's stream) through
 //! channels that work across runtimes.
 //!
-//! Measured (`cargo bench --bench load -- resp`, README): served on the shared runtime instead, CPU per
-//! command was the same within the noise; the count is what matters. One thread costs ~15% less per
+//! Measured (`cargo bench --bench load -- resp`, docs/performance.md): served on the shared runtime instead,
+//! CPU per command was the same within the noise; the count is what matters. One thread costs ~15% less per
 //! unpipelined command than two (one loop finds more connections ready per wake-up) and holds a pipelined
 //! load to one core, so the default is one per core and `--resp-threads` chooses.
 
