@@ -2,7 +2,8 @@
 //!
 //! Why one: each file under `tests/` is a crate of its own that links tokio, tonic and the whole library.
 //! Nineteen of them made a fresh clone's first `cargo test` spend most of its time compiling and linking
-//! the same dependencies nineteen times over; one binary links them once (figures in README, "Testing").
+//! the same dependencies nineteen times over; one binary links them once (figures in docs/development.md,
+//! "Build time").
 //! A module here is what a file under `tests/` used to be, so `cargo test --test suite replicas::` runs
 //! the replica tests alone, and `cargo test --test suite -- --list` names them all.
 //!
@@ -23,7 +24,8 @@ mod fuzz_harnesses;
 mod model;
 mod replay;
 
-// The tree itself: which layer may use which.
+// The tree itself: which layer may use which, and documentation whose links resolve.
+mod docs_links;
 mod layering;
 
 // The service over real gRPC: the contract, admin, security, hostile traffic, each port's door,
