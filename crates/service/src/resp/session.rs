@@ -13,22 +13,15 @@ use tokio::task::AbortHandle;
 
 use super::bloom;
 use super::commands::{self, Needs, Spec, COMMANDS};
+use super::pushes::{Push, Rendering, PUSH_CHUNK};
 use super::reply::{Protocol, Replies};
 use super::Port;
 use crate::access::{Refused, SHUTTING_DOWN};
 use crate::auth::{Denied, Role, Scope};
-use crate::core::invalidations::Delivery;
 use crate::grpc::RESUME_WAIT;
 
 /// The channel prefix of a namespace's invalidations.
 pub const INVALIDATIONS: &str = "invalidations:";
-
-/// An invalidation for a subscribed channel, on its way to the connection.
-#[derive(Debug)]
-pub struct Push {
-    pub channel: Arc<str>,
-    pub delivery: Delivery,
-}
 
 /// Why a command was refused: Redis's error prefix and the message.
 #[derive(Debug)]
@@ -111,25 +104,9 @@ impl Session {
         !self.subscriptions.is_empty()
     }
 
-    /// Writes `push` as a Pub/Sub message for each key (`added <seq> <key>`) or one `resync <seq>`.
-    pub fn write_push(&self, push: &Push, out: &mut BytesMut) {
-        let mut replies = self.replies(out);
-        let mut message = |payload: &[u8]| {
-            replies.push(3);
-            replies.bulk(b"message");
-            replies.bulk(push.channel.as_bytes());
-            replies.bulk(payload);
-        };
-        match &push.delivery {
-            Delivery::Added(event) => {
-                for key in event.keys.iter() {
-                    let mut payload = format!("added {} ", event.seq).into_bytes();
-                    payload.extend_from_slice(&key);
-                    message(&payload);
-                }
-            }
-            Delivery::Resync { seq } => message(format!("resync {seq}").as_bytes()),
-        }
+    /// Writes the next part of a push being written out into `out`; whether it is written whole.
+    pub fn write_push(&self, rendering: &mut Rendering, out: &mut BytesMut) -> bool {
+        rendering.next_part(self.protocol, out, PUSH_CHUNK)
     }
 
     pub(super) fn replies<'a>(&self, out: &'a mut BytesMut) -> Replies<'a> {
