@@ -4,7 +4,7 @@
 //! server's copy. Every time it is created again — the client recreates it after missed heartbeats or a
 //! lost message, the applier after a gap or a stall, each without a word about where — the next messages
 //! may come from another copy. Copies are the same where JetStream keeps its promise; nats-server 2.9.10
-//! did not always (README, "What is checked of JetStream"): a stream leader cut off from the quorum stored
+//! did not always (docs/replication.md, "What is checked of JetStream, not trusted"): a stream leader cut off from the quorum stored
 //! messages no quorum took, and went on one seq off after the heal. A replica that read a stretch of such a
 //! copy and then moved to a sound one holds a history with holes — the quorum's messages at the seqs where
 //! it read others — and its next barrier, read at the seq it was acknowledged at, proves nothing about them:
@@ -20,7 +20,8 @@
 //! replica's first consumer must deliver (seed 256018 without it), and a replica that finds its copy
 //! diverged removes its own snapshots, which may hold that copy's messages (seed 19010 without it); a
 //! snapshot is shared only once a barrier vouches for it ([`Protocol::checked_through`], seed 5870 without
-//! it). Not caught: a copy that goes wrong and comes back into line under one consumer between two barriers.
+//! it). A copy that goes wrong and comes back into line under one consumer between two barriers is not
+//! caught here: the replicas' history digests catch it ([`history`](super::history)).
 //!
 //! [`Protocol::checked_through`]: super::Protocol::checked_through
 //!

@@ -343,8 +343,9 @@ impl Protocol {
     /// Through which seq what this process applied is vouched for: the seq of its newest barrier read as
     /// sent (0: none yet), or `None` once it found its copy diverged. A barrier read at the seq the quorum
     /// acknowledged it at shows the copy read agrees with the quorum's there, and a copy that went wrong
-    /// before stays wrong (shifted) unless it comes back into line — the one case left unchecked (README,
-    /// "What is checked of JetStream"); a move to another copy is checked by itself ([`copy`]). So a
+    /// before stays wrong (shifted) unless it comes back into line — a case the replicas' history digests
+    /// catch instead ([`history`]; docs/replication.md, "What is checked of JetStream, not trusted"); a
+    /// move to another copy is checked by itself ([`copy`]). So a
     /// snapshot covering no more than this may be shared: one from a history read off a diverged copy would
     /// hand every replica loading it that history.
     pub fn checked_through(&self) -> Option<u64> {

@@ -244,7 +244,7 @@ impl Replica {
                 seq = read.seq,
                 %junk,
                 "passed over a message of the stream that no existence-gate replica wrote; only replicas \
-                 should have publish rights on the stream's subjects (README, Scaling out)"
+                 should have publish rights on the stream's subjects (docs/deployment.md)"
             );
         }
         let write = read

@@ -432,7 +432,7 @@ pub fn check_server_version(
         return Ok(());
     }
     Err(StreamError::Config(format!(
-        "nats-server {server:?} runs version {version:?}, older than {}.{}: it cannot sync JetStream's store          before acknowledging a write, so a power loss of the NATS hosts can lose acknowledged Adds, which          every replica then answers ABSENT for. Run nats-server 2.10 or later with `jetstream {{          sync_interval: always }}` (README, Scaling out); --nats-allow-unsynced starts anyway, for tests of          older servers only",
+        "nats-server {server:?} runs version {version:?}, older than {}.{}: it cannot sync JetStream's store          before acknowledging a write, so a power loss of the NATS hosts can lose acknowledged Adds, which          every replica then answers ABSENT for. Run nats-server 2.10 or later with `jetstream {{          sync_interval: always }}` (docs/deployment.md); --nats-allow-unsynced starts anyway, for tests of          older servers only",
         SYNCED_NATS.0, SYNCED_NATS.1
     )))
 }
