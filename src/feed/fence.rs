@@ -121,16 +121,7 @@ impl Fencer {
     async fn seqs(&self) -> Result<Vec<u64>, String> {
         let mut seqs = Vec::with_capacity(self.namespaces.len());
         for namespace in &self.namespaces {
-            let request = CurrentSeqRequest {
-                namespace: namespace.clone(),
-            };
-            let reply = self
-                .gate
-                .clone()
-                .current_seq(request)
-                .await
-                .map_err(|status| failure::refused("CurrentSeq", &status))?;
-            seqs.push(reply.into_inner().seq);
+            seqs.push(current_seq(&self.gate, namespace).await?);
         }
         Ok(seqs)
     }
@@ -211,6 +202,19 @@ impl Fences {
     pub fn seq(&self, namespace: &str) -> Option<u64> {
         self.seqs.get(namespace).copied()
     }
+}
+
+/// `namespace`'s latest seq on the gate (either role the feed may hold can read it).
+pub async fn current_seq(gate: &GateClient, namespace: &str) -> Result<u64, String> {
+    let request = CurrentSeqRequest {
+        namespace: namespace.to_string(),
+    };
+    let reply = gate
+        .clone()
+        .current_seq(request)
+        .await
+        .map_err(|status| failure::refused("CurrentSeq", &status))?;
+    Ok(reply.into_inner().seq)
 }
 
 #[cfg(test)]

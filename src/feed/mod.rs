@@ -150,6 +150,7 @@ pub async fn run(
             tracing::info!(?loaded, "initial load done; following the slot");
             first = Some(session);
         } else {
+            refuse_without_catch_up(&writer, &args).await?;
             setup::create_slot(&client, &args.slot).await?;
         }
     }
@@ -251,6 +252,29 @@ pub async fn run(
 }
 
 /// Starts streaming on `session` and follows it until it stops; whether it started.
+/// Refuses to create the slot with nothing loaded where a followed namespace already holds writes: the
+/// slot would follow changes from now on, and rows committed before — while a slot this feed followed was
+/// gone, or before the feed ever ran — would be missing from the gate, answering `ABSENT`. (Dropped while
+/// the feed was stopped, a slot was re-created so and lost every row inserted meanwhile, with `/readyz`
+/// 200.) A namespace's seq moves past the first only with a write, and any role the feed may hold can
+/// read it (`CurrentSeq`).
+async fn refuse_without_catch_up(writer: &GateWriter, args: &FeedArgs) -> Result<(), String> {
+    for table in &args.tables {
+        let seq = fence::current_seq(&writer.gate, &table.namespace).await?;
+        if seq > crate::core::log::GENESIS_SEQ {
+            return Err(format!(
+                "the replication slot {:?} does not exist, but namespace {:?} already holds writes (seq \
+                 {seq}): a slot created now follows changes from now on, and rows of {} committed before it \
+                 (while a slot this feed followed was gone, or before the feed first ran) would be missing \
+                 from the gate. Start the feed with --recreate-slot (or --initial-load): it creates the slot \
+                 and loads every key of the tables within its snapshot, then follows it",
+                args.slot, table.namespace, table.table
+            ));
+        }
+    }
+    Ok(())
+}
+
 async fn follow_session(
     session: &mut ReplicationClient,
     mut follower: Follower<'_>,

@@ -711,6 +711,45 @@ async fn a_lost_slot_is_said_and_recreated_on_request() {
     feed.kill().await;
 }
 
+/// A feed restarted with no slot where its namespace already holds writes — the slot was dropped while the
+/// feed was stopped — refuses to create it with nothing loaded, naming `--recreate-slot` (it once created
+/// a plain slot and followed changes from then on: the rows inserted while it was down answered `ABSENT`,
+/// `/readyz` 200); started so, it loads them.
+#[tokio::test]
+async fn a_feed_restarted_without_its_slot_refuses_to_skip_what_it_missed() {
+    let Some(postgres) = database().await else {
+        return;
+    };
+    let gate = start(CONFIG).await;
+    let db = postgres.client().await;
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
+    feed.ready().await;
+    insert(&db, 0, 50).await;
+    all_present(&gate, ids(0..50)).await;
+    feed.kill().await;
+    db.execute("SELECT pg_drop_replication_slot('feed_slot')", &[])
+        .await
+        .unwrap();
+    insert(&db, 50, 100).await;
+    let output = feed_command(&postgres.dsn(), &addr(&gate), &[])
+        .output()
+        .await
+        .expect("the binary runs");
+    assert!(!output.status.success(), "{output:?}");
+    let refused = String::from_utf8_lossy(&output.stderr)
+        .trim_end()
+        .to_string();
+    assert_eq!(refused.lines().count(), 1, "not one line: {refused}");
+    assert!(
+        refused.contains("already holds writes") && refused.contains("--recreate-slot"),
+        "{refused}"
+    );
+    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &["--recreate-slot"]).await;
+    feed.ready().await;
+    all_present(&gate, ids(50..100)).await;
+    feed.kill().await;
+}
+
 /// Another client consumes the feed's slot while the feed is paused (its walsender ended): `rows` are
 /// inserted, then the slot is advanced past them, as a second feed or `pg_logical_slot_get_changes` would.
 async fn consume_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::Range<i64>) {
