@@ -10,6 +10,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use super::tls::TlsOptions;
 use super::{ServeOptions, ServerError};
 use crate::core::gate::Gate;
+use crate::core::replicas::Replicas;
 use crate::core::writes::Writes;
 use crate::proto::admin_server::AdminServer;
 use crate::replication::replica::Replica;
@@ -42,7 +43,7 @@ pub(super) fn serve(
     let gate_service = AddRoute::new(contract, options.max_message_bytes);
     let admin_service = AdminServer::new(
         AdminService::new(Arc::clone(gate), access, Arc::clone(lifecycle))
-            .with_replica(replica.cloned()),
+            .with_replica(replica.map(|replica| Arc::clone(replica) as Arc<dyn Replicas>)),
     )
     .max_decoding_message_size(options.max_message_bytes);
     let reflection_failed =

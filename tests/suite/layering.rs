@@ -2,7 +2,9 @@
 //! compiler refuses any path from it to storage, replication, the service or the wiring) uses no network
 //! crate, opens no file or socket and reads no clock but the one it is given (`core/clock.rs`); storage
 //! (`crates/storage`, a crate too) uses the core only; replication (`crates/replication`) the core and storage;
-//! the service (`crates/service`) those but not the wiring (`src/server/`). The operator commands (`src/cli/`) are clients:
+//! the service (`crates/service`) the core and storage but neither replication (its `Cargo.toml` has no
+//! such dependency: a replica reaches it through the core's `Writes` and `Replicas` traits) nor the wiring
+//! (`src/server/`). The operator commands (`src/cli/`) are clients:
 //! they use the generated contract and the core's pure helpers, of the service only the spec's status names,
 //! and nothing of storage or the wiring; no part of the server uses them.
 //!

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use existence_gate::core::clock::SystemClock;
 use existence_gate::proto::{Answer, BatchMayExistRequest};
-use existence_gate::server::{RespOptions, RunningServer};
-use existence_gate::service::auth::hash_token;
+use existence_gate::server::{DurabilityOptions, RespOptions, RunningServer};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -307,12 +306,12 @@ async fn ten_thousand_pipelined_lookups_come_back_in_order_as_unary_answers() {
 
 #[tokio::test]
 async fn tokens_and_roles_hold_on_the_resp_port() {
-    let config = format!(
-        "{NAMESPACES}[[tokens]]\nname = \"reader\"\nsha256 = \"{}\"\nroles = [\"read\"]\nnamespaces = [\"users\"]\n\
-         [[tokens]]\nname = \"writer\"\nsha256 = \"{}\"\nroles = [\"read\", \"write\"]\nnamespaces = [\"*\"]\n",
-        hash_token("read-token"),
-        hash_token("write-token")
-    );
+    let config = [
+        NAMESPACES.to_string(),
+        crate::common::token_entry("reader", "read-token", &["read"], &["users"]),
+        crate::common::token_entry("writer", "write-token", &["read", "write"], &["*"]),
+    ]
+    .concat();
     let server = start_resp(&config, |_| {}).await;
     let address = server.resp_addr.unwrap();
     let mut stream = TcpStream::connect(address).await.unwrap();
@@ -551,9 +550,8 @@ async fn bad_input_gets_redis_errors_and_the_limits_hold() {
 #[tokio::test]
 async fn unauthenticated_and_slow_clients_are_bounded_and_closed_in_time() {
     let config = format!(
-        "{NAMESPACES}[limits]\nhandshake_timeout = \"1s\"\n[[tokens]]\nname = \"reader\"\nsha256 = \"{}\"\n\
-         roles = [\"read\"]\nnamespaces = [\"users\"]\n",
-        hash_token("read-token"),
+        "{NAMESPACES}[limits]\nhandshake_timeout = \"1s\"\n{}",
+        crate::common::token_entry("reader", "read-token", &["read"], &["users"])
     );
     let server = start_resp(&config, |_| {}).await;
     let address = server.resp_addr.unwrap();
@@ -635,6 +633,76 @@ async fn unauthenticated_and_slow_clients_are_bounded_and_closed_in_time() {
         "{}",
         String::from_utf8_lossy(&reply)
     );
+}
+
+/// Unfinished requests share one memory budget across connections (no tokens configured, so no `AUTH`
+/// limits apply): while one connection holds a large request one argument short, another's is refused with
+/// the budget named and closed, small commands go on, and once the first completes its bytes come back.
+/// (Before: 100 connections each holding a 10 MB `BF.MADD` one argument short took the gate to 1 GB; the
+/// default 1,024, about 10 GB.)
+#[tokio::test]
+async fn unfinished_requests_share_one_memory_budget() {
+    let server = start_resp(NAMESPACES, |resp| resp.request_memory = 1 << 20).await;
+    let address = server.resp_addr.unwrap();
+    let keys = 800;
+    let request = |tag: &str| {
+        let mut request = format!("*{}\r\n$7\r\nBF.MADD\r\n$5\r\nusers\r\n", keys + 2).into_bytes();
+        for i in 0..keys {
+            let key = format!("{tag}-{i:0>1000}");
+            request.extend_from_slice(format!("${}\r\n{key}\r\n", key.len()).as_bytes());
+        }
+        request
+    };
+    let last_argument = |request: &[u8]| {
+        let start = request.len() - 1_008;
+        request.split_at(start).1.to_vec()
+    };
+    let held = request("held");
+    let mut holder = TcpStream::connect(address).await.unwrap();
+    holder.write_all(&held[..held.len() - 1_008]).await.unwrap();
+    let refused = wait_until(
+        PATIENCE,
+        "a second large request to be refused",
+        async || {
+            let mut other = TcpStream::connect(address).await.unwrap();
+            let other_request = request("other");
+            other
+                .write_all(&other_request[..other_request.len() - 1_008])
+                .await
+                .ok()?;
+            let mut reply = [0u8; 512];
+            match tokio::time::timeout(Duration::from_millis(200), other.read(&mut reply)).await {
+                Ok(Ok(n)) if n > 0 => Some(String::from_utf8_lossy(&reply[..n]).into_owned()),
+                _ => None, // not read yet, or it fit: this one is dropped, and the next tries again
+            }
+        },
+    )
+    .await;
+    assert!(
+        refused.starts_with("-ERR the RESP port's memory for unfinished requests (1 MiB")
+            && refused.contains("--resp-request-memory-mib"),
+        "{refused}"
+    );
+    let mut small = TcpStream::connect(address).await.unwrap();
+    assert_eq!(raw(&mut small, b"PING\r\n", ends_line).await, b"+PONG\r\n");
+    let reply = raw(&mut holder, &last_argument(&held), |r| {
+        r.len() >= 4 + keys * 4
+    })
+    .await;
+    assert!(
+        reply.starts_with(b"*800\r\n:1\r\n"),
+        "{}",
+        String::from_utf8_lossy(&reply[..40])
+    );
+    wait_until(PATIENCE, "a large request to fit again", async || {
+        let mut next = TcpStream::connect(address).await.unwrap();
+        let reply = raw(&mut next, &request("next"), |r| {
+            r.len() >= 4 + keys * 4 || r.starts_with(b"-")
+        })
+        .await;
+        reply.starts_with(b"*800\r\n").then_some(())
+    })
+    .await;
 }
 
 /// A subscriber on a quiet namespace outlives the idle timeout (Redis never times out Pub/Sub clients): closed,
@@ -757,6 +825,60 @@ async fn bf_add_through_one_replica_is_seen_by_bf_exists_on_every_replica() {
             );
         }
     }
+    // Concurrent BF.ADDs of one new item, three through each replica on connections of their own (a
+    // replica merges those that meet into one message): exactly one is told 1, as RedisBloom tells one.
+    let mut racing = Vec::new();
+    for replica in &replicas {
+        for _ in 0..3 {
+            let url = format!("redis://{}/", replica.resp_addr);
+            let client = redis::Client::open(url).unwrap();
+            racing.push(client.get_multiplexed_async_connection().await.unwrap());
+        }
+    }
+    for round in 0..20 {
+        let key = format!("raced-{round}");
+        assert_eq!(one_told_new(&mut racing, &key).await, 1, "{key}");
+    }
+}
+
+/// How many of concurrent `BF.ADD`s of `key`, one on each connection, are told 1.
+async fn one_told_new(connections: &mut [redis::aio::MultiplexedConnection], key: &str) -> i64 {
+    let adds = connections.iter_mut().map(|connection| async move {
+        redis::cmd("BF.ADD")
+            .arg(&["users", key])
+            .query_async::<i64>(connection)
+            .await
+            .unwrap()
+    });
+    futures_util::future::join_all(adds).await.iter().sum()
+}
+
+/// Concurrent `BF.ADD`s of one new item on a single server: exactly one is told 1 (a lookup made before the
+/// `Add` let more than one see it absent: 64 of 300 rounds of 8), and `BF.MADD` of an item twice is told 1
+/// then 0, as RedisBloom answers.
+#[tokio::test]
+async fn of_concurrent_bf_adds_of_one_new_item_exactly_one_is_told_1() {
+    // Durable (fsync before each acknowledgement), as served: an `Add` takes long enough for a racing
+    // caller to look the item up meanwhile.
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options(NAMESPACES, 16 << 20);
+    options.resp = Some(RespOptions::new("127.0.0.1:0".parse().unwrap()));
+    options.durability = Some(DurabilityOptions::new(dir.path().to_path_buf()));
+    let server = start_options(options, Arc::new(SystemClock)).await;
+    let mut racing = Vec::new();
+    for _ in 0..8 {
+        racing.push(connection(&server).await);
+    }
+    for round in 0..100 {
+        let key = format!("raced-{round}");
+        assert_eq!(one_told_new(&mut racing, &key).await, 1, "{key}");
+    }
+    let twice: Vec<i64> = redis::cmd("BF.MADD")
+        .arg(&["users", "twice", "twice", "raced-0"])
+        .query_async(&mut racing[0])
+        .await
+        .unwrap();
+    assert_eq!(twice, [1, 0, 0]);
 }
 
 /// redis-cli, redis-benchmark, redis-py and node-redis against the binary (tests/resp/run.sh).

@@ -20,7 +20,7 @@ use crate::invalidations::{PackedKeys, Subscription};
 use crate::lease::ReadLease;
 use crate::log::{Log, LogError, Mutation, RebuildStep};
 use crate::namespace::{
-    Absence, AbsenceReport, Added, Applied, Namespace, NamespaceImage, Rebuild, Recorded,
+    Absence, AbsenceReport, Added, Applied, Namespace, NamespaceImage, NewKeys, Rebuild, Recorded,
     WriteError, WritesStopped,
 };
 
@@ -346,6 +346,16 @@ impl Gate {
 
     /// Adds `keys` to `namespace` under one new seq.
     pub fn add(&self, namespace: &str, keys: impl Into<PackedKeys>) -> Result<Added, GateError> {
+        self.add_with(namespace, keys, NewKeys::Skip)
+    }
+
+    /// [`add`](Self::add), reporting which keys were new if `new_keys` asks ([`Added::new`]).
+    pub fn add_with(
+        &self,
+        namespace: &str,
+        keys: impl Into<PackedKeys>,
+        new_keys: NewKeys,
+    ) -> Result<Added, GateError> {
         let namespace = self.namespace(namespace)?;
         let keys = keys.into();
         if keys.is_empty() {
@@ -355,7 +365,7 @@ impl Gate {
         }
         self.check_keys(keys.slices())?;
         let log = self.writable_log()?;
-        Ok(namespace.add(keys, self.clock.now_ms(), log)?)
+        Ok(namespace.add_with(keys, self.clock.now_ms(), log, new_keys)?)
     }
 
     /// Records that the source does not have `report.key`.
@@ -504,7 +514,8 @@ impl Gate {
     /// Applies one mutation read back from a log: skipped if the namespace's state already includes it (a
     /// snapshot covered it), applied if it is the next seq, refused if seqs are missing before it.
     pub fn replay_one(&self, mutation: Mutation) -> Result<(), String> {
-        self.apply_logged(mutation, Seqs::Contiguous).map(drop)
+        self.apply_logged(mutation, Seqs::Contiguous, NewKeys::Skip)
+            .map(drop)
     }
 
     /// Applies one mutation of a replicated stream, whose seqs are the stream's sequence numbers: shared by
@@ -516,11 +527,27 @@ impl Gate {
         mutation: Mutation,
         stored_at_ms: u64,
     ) -> Result<Option<Applied>, String> {
-        self.stream_time_passed(stored_at_ms);
-        self.apply_logged(mutation.agreed(stored_at_ms), Seqs::Gapped)
+        self.apply_streamed_with(mutation, stored_at_ms, NewKeys::Skip)
     }
 
-    fn apply_logged(&self, mutation: Mutation, seqs: Seqs) -> Result<Option<Applied>, String> {
+    /// [`apply_streamed`](Self::apply_streamed), an `Add` reporting its new keys if `new_keys` asks (the
+    /// replica that published it, for a caller that wants them).
+    pub fn apply_streamed_with(
+        &self,
+        mutation: Mutation,
+        stored_at_ms: u64,
+        new_keys: NewKeys,
+    ) -> Result<Option<Applied>, String> {
+        self.stream_time_passed(stored_at_ms);
+        self.apply_logged(mutation.agreed(stored_at_ms), Seqs::Gapped, new_keys)
+    }
+
+    fn apply_logged(
+        &self,
+        mutation: Mutation,
+        seqs: Seqs,
+        new_keys: NewKeys,
+    ) -> Result<Option<Applied>, String> {
         let namespace = self.namespace(mutation.namespace()).map_err(|_| {
             format!(
                 "the log has mutations of namespace {:?}, which is not configured; add it back to the \
@@ -539,7 +566,7 @@ impl Gate {
             ));
         }
         namespace
-            .apply(mutation)
+            .apply_with(mutation, new_keys)
             .map(Some)
             .map_err(|stopped| stopped.to_string())
     }

@@ -10,6 +10,7 @@
 //! - [`filter`]: the Bloom filter of keys that exist — cache-line blocks, time windows, growth.
 //! - [`tombstones`]: the bounded store of recent "the source said not found" entries.
 //! - [`writes`]: what the service sends writes to (the local gate through its log, or a replica's stream).
+//! - [`replicas`]: what the service asks of the replicated mode besides (members, removal, rebuilds).
 //! - [`recent_adds`] and [`rate_limit`]: the guards on recording absences (stale races, floods).
 //! - [`invalidations`]: the bounded replay buffer that tells subscribers when cached absences became wrong.
 //! - [`lease`]: the read lease under which a replica of a shared log may answer `ABSENT`.
@@ -34,5 +35,6 @@ pub mod namespace;
 pub mod prefetch;
 pub mod rate_limit;
 pub mod recent_adds;
+pub mod replicas;
 pub mod tombstones;
 pub mod writes;

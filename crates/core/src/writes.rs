@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::gate::GateError;
 use crate::invalidations::PackedKeys;
-use crate::namespace::{AbsenceReport, Added, Recorded};
+use crate::namespace::{AbsenceReport, Added, NewKeys, Recorded};
 
 /// A write (or a wait) in progress.
 pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -18,11 +18,12 @@ pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// What the service's writes are sent to.
 pub trait Writes: Send + Sync + std::fmt::Debug {
     /// `Add` of `keys` to `namespace`, answered once acknowledged (durable, and on a replica applied as the
-    /// replication protocol requires).
+    /// replication protocol requires), with its new keys if `new_keys` asks ([`Added::new`]).
     fn add<'a>(
         &'a self,
         namespace: &'a str,
         keys: PackedKeys,
+        new_keys: NewKeys,
     ) -> Pending<'a, Result<Added, GateError>>;
 
     /// A reported absence, answered with its outcome once decided (and, when stored, acknowledged).

@@ -32,6 +32,8 @@ use super::replica::Replica;
 use crate::core::gate::GateError;
 use crate::core::log::{Mutation, RebuildStep};
 use crate::core::namespace::{Applied, Rebuilt};
+use crate::core::replicas::LoggedRebuild;
+use crate::core::writes::Pending;
 
 /// How long a rebuild may go without a step before another may replace it (its replica presumed gone).
 pub const IDLE: Duration = Duration::from_secs(120);
@@ -198,6 +200,17 @@ fn steps(keys: Vec<Bytes>) -> Vec<Vec<Bytes>> {
     }
     steps.retain(|step| !step.is_empty());
     steps
+}
+
+/// The Admin service's handle on a rebuild through the stream.
+impl LoggedRebuild for ReplicatedRebuild {
+    fn feed(&mut self, keys: Vec<Bytes>) -> Pending<'_, Result<(), GateError>> {
+        Box::pin(ReplicatedRebuild::feed(self, keys))
+    }
+
+    fn commit(self: Box<Self>) -> Pending<'static, Result<Rebuilt, GateError>> {
+        Box::pin(ReplicatedRebuild::commit(*self))
+    }
 }
 
 #[cfg(test)]

@@ -10,13 +10,12 @@ use crate::access::{self, Access};
 use crate::auth::{Role, Scope};
 use crate::core::gate::{Gate, GateError};
 use crate::core::namespace::{Rebuilt, WriteError};
+use crate::core::replicas::Replicas;
 use crate::grpc::{self, status};
 use crate::lifecycle::{Lifecycle, NotDurable};
 use crate::memory::Memory;
 use crate::proto;
 use crate::proto::admin_server::Admin;
-use crate::replication::replica::Replica;
-use crate::replication::replicated_rebuild::ReplicatedRebuild;
 use crate::storage::Persistence;
 
 /// The `Admin` service.
@@ -26,8 +25,8 @@ pub struct AdminService {
     access: Arc<Access>,
     /// Where the durable side is found, once loaded.
     lifecycle: Arc<Lifecycle>,
-    /// For a replica of a shared stream: where rebuilds are published.
-    replica: Option<Arc<Replica>>,
+    /// For a replica of a shared stream: its members, and where rebuilds are published.
+    replica: Option<Arc<dyn Replicas>>,
 }
 
 impl AdminService {
@@ -42,7 +41,7 @@ impl AdminService {
     }
 
     /// The same service for a replica: rebuilds go through its stream to every replica.
-    pub fn with_replica(mut self, replica: Option<Arc<Replica>>) -> Self {
+    pub fn with_replica(mut self, replica: Option<Arc<dyn Replicas>>) -> Self {
         self.replica = replica;
         self
     }
@@ -265,7 +264,7 @@ impl Admin for AdminService {
 
 impl AdminService {
     /// The replica this gate is, or `FAILED_PRECONDITION` for a gate that is not one.
-    fn replica(&self) -> Result<&Arc<Replica>, Status> {
+    fn replica(&self) -> Result<&Arc<dyn Replicas>, Status> {
         self.replica.as_ref().ok_or_else(|| {
             Status::failed_precondition(
                 "this gate is not a replica (started without --nats): it has no membership",
@@ -274,15 +273,16 @@ impl AdminService {
     }
 }
 
-/// Rebuilds on every replica through the stream (see [`ReplicatedRebuild`]); an error or cancellation drops
-/// the rebuild, which publishes its abort.
+/// Rebuilds on every replica through the stream ([`LoggedRebuild`](crate::core::replicas::LoggedRebuild));
+/// an error or cancellation drops the rebuild, which publishes its abort.
 async fn rebuild_replicated(
-    replica: Arc<Replica>,
+    replica: Arc<dyn Replicas>,
     mut first: proto::RebuildRequest,
     mut stream: Streaming<proto::RebuildRequest>,
 ) -> Result<Rebuilt, Status> {
     let mut next = Streamed::first(&mut first)?;
-    let mut rebuild = ReplicatedRebuild::begin(replica, &first.namespace)
+    let mut rebuild = replica
+        .begin_rebuild(first.namespace.clone())
         .await
         .map_err(status)?;
     loop {

@@ -15,7 +15,7 @@ use crate::core::answer::{Answer, Basis, Lookup};
 use crate::core::config::DEFAULT_NAMESPACE;
 use crate::core::gate::{Gate, GateError};
 use crate::core::invalidations::Delivery;
-use crate::core::namespace::{self, AbsenceReport};
+use crate::core::namespace::{self, AbsenceReport, NewKeys};
 use crate::core::tombstones::AbsenceKind;
 use crate::core::writes::Writes;
 use crate::metrics::{Rpc, RpcMetrics};
@@ -66,7 +66,7 @@ impl GateService {
             |r| &mut r.namespace,
             |writes, request| async move {
                 let (namespace, keys) = request.into_parts(max_keys)?;
-                add_response(writes.add(&namespace, keys).await)
+                add_response(writes.add(&namespace, keys, NewKeys::Skip).await)
             },
         )
         .await

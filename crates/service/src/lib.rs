@@ -16,7 +16,6 @@
 /// The layers beneath and the contract, under the names the rest of the tree uses for them.
 use existence_gate_core as core;
 use existence_gate_proto as proto;
-use existence_gate_replication as replication;
 use existence_gate_storage as storage;
 
 pub mod access;

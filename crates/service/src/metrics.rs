@@ -173,6 +173,11 @@ pub fn resp_deadline_closes(reason: &'static str) -> Counter {
     counter!("existence_resp_deadline_closes_total", "reason" => reason)
 }
 
+/// Counter of RESP connections closed because their unfinished request outgrew the port's budget.
+pub fn resp_budget_closes() -> Counter {
+    counter!("existence_resp_budget_closes_total")
+}
+
 /// Counter of calls shed by the in-flight limit (they never reach a handler, so `existence_requests_total`
 /// does not see them).
 pub fn shed_calls() -> Counter {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::core::gate::{Gate, GateError};
 use crate::core::invalidations::PackedKeys;
-use crate::core::namespace::{AbsenceReport, Added, Recorded};
+use crate::core::namespace::{AbsenceReport, Added, NewKeys, Recorded};
 use crate::core::writes::{Pending, Writes};
 
 /// Writes applied to the local gate and logged by it.
@@ -52,9 +52,10 @@ impl Writes for LocalWrites {
         &'a self,
         namespace: &'a str,
         keys: PackedKeys,
+        new_keys: NewKeys,
     ) -> Pending<'a, Result<Added, GateError>> {
         let namespace = namespace.to_string();
-        Box::pin(self.run(move |gate| gate.add(&namespace, keys)))
+        Box::pin(self.run(move |gate| gate.add_with(&namespace, keys, new_keys)))
     }
 
     fn record_absent<'a>(

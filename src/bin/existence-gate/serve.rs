@@ -45,6 +45,14 @@ pub(crate) struct ServeArgs {
     /// A RESP connection that sends nothing, or does not read its replies, for this long is closed.
     #[arg(long, env = "EXISTENCE_GATE_RESP_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     resp_idle_timeout: std::time::Duration,
+    /// MiB of unfinished RESP requests held across connections beyond 64 KiB each; a connection whose request
+    /// would exceed it is told so and closed (one request may be ~10 MB with the default limits).
+    #[arg(
+        long,
+        env = "EXISTENCE_GATE_RESP_REQUEST_MEMORY_MIB",
+        default_value_t = 256
+    )]
+    resp_request_memory_mib: usize,
     /// Threads RESP connections are served on, each an event loop of its own; 0 = one per core.
     #[arg(long, env = "EXISTENCE_GATE_RESP_THREADS", default_value_t = 0)]
     resp_threads: usize,
@@ -177,6 +185,7 @@ impl ServeArgs {
         let resp = self.resp_listen.0.map(|listen| RespOptions {
             max_connections: self.resp_max_connections,
             idle_timeout: self.resp_idle_timeout,
+            request_memory: self.resp_request_memory_mib << 20,
             threads: self.resp_threads,
             ..RespOptions::new(listen)
         });

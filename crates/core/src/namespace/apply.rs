@@ -13,17 +13,46 @@ use crate::tombstones::{self, TombstoneKey};
 impl Namespace {
     /// Applies a mutation from the log (replay, or a replica's feed). Mutations must arrive in seq order.
     pub fn apply(&self, mutation: Mutation) -> Result<Applied, WritesStopped> {
+        self.apply_with(mutation, NewKeys::Skip)
+    }
+
+    /// [`apply`](Self::apply), an `Add` reporting its new keys if `new_keys` asks.
+    pub fn apply_with(
+        &self,
+        mutation: Mutation,
+        new_keys: NewKeys,
+    ) -> Result<Applied, WritesStopped> {
         let mut writer = self.writer()?;
-        Ok(self.apply_locked(&mut writer, mutation))
+        Ok(self.apply_locked(&mut writer, mutation, new_keys))
+    }
+
+    /// The positions of `hashes` (an `Add`'s keys, about to be inserted at `at_ms`) that the filter answers
+    /// absent for now and that are not earlier among them: with those whose tombstone the `Add` clears, the
+    /// keys it makes new.
+    fn new_among(&self, hashes: &[KeyHash], at_ms: u64) -> Vec<u32> {
+        let filter = self.filter.load();
+        let mut earlier = std::collections::HashSet::with_capacity(hashes.len());
+        hashes
+            .iter()
+            .enumerate()
+            .filter(|(_, hash)| !filter.contains(**hash, at_ms) && earlier.insert(**hash))
+            .map(|(position, _)| position as u32)
+            .collect()
     }
 
     /// The state machine's step.
-    pub(super) fn apply_locked(&self, writer: &mut Writer, mutation: Mutation) -> Applied {
+    pub(super) fn apply_locked(
+        &self,
+        writer: &mut Writer,
+        mutation: Mutation,
+        new_keys: NewKeys,
+    ) -> Applied {
         match mutation {
             Mutation::Add {
                 seq, at_ms, keys, ..
             } => {
                 let hashes: Vec<KeyHash> = keys.slices().map(|key| self.hasher.hash(key)).collect();
+                let new = (new_keys == NewKeys::Report).then(|| self.new_among(&hashes, at_ms));
                 self.filter.load().insert_many(&hashes, at_ms);
                 if let Some(shadow) = &writer.shadow {
                     shadow.filter.insert_many(&hashes, at_ms);
@@ -43,7 +72,14 @@ impl Namespace {
                 self.metrics.keys_added.increment(keys.len() as u64);
                 self.hub
                     .publish(Invalidation { seq, keys }, &self.latest_seq);
-                Applied::Added { cleared }
+                // A key whose live tombstone this `Add` cleared answered `ABSENT` before it too.
+                let new = new.map(|mut new| {
+                    new.extend_from_slice(&cleared);
+                    new.sort_unstable();
+                    new.dedup();
+                    new
+                });
+                Applied::Added { cleared, new }
             }
             Mutation::RecordAbsent {
                 seq,

@@ -42,11 +42,23 @@ impl Namespace {
         now_ms: u64,
         log: &dyn Log,
     ) -> Result<Added, WriteError> {
+        self.add_with(keys, now_ms, log, NewKeys::Skip)
+    }
+
+    /// [`add`](Self::add), reporting its new keys if `new_keys` asks.
+    pub fn add_with(
+        &self,
+        keys: impl Into<PackedKeys>,
+        now_ms: u64,
+        log: &dyn Log,
+        new_keys: NewKeys,
+    ) -> Result<Added, WriteError> {
         let mut writer = self.writer()?;
         let mutation = self.addition(keys.into(), now_ms, self.latest_seq() + 1);
         let seq = mutation.seq();
         let ticket = log.append(&mutation)?;
-        let Applied::Added { cleared } = self.apply_locked(&mut writer, mutation) else {
+        let Applied::Added { cleared, new } = self.apply_locked(&mut writer, mutation, new_keys)
+        else {
             unreachable!("an Add applies as added")
         };
         drop(writer);
@@ -54,6 +66,7 @@ impl Namespace {
         Ok(Added {
             seq,
             tombstones_cleared: cleared.len() as u32,
+            new,
         })
     }
 
@@ -87,7 +100,7 @@ impl Namespace {
             Absence::Store { mutation, recorded } => (mutation, recorded),
         };
         let ticket = log.append(&mutation)?;
-        let applied = self.apply_locked(&mut writer, mutation);
+        let applied = self.apply_locked(&mut writer, mutation, NewKeys::Skip);
         // Checked by the decision under the same lock, against the same memory of adds.
         debug_assert_eq!(applied, Applied::Recorded);
         drop(writer);

@@ -10,12 +10,27 @@ use crate::log::LogError;
 use crate::tombstones::AbsenceKind;
 
 /// The result of an `Add`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Added {
     /// The seq shared by the call's keys.
     pub seq: u64,
     /// Live tombstones of these keys that were removed.
     pub tombstones_cleared: u32,
+    /// When asked for ([`NewKeys::Report`]): the positions, in the call's key order, of the keys that were
+    /// new — answered `ABSENT` (by the filter, or a live tombstone) just before this `Add` applied, and not
+    /// earlier in it.
+    /// Decided where `Add`s are ordered (under the namespace's writer lock, in log order), so of concurrent
+    /// `Add`s of one key exactly one finds it new: `BF.ADD`'s 1.
+    pub new: Option<Vec<u32>>,
+}
+
+/// Whether an `Add` reports which of its keys were new (a filter lookup per key, under the writer lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewKeys {
+    /// No: the seq and the tombstones cleared are enough (`Add` over gRPC).
+    Skip,
+    /// Yes (`BF.ADD`, `BF.MADD`, `BF.INSERT`).
+    Report,
 }
 
 /// What `RecordAbsent` did.
@@ -64,6 +79,8 @@ pub enum Applied {
         /// no allocation, in the common case): positions rather than a count because concurrent `Add`s
         /// can share one message, and each caller is told how many of its own keys it cleared.
         cleared: Vec<u32>,
+        /// The positions of the keys that were new, if asked ([`Added::new`]).
+        new: Option<Vec<u32>>,
     },
     /// A tombstone is stored.
     Recorded,

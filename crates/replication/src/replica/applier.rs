@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::{write_id, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use crate::core::namespace::NewKeys;
 use crate::protocol::copy::{self, CopyCheck, MessageDigest};
 use crate::protocol::gap::{self, Gap};
 use crate::protocol::{Recipients, WriteRead};
@@ -253,11 +254,17 @@ impl Replica {
             .and(read.id.as_deref())
             .and_then(write_id);
         let mutation_digest = read.mutation.is_some().then_some(read.digest);
+        let new_keys = read.id.as_ref().map_or(NewKeys::Skip, |id| {
+            let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            waiting
+                .get(id)
+                .map_or(NewKeys::Skip, |(_, new_keys)| *new_keys)
+        });
         let outcome = match read.mutation {
             Some(mutation) => {
                 self.metrics.applied.increment(1);
                 self.gate
-                    .apply_streamed(mutation, read.stored_at_ms)
+                    .apply_streamed_with(mutation, read.stored_at_ms, new_keys)
                     .map_err(|reason| {
                         StreamError::Setup(format!("message {}: {reason}", read.seq))
                     })?
@@ -290,7 +297,7 @@ impl Replica {
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&id)
         }) {
-            let _ = waiter.send(outcome);
+            let _ = waiter.0.send(outcome);
         }
         Ok(())
     }

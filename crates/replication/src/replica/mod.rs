@@ -54,7 +54,10 @@ use super::protocol::{Incarnation, MemberRecord, Protocol, Timing, WriteId};
 use super::stream::{MutationStream, StreamError};
 use crate::core::gate::{Gate, GateError};
 use crate::core::lease::ReadLease;
-use crate::core::namespace::Applied;
+use crate::core::namespace::{Applied, NewKeys};
+use crate::core::replicas::{LoggedRebuild, Replicas};
+use crate::core::writes::Pending;
+use crate::replicated_rebuild::ReplicatedRebuild;
 
 /// How long a replica waits for its own applier to reach a write it published before answering
 /// `UNAVAILABLE` (the write is stored and will apply; the replica is far behind or cut off).
@@ -88,22 +91,7 @@ pub struct ReplicaOptions {
     pub origin: String,
 }
 
-/// A member as a replica sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberView {
-    /// Its `--replica-id`.
-    pub id: String,
-    /// Its process's nonce.
-    pub nonce: u64,
-    /// The seq of its join.
-    pub joined: u64,
-    /// Where it runs.
-    pub origin: String,
-    /// The applied seq it last reported here.
-    pub reported: u64,
-    /// Whether it is this replica.
-    pub this_replica: bool,
-}
+pub use crate::core::replicas::MemberView;
 
 /// The replica's series.
 struct ReplicaMetrics {
@@ -181,7 +169,7 @@ pub struct Replica {
     /// When a lookup last asked for the lease (as the lease keeper saw it).
     last_asked: Mutex<Option<Instant>>,
     /// Writes published by this replica and not yet applied here, by message id.
-    waiting: Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+    waiting: Mutex<HashMap<String, Waiter>>,
     /// `Add`s waiting to be published together.
     adds: add_queue::AddQueue,
     /// This replica, for the tasks that publish its `Add`s.
@@ -213,6 +201,10 @@ impl std::fmt::Debug for Replica {
             .finish_non_exhaustive()
     }
 }
+
+/// A write published by this process and waiting to be applied here: told what applying it did, which
+/// reports an `Add`'s new keys if it asks.
+type Waiter = (oneshot::Sender<Option<Applied>>, NewKeys);
 
 /// The start of every message id this process publishes under: `<replica id>:<nonce, 16 hex digits>:`.
 /// The nonce makes it unique to the process (a restarted replica must not reuse the ids of its previous run
@@ -482,6 +474,32 @@ impl Replica {
     /// The gate it applies into.
     pub fn gate(&self) -> &Gate {
         &self.gate
+    }
+}
+
+/// What the Admin service asks of a replica: its members, an operator's removal, a rebuild through the
+/// stream.
+impl Replicas for Replica {
+    fn applied_seq(&self) -> u64 {
+        Replica::applied_seq(self)
+    }
+
+    fn members(&self) -> Vec<MemberView> {
+        Replica::members(self)
+    }
+
+    fn remove_member<'a>(&'a self, id: &'a str) -> Pending<'a, Result<u64, GateError>> {
+        Box::pin(Replica::remove_member(self, id))
+    }
+
+    fn begin_rebuild(
+        self: Arc<Self>,
+        namespace: String,
+    ) -> Pending<'static, Result<Box<dyn LoggedRebuild>, GateError>> {
+        Box::pin(async move {
+            let rebuild = ReplicatedRebuild::begin(self, &namespace).await?;
+            Ok(Box::new(rebuild) as Box<dyn LoggedRebuild>)
+        })
     }
 }
 

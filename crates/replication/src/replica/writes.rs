@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 use crate::core::invalidations::PackedKeys;
 use tokio::sync::oneshot;
 
-use super::add_queue::{Batch, QueuedAdd};
+use super::add_queue::{Batch, QueuedAdd, Stored};
 use super::{unavailable, Replica, APPLY_WAIT, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
 use crate::core::gate::GateError;
 use crate::core::log::Mutation;
-use crate::core::namespace::{Absence, AbsenceReport, Added, Applied, RecordOutcome, Recorded};
+use crate::core::namespace::{
+    Absence, AbsenceReport, Added, Applied, NewKeys, RecordOutcome, Recorded,
+};
 use crate::core::writes::{Pending, Writes};
 use crate::protocol::{Ack, WriteId};
 use crate::stream::StreamError;
@@ -28,7 +30,12 @@ impl Replica {
     /// applied here, and acknowledged under the safety rule.
     ///
     /// [`add_queue`]: super::add_queue
-    pub async fn add(&self, namespace: &str, keys: PackedKeys) -> Result<Added, GateError> {
+    pub async fn add(
+        &self,
+        namespace: &str,
+        keys: PackedKeys,
+        new_keys: NewKeys,
+    ) -> Result<Added, GateError> {
         let Mutation::Add {
             namespace,
             at_ms,
@@ -43,6 +50,7 @@ impl Replica {
             namespace,
             at_ms,
             keys,
+            new_keys,
             answer,
         };
         if let Some(batch) = self.adds.push(queued) {
@@ -67,11 +75,14 @@ impl Replica {
         self.metrics.adds_per_message.record(batch.len() as f64);
         let slot = batch.slotted.then(|| Slot(Arc::clone(&self)));
         let outcome = self
-            .publish_and_apply_releasing(batch.mutation(), slot, batch.len())
+            .publish_and_apply_releasing(batch.mutation(), slot, batch.len(), batch.new_keys())
             .await
             .map(|(seq, applied)| match applied {
-                Some(Applied::Added { cleared }) => (seq, cleared),
-                _ => (seq, Vec::new()),
+                Some(Applied::Added { cleared, new }) => Stored { seq, cleared, new },
+                _ => Stored {
+                    seq,
+                    ..Stored::default()
+                },
             });
         batch.answer(outcome);
     }
@@ -111,21 +122,23 @@ impl Replica {
         &self,
         mutation: Mutation,
     ) -> Result<(u64, Option<Applied>), GateError> {
-        self.publish_and_apply_releasing(mutation, (), 1).await
+        self.publish_and_apply_releasing(mutation, (), 1, NewKeys::Skip)
+            .await
     }
 
     /// [`publish_and_apply`](Self::publish_and_apply) of a message that answers `calls` write calls,
     /// dropping `held` as soon as the publish is over (acknowledged or failed), before the waits for the
-    /// replicas.
+    /// replicas; applied here reporting its new keys if `new_keys` asks.
     async fn publish_and_apply_releasing<Held>(
         &self,
         mutation: Mutation,
         held: Held,
         calls: usize,
+        new_keys: NewKeys,
     ) -> Result<(u64, Option<Applied>), GateError> {
         let (id, write) = self.message_id()?;
         let (applied_tx, applied_rx) = oneshot::channel();
-        let waiting = Waiting::register(&self.waiting, id.clone(), applied_tx);
+        let waiting = Waiting::register(&self.waiting, id.clone(), (applied_tx, new_keys));
         let published = self.publish_retrying(&mutation, &id).await;
         drop(held);
         let published = published?;
@@ -248,8 +261,9 @@ impl Writes for Replica {
         &'a self,
         namespace: &'a str,
         keys: PackedKeys,
+        new_keys: NewKeys,
     ) -> Pending<'a, Result<Added, GateError>> {
-        Box::pin(Replica::add(self, namespace, keys))
+        Box::pin(Replica::add(self, namespace, keys, new_keys))
     }
 
     fn record_absent<'a>(
@@ -284,20 +298,20 @@ impl Drop for Slot {
 
 /// A write's place among those waiting to be applied, removed when the write stops waiting.
 struct Waiting<'a> {
-    waiting: &'a Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+    waiting: &'a Mutex<HashMap<String, super::Waiter>>,
     id: String,
 }
 
 impl<'a> Waiting<'a> {
     fn register(
-        waiting: &'a Mutex<HashMap<String, oneshot::Sender<Option<Applied>>>>,
+        waiting: &'a Mutex<HashMap<String, super::Waiter>>,
         id: String,
-        sender: oneshot::Sender<Option<Applied>>,
+        waiter: super::Waiter,
     ) -> Self {
         waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), sender);
+            .insert(id.clone(), waiter);
         Self { waiting, id }
     }
 }

@@ -18,6 +18,7 @@
 //! closed too ([`Deadline`]).
 
 pub mod bloom;
+pub mod budget;
 pub mod commands;
 pub mod pushes;
 pub mod reply;
@@ -40,6 +41,7 @@ use crate::access::Access;
 use crate::core::gate::Gate;
 use crate::core::writes::Writes;
 use crate::listener::Acceptor;
+use budget::{Budget, Held};
 use commands::{Spec, COMMANDS};
 use pushes::{Push, Rendering};
 pub use request::RequestLimits;
@@ -57,6 +59,8 @@ pub struct RespOptions {
     /// A connection that sends nothing, or does not read its replies, for this long is closed (a subscriber
     /// waiting for pushes is not).
     pub idle_timeout: Duration,
+    /// Bytes of unfinished requests held across connections beyond each one's free share ([`budget`]).
+    pub request_memory: usize,
     /// Threads connections are served on ([`workers`]); 0 = one per core.
     pub threads: usize,
 }
@@ -68,6 +72,7 @@ impl RespOptions {
             listen,
             max_connections: 1_024,
             idle_timeout: Duration::from_secs(300),
+            request_memory: 256 << 20,
             threads: 0,
         }
     }
@@ -93,6 +98,7 @@ pub struct Port {
     access: Arc<Access>,
     limits: RequestLimits,
     options: RespOptions,
+    budget: Arc<Budget>,
     next_id: AtomicU64,
     open: AtomicUsize,
     metrics: CommandMetrics,
@@ -120,6 +126,7 @@ impl Port {
             writes,
             access,
             limits,
+            budget: Budget::new(options.request_memory),
             options,
             next_id: AtomicU64::new(1),
             open: AtomicUsize::new(0),
@@ -258,6 +265,7 @@ async fn serve_connection(
     let mut idle = Idle::new(port.options.idle_timeout);
     let mut unfinished_since = None;
     let mut partial = Partial::default();
+    let mut held = Held::new(Arc::clone(&port.budget));
     // A push being written out, a part at a time ([`pushes`]).
     let mut rendering: Option<Rendering> = None;
     loop {
@@ -283,6 +291,7 @@ async fn serve_connection(
         };
         if !commands.is_empty() {
             session.run(&commands, &mut output).await;
+            shrink(&mut input, &mut held);
         }
         if !output.is_empty() {
             let mut write = std::pin::pin!(io.write_all(&output));
@@ -326,6 +335,13 @@ async fn serve_connection(
             unfinished_since.map(|since| since + request_within),
         );
         input.reserve(READ_CHUNK);
+        if !held.cover(input.capacity()) {
+            crate::metrics::resp_budget_closes().increment(1);
+            let message = over_budget(port.budget.total(), input.len());
+            session.replies(&mut output).error("ERR", &message);
+            close_after(&mut io, &output).await;
+            return;
+        }
         let subscribed = session.is_subscribed();
         tokio::select! {
             biased;
@@ -349,6 +365,25 @@ async fn serve_connection(
             () = &mut shutdown => return,
         }
     }
+}
+
+/// Lets a buffer that held a large request go, once what is left of it is small, and gives the budget
+/// back: a buffer keeps its capacity after the request is taken from it.
+fn shrink(input: &mut BytesMut, held: &mut Held) {
+    if input.capacity() > budget::FREE_BYTES && input.len() < input.capacity() / 4 {
+        *input = BytesMut::from(&input[..]);
+        held.cover(input.capacity());
+    }
+}
+
+/// Why a connection whose unfinished request outgrew the port's budget is closed.
+fn over_budget(total: usize, holding: usize) -> String {
+    format!(
+        "the RESP port's memory for unfinished requests ({} MiB beyond 64 KiB a connection, \
+         --resp-request-memory-mib) is taken by other connections: this request ({holding} bytes so far) is \
+         refused and the connection closed; retry, or send smaller requests",
+        total >> 20
+    )
 }
 
 /// The deadline a connection must meet next, if any: to authenticate (where tokens are configured) within
