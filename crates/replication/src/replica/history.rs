@@ -26,8 +26,8 @@ impl Replica {
 
     /// Another replica's report (or this one's own, ignored).
     pub(super) fn heard_history(&self, report: &HistoryReport) {
-        let now = self.lease.now();
-        self.history().heard(report, self.nonce(), now);
+        let (now, me) = (self.lease.now(), self.nonce());
+        self.history().heard(report, me, now);
         self.judge_history();
     }
 

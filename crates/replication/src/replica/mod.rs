@@ -141,6 +141,14 @@ impl ReplicaMetrics {
 }
 
 /// One replica of the deployment.
+///
+/// Lock order: `applying` (async, held across a batch's apply and by a snapshot's still cut) comes first;
+/// every `std` mutex below — `protocol`, `history`, `waiting`, `stopped`, `last_read`, `last_barrier`,
+/// `fresh_at`, `last_asked`, `caught_up_at`, `lease_lost_at` and those inside `peers` — is held briefly,
+/// never across an await, and never while another of them is held: each is taken, read or written, and
+/// let go before the next (a value needed from one is copied out first, as `heard_history` does with the
+/// nonce). So no two of them can wait on each other, whatever order the tasks take them in. The read lease
+/// (`lease`, atomics in the core) is set while `protocol` is held, and takes nothing of the replica's.
 pub struct Replica {
     stream: MutationStream,
     gate: Arc<Gate>,

@@ -8,8 +8,7 @@
 
 use bytes::Bytes;
 
-use super::reply::Replies;
-use super::session::{Outcome, Refusal};
+use super::reply::{Outcome, Refusal, Replies};
 use super::Port;
 use crate::core::answer::{Answer, Basis};
 use crate::core::gate::GateError;

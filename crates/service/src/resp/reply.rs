@@ -1,4 +1,4 @@
-//! Replies, written straight into the connection's output buffer in the protocol the client chose with
+//! Replies, and the refusals commands answer with, written straight into the connection's output buffer in the protocol the client chose with
 //! `HELLO`: RESP2 (every client's default) or RESP3, which adds maps, nulls, doubles and pushes. Each
 //! RESP3-only type has the RESP2 form Redis itself sends (a map as a flat array of keys and values, a push
 //! as an array), so one handler serves both.
@@ -11,6 +11,24 @@ pub enum Protocol {
     Resp2,
     Resp3,
 }
+
+/// Why a command was refused: Redis's error prefix and the message.
+#[derive(Debug)]
+pub struct Refusal {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn err(message: impl Into<String>) -> Self {
+        Self {
+            kind: "ERR",
+            message: message.into(),
+        }
+    }
+}
+
+pub type Outcome = Result<(), Refusal>;
 
 /// Writes replies into `out` in `protocol`.
 #[derive(Debug)]

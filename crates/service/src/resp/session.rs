@@ -14,7 +14,7 @@ use tokio::task::AbortHandle;
 use super::bloom;
 use super::commands::{self, Needs, Spec, COMMANDS};
 use super::pushes::{Push, Rendering, PUSH_CHUNK};
-use super::reply::{Protocol, Replies};
+use super::reply::{Outcome, Protocol, Refusal, Replies};
 use super::Port;
 use crate::access::{Refused, SHUTTING_DOWN};
 use crate::auth::{Denied, Role, Scope};
@@ -22,24 +22,6 @@ use crate::grpc::RESUME_WAIT;
 
 /// The channel prefix of a namespace's invalidations.
 pub const INVALIDATIONS: &str = "invalidations:";
-
-/// Why a command was refused: Redis's error prefix and the message.
-#[derive(Debug)]
-pub struct Refusal {
-    pub kind: &'static str,
-    pub message: String,
-}
-
-impl Refusal {
-    pub fn err(message: impl Into<String>) -> Self {
-        Self {
-            kind: "ERR",
-            message: message.into(),
-        }
-    }
-}
-
-pub type Outcome = Result<(), Refusal>;
 
 /// A connection's state.
 #[derive(Debug)]
