@@ -13,7 +13,6 @@ use crate::core::gate::Gate;
 use crate::core::replicas::Replicas;
 use crate::core::writes::Writes;
 use crate::proto::admin_server::AdminServer;
-use crate::replication::replica::Replica;
 use crate::service::access::{Access, GrpcResponse, InFlightLimitLayer};
 use crate::service::add_request::AddRoute;
 use crate::service::admin::AdminService;
@@ -31,7 +30,7 @@ pub(super) fn serve(
     options: &ServeOptions,
     gate: &Arc<Gate>,
     (access, writes): (&Arc<Access>, &Arc<dyn Writes>),
-    replica: Option<&Arc<Replica>>,
+    replicas: Option<Arc<dyn Replicas>>,
     lifecycle: &Arc<Lifecycle>,
     health_service: HealthServer<impl Health>,
     listener: TcpListener,
@@ -42,8 +41,7 @@ pub(super) fn serve(
         GateService::new(Arc::clone(gate), Arc::clone(&access)).with_writes(Arc::clone(writes));
     let gate_service = AddRoute::new(contract, options.max_message_bytes);
     let admin_service = AdminServer::new(
-        AdminService::new(Arc::clone(gate), access, Arc::clone(lifecycle))
-            .with_replica(replica.map(|replica| Arc::clone(replica) as Arc<dyn Replicas>)),
+        AdminService::new(Arc::clone(gate), access, Arc::clone(lifecycle)).with_replica(replicas),
     )
     .max_decoding_message_size(options.max_message_bytes);
     let reflection_failed =

@@ -13,6 +13,7 @@
 mod background;
 mod grpc_port;
 mod loading;
+mod mode;
 mod replicated;
 mod resp_port;
 mod tls;
@@ -35,20 +36,16 @@ use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
 use crate::core::hashing::KeyHasher;
 use crate::core::lease::ReadLease;
-use crate::core::log::VolatileLog;
-use crate::core::writes::Writes;
-use crate::replication::replica::Replica;
-use crate::replication::replica_snapshots::ReplicaSnapshots;
 use crate::service::lifecycle::{Lifecycle, Phase};
 use crate::service::listener::Acceptor;
 use crate::service::resp::Port;
 use crate::service::shutdown::Shutdown;
-use crate::service::writes::LocalWrites;
 use crate::storage::segment_file::{RealFiles, SegmentFiles};
 use crate::storage::{self, DataDir, PersistenceError, SyncMode};
 use background::{final_snapshot, maintenance, Background};
 use grpc_port::GrpcTask;
 use loading::Load;
+use mode::Mode;
 
 /// Where and how state is kept across restarts.
 #[derive(Debug, Clone)]
@@ -239,37 +236,16 @@ pub async fn start(
         gate = gate.with_read_lease(Arc::clone(&lease)).with_stream_time();
     }
     let gate = Arc::new(gate);
-    let (replicated, data_dir) = match (joined, &options.replication) {
-        (Some((stream, store)), Some(replication)) => {
-            let snapshots = ReplicaSnapshots::new(data_dir.map(Arc::new), store, stream.seed());
-            let mut replica_options = replication.replica.clone();
-            replica_options.origin = format!("{}, gRPC {grpc_addr}", replica_options.origin);
-            let replica = Replica::new(stream, Arc::clone(&gate), lease, replica_options);
-            let snapshot_interval = options
-                .durability
-                .as_ref()
-                .map_or(Duration::MAX, |d| d.snapshot_interval);
-            let replicated = replicated::Replicated {
-                replica,
-                snapshots,
-                snapshot_interval,
-            };
-            (Some(replicated), None)
-        }
-        _ => (None, data_dir),
-    };
+    let mode = Mode::new(&options, joined, data_dir, (&gate, lease), grpc_addr);
     let (health, health_service) = tonic_health::server::health_reporter();
-    let lifecycle = Lifecycle::new(Shutdown::default(), data_dir.is_some(), health).await;
+    let lifecycle = Lifecycle::new(Shutdown::default(), mode.has_own_log(), health).await;
     let access = grpc_port::access(&options, &lifecycle)?;
-    let writes: Arc<dyn Writes> = match &replicated {
-        Some(replicated) => Arc::clone(&replicated.replica) as Arc<dyn Writes>,
-        None => Arc::new(LocalWrites::new(Arc::clone(&gate))),
-    };
+    let writes = mode.writes(&gate);
     let grpc = grpc_port::serve(
         &options,
         &gate,
         (&access, &writes),
-        replicated.as_ref().map(|r| &r.replica),
+        mode.replicas(),
         &lifecycle,
         health_service,
         grpc_listener,
@@ -304,15 +280,7 @@ pub async fn start(
         lifecycle: Arc::clone(&lifecycle),
         background: background.clone(),
     };
-    match (replicated, data_dir, options.durability) {
-        (Some(replicated), ..) => background.spawn(replicated.run(
-            Arc::clone(&gate),
-            Arc::clone(&lifecycle),
-            background.clone(),
-        )),
-        (None, Some(dir), Some(durability)) => background.spawn(load.recover(dir, durability)),
-        _ => lifecycle.ready(&gate, Arc::new(VolatileLog), None).await,
-    }
+    mode.run(load, options.durability).await;
     match resp_addr {
         Some(resp_addr) => tracing::info!(%grpc_addr, %http_addr, %resp_addr, "serving"),
         None => tracing::info!(%grpc_addr, %http_addr, "serving"),
