@@ -6,7 +6,7 @@ use std::error::Error;
 
 use tonic::{Code, Status};
 
-use crate::service::metrics::code_name;
+use crate::proto::code_name;
 
 /// `error` and every error beneath it, joined with ": ", repeated texts once: tonic's transport errors say
 /// "transport error" on top and the useful part ("Connection refused") several sources down.

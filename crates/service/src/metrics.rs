@@ -230,41 +230,14 @@ impl Rpc {
     }
 }
 
-/// gRPC status codes 0..=16 by name, for labelling.
-const CODE_NAMES: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
-
 /// `code` if the spec defines it (0..=16), else UNKNOWN (2): how the spec says clients must treat codes
 /// outside its range (tonic passes through whatever a handler sets).
 fn known_code(code: usize) -> usize {
-    if code < CODE_NAMES.len() {
-        code
-    } else {
+    if crate::proto::code_name_at(code) == "UNKNOWN" {
         2
+    } else {
+        code
     }
-}
-
-/// The spec's name of status `code` (`UNAUTHENTICATED`), as metric labels and the command-line tools' error
-/// lines spell it; codes outside the spec are `UNKNOWN`.
-pub fn code_name(code: tonic::Code) -> &'static str {
-    CODE_NAMES[known_code(code as usize)]
 }
 
 /// Request counters and latency histograms per RPC and status, resolved on first use.
@@ -280,7 +253,10 @@ impl RpcMetrics {
         let rpc_index = rpc as usize;
         let code = known_code(code);
         let (count, latency) = self.series[rpc_index][code].get_or_init(|| {
-            let labels = [("rpc", rpc.name()), ("code", CODE_NAMES[code])];
+            let labels = [
+                ("rpc", rpc.name()),
+                ("code", crate::proto::code_name_at(code)),
+            ];
             (
                 counter!("existence_requests_total", &labels),
                 histogram!("existence_request_duration_seconds", &labels),
@@ -297,11 +273,10 @@ mod tests {
 
     #[test]
     fn codes_outside_the_spec_are_labelled_unknown() {
-        assert_eq!(CODE_NAMES[known_code(16)], "UNAUTHENTICATED");
-        assert_eq!(CODE_NAMES[known_code(0)], "OK");
-        assert_eq!(code_name(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
+        assert_eq!(known_code(16), 16);
+        assert_eq!(known_code(0), 0);
         for code in [17, 99, usize::MAX] {
-            assert_eq!(CODE_NAMES[known_code(code)], "UNKNOWN");
+            assert_eq!(known_code(code), 2);
         }
     }
 }
