@@ -48,13 +48,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::memory::BlockMemory;
+use super::memory::{Block, BlockMemory, WORDS_PER_BLOCK};
 use crate::hashing::KeyHash;
 
 /// Bits per block: one 64-byte cache line.
 pub const BLOCK_BITS: u32 = 512;
-/// `u64` words per block.
-const WORDS_PER_BLOCK: usize = (BLOCK_BITS / 64) as usize;
+// A block is one cache line of the layer's memory ([`Block`]): 512 bits.
+const _: () = assert!(BLOCK_BITS as usize == WORDS_PER_BLOCK * 64);
 /// Multiplier that remixes the probe word between probes (2³² / golden ratio, odd).
 const REMIX: u32 = 0x9E37_79B9;
 /// The most probes a block filter uses; beyond this the gain in rate is lost to block overload.
@@ -62,11 +62,6 @@ pub const MAX_PROBES: u32 = 24;
 /// The largest layer: the block index `((hash >> 32) * blocks) >> 32` is exact in 64 bits only while
 /// `blocks < 2^32`, so a layer holds at most 2^32 - 1 blocks of 64 bytes (just under 256 GiB).
 pub const MAX_LAYER_BYTES: u64 = (u32::MAX as u64) * (BLOCK_BITS as u64 / 8);
-
-/// One cache line of filter bits.
-#[repr(C, align(64))]
-#[derive(Default)]
-pub(super) struct Block(pub(super) [AtomicU64; WORDS_PER_BLOCK]);
 
 /// The shape of a filter: how many blocks and how many probes per key.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -20,7 +20,13 @@
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::bloom::Block;
+/// `u64` words per block: 64 bytes, one cache line.
+pub(super) const WORDS_PER_BLOCK: usize = 8;
+
+/// One cache line of filter bits: what a key's probes touch, and the unit a layer's memory is made of.
+#[repr(C, align(64))]
+#[derive(Default)]
+pub(super) struct Block(pub(super) [AtomicU64; WORDS_PER_BLOCK]);
 
 /// Bytes of filter layers in mappings of their own, over the whole process.
 static MAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
