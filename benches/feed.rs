@@ -11,25 +11,15 @@
 //! and writes `benches/results/feed.md`. Everything shares the machine's cores. Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing.
 
-#[path = "../tests/suite/common/mod.rs"]
-mod common;
-// Where `procs` finds the serve flags for free loopback ports.
-use common::ports;
-#[path = "load/procs.rs"]
-#[allow(dead_code)]
-mod procs;
-#[path = "load/text.rs"]
-#[allow(dead_code)]
-mod text;
-
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::feed::Feed;
-use common::postgres::Postgres;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::SubscribeInvalidationsRequest;
+use existence_gate_testkit::feed::Feed;
+use existence_gate_testkit::postgres::Postgres;
+use existence_gate_testkit::{procs, text};
 use tokio_stream::StreamExt;
 
 /// Rows per transaction and transactions per second of the steady load.
@@ -223,7 +213,7 @@ async fn subscribe(addr: &str) -> Arrivals {
 
 /// Waits until `count` keys have arrived.
 async fn wait_for(arrivals: &Arrivals, count: usize) {
-    common::wait_until(
+    existence_gate_testkit::wait_until(
         Duration::from_secs(300),
         &format!("{count} keys to reach the gate"),
         async || (arrivals.lock().unwrap().len() >= count).then_some(()),

@@ -16,6 +16,7 @@ use existence_gate::proto::{
     MayExistResponse, RecordAbsentRequest, RecordAbsentResponse, RecordOutcome,
     SubscribeInvalidationsRequest,
 };
+use existence_gate_testkit::procs::{self, Server};
 use tokio_stream::Stream;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
@@ -117,6 +118,14 @@ impl ExistenceGate for Trivial {
             "the trivial server has no invalidations",
         ))
     }
+}
+
+/// Starts the trivial tonic server: this binary, re-run with `baseline-server`.
+pub fn start() -> Server {
+    let exe = std::env::current_exe().expect("the harness knows its own path");
+    let mut command = std::process::Command::new(exe);
+    command.arg("baseline-server");
+    procs::start_serving("trivial tonic", command, &[], None)
 }
 
 /// Serves the trivial handlers until killed.

@@ -20,17 +20,13 @@
 mod baseline;
 mod callers;
 mod clients;
-mod drive;
-mod keys;
 mod memory;
 mod overload;
-// The serve flags for free loopback ports, shared with the tests' launcher.
-#[path = "../../tests/suite/common/ports.rs"]
-mod ports;
-mod procs;
 mod report;
 mod resp;
-mod text;
+
+// The processes, load generators, keys and report text, shared with the replicated and feed benches.
+use existence_gate_testkit::{drive, keys, procs, text};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -836,7 +832,7 @@ impl Bench {
         report.config = gate_config();
 
         let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
-        let trivial = procs::start_baseline();
+        let trivial = baseline::start();
         let redis = procs::start_redis();
         if redis.is_none() {
             eprintln!("redis-server is not installed (apt-get install -y redis-server): Redis rows are skipped");

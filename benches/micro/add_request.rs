@@ -11,12 +11,9 @@ use existence_gate::core::invalidations::PackedKeys;
 use existence_gate::proto::AddRequest;
 use existence_gate::service::add_request::AddKeys;
 use existence_gate::service::grpc::unpack_keys;
+// The load harness's keys: 16 random-looking bytes each, sliced from one buffer.
+use existence_gate_testkit::keys;
 use prost::Message;
-
-/// The load harness's keys: 16 random-looking bytes each, sliced from one buffer.
-#[allow(dead_code)]
-#[path = "../load/keys.rs"]
-mod keys;
 
 const KEYS: usize = 1_000;
 

@@ -24,25 +24,9 @@
 //!
 //! Under `cargo test --benches` (no `--bench` argument) it does nothing.
 
-// Shared with the load harness, which uses the rest of them.
-#[path = "../load/drive.rs"]
-#[allow(dead_code)]
-mod drive;
-#[path = "../load/keys.rs"]
-mod keys;
-#[path = "../load/procs.rs"]
-#[allow(dead_code)]
-mod procs;
-#[path = "../load/text.rs"]
-mod text;
-
-// The serve flags for free loopback ports, shared with the tests' launcher.
-#[path = "../../tests/suite/common/ports.rs"]
-mod ports;
-
-// The tests' TCP proxy (delay, silence, cut), for the fault stretches.
-#[path = "../../tests/suite/common/proxy.rs"]
-mod proxy;
+// The load harness's processes, load generators, keys and report text; the serve flags for free loopback
+// ports; the tests' TCP proxy (delay, silence, cut), for the fault stretches.
+use existence_gate_testkit::{drive, keys, ports, procs, proxy, text};
 
 mod bootstrap;
 mod deployment;

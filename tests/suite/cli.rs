@@ -715,10 +715,7 @@ async fn snapshot_prints_where_the_snapshot_went() {
 
 #[tokio::test]
 async fn a_wrong_token_is_one_line_naming_unauthenticated_and_the_fix() {
-    let config = format!(
-        "[[tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"read\", \"write\", \"admin\"]\nnamespaces = [\"*\"]",
-        existence_gate::service::auth::hash_token("right")
-    );
+    let config = token_entry("ops", "right", &["read", "write", "admin"], &["*"]);
     let server = start(&config).await;
     for args in [
         &["stats", "--token", "wrong"][..],
@@ -977,10 +974,7 @@ async fn load_and_rebuild_stream_a_postgres_query_into_the_gate() {
         )
     );
 
-    let config = format!(
-        "[[tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"write\"]\nnamespaces = [\"*\"]",
-        existence_gate::service::auth::hash_token("right")
-    );
+    let config = token_entry("ops", "right", &["write"], &["*"]);
     let guarded = start(&config).await;
     let refused = run(
         &guarded,

@@ -385,8 +385,8 @@ async fn a_feed_that_cannot_work_says_why_in_one_line() {
     );
 
     let secured = start(&format!(
-        "{CONFIG}[[tokens]]\nname = \"w\"\nsha256 = \"{}\"\nroles = [\"write\"]\nnamespaces = [\"*\"]\n",
-        existence_gate::service::auth::hash_token("right")
+        "{CONFIG}{}",
+        token_entry("w", "right", &["write"], &["*"])
     ))
     .await;
     let mut wrong_token = feed_command(&postgres.dsn(), &addr(&secured), &["--token", "wrong"]);

@@ -9,8 +9,8 @@
 //!
 //! The modules, from the core outwards:
 
-/// Helpers every module shares: servers on free loopback ports, real clients, NATS, PostgreSQL, a faulty
-/// TCP proxy, the polyglot runners.
+/// Helpers every module shares, from the test kit (`crates/testkit`): servers on free loopback ports, real
+/// clients, NATS, PostgreSQL, a faulty TCP proxy, the polyglot runners.
 mod common;
 
 // The core and its state: properties against an exact model (and against clocks that step), replay,

@@ -16,7 +16,6 @@ use existence_gate::proto::{
     StatsRequest, SubscribeInvalidationsRequest,
 };
 use existence_gate::server::TlsOptions;
-use existence_gate::service::auth::hash_token;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Request, Status};
@@ -24,35 +23,13 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 fn tenants() -> String {
-    format!(
-        r#"
-[namespaces.a]
-expected_keys = 1000
-[namespaces.b]
-expected_keys = 1000
-
-[[tokens]]
-name = "tenant-a"
-sha256 = "{}"
-roles = ["read", "write"]
-namespaces = ["a"]
-
-[[tokens]]
-name = "tenant-b-reader"
-sha256 = "{}"
-roles = ["read"]
-namespaces = ["b"]
-
-[[tokens]]
-name = "ops"
-sha256 = "{}"
-roles = ["read", "write", "admin"]
-namespaces = ["*"]
-"#,
-        hash_token("token-a"),
-        hash_token("token-b"),
-        hash_token("token-ops")
-    )
+    [
+        "[namespaces.a]\nexpected_keys = 1000\n[namespaces.b]\nexpected_keys = 1000\n".to_string(),
+        token_entry("tenant-a", "token-a", &["read", "write"], &["a"]),
+        token_entry("tenant-b-reader", "token-b", &["read"], &["b"]),
+        token_entry("ops", "token-ops", &["read", "write", "admin"], &["*"]),
+    ]
+    .join("\n")
 }
 
 fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {

@@ -536,38 +536,9 @@ async fn concurrent_gets_of_one_key_share_one_source_read() {
     server.stop().await.unwrap();
 }
 
-/// A CA, and PEM certificate and key pairs it signed for the gate (`localhost`) and a client.
-struct Pki {
-    ca: String,
-    server: (String, String),
-    client: (String, String),
-}
-
-fn pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::from_params(&ca_params, &ca_key);
-    let leaf = |name: &str| {
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec![name.to_string()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    Pki {
-        ca: ca.pem(),
-        server: leaf("localhost"),
-        client: leaf("client"),
-    }
-}
-
 #[tokio::test]
 async fn tls_with_a_client_certificate_is_served_and_without_one_refused() {
-    let pki = pki();
+    let pki = existence_gate_testkit::new_pki();
     let dir = tempfile::tempdir().unwrap();
     let file = |name: &str, pem: &str| {
         let path = dir.path().join(name);
@@ -575,15 +546,15 @@ async fn tls_with_a_client_certificate_is_served_and_without_one_refused() {
         path
     };
     let tls = TlsOptions {
-        cert: file("server.pem", &pki.server.0),
-        key: file("server.key", &pki.server.1),
+        cert: file("server.pem", &pki.server_cert),
+        key: file("server.key", &pki.server_key),
         client_ca: Some(file("ca.pem", &pki.ca)),
     };
     let server = start_with_tls("127.0.0.1:0", None, Some(tls)).await;
     let trusting = ClientTls {
         ca_pem: Some(pki.ca.clone()),
         domain: Some("localhost".to_string()),
-        identity: Some(pki.client.clone()),
+        identity: Some((pki.client_cert.clone(), pki.client_key.clone())),
     };
     let over_tls = |tls: Option<ClientTls>| {
         let options = ClientOptions {

@@ -6,7 +6,7 @@ use std::process::Stdio;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::{wait_until, PATIENCE};
+use crate::{wait_until, PATIENCE};
 
 /// A running `existence-gate feed` process.
 pub struct Feed {
@@ -18,7 +18,7 @@ pub struct Feed {
 /// The feed's command line against the database `dsn` and the gate at `addr`, following
 /// `public.users:id=users`.
 pub fn feed_command(dsn: &str, addr: &str, extra: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"));
+    let mut command = tokio::process::Command::new(crate::binary::path());
     command
         .args(["feed", "--addr", addr, "--postgres", dsn])
         .args(["--table", "public.users:id=users", "--slot", "feed_slot"])
@@ -95,7 +95,7 @@ impl Feed {
 
     /// Sends `signal` (e.g. "STOP", "CONT") to the process.
     pub fn signal(&self, signal: &str) {
-        super::send_signal(self.pid(), signal);
+        crate::send_signal(self.pid(), signal);
     }
 
     /// SIGKILL.
@@ -105,5 +105,5 @@ impl Feed {
 }
 
 async fn try_http_get_at(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    super::try_http_get(addr, path).await.ok()
+    crate::try_http_get(addr, path).await.ok()
 }

@@ -15,7 +15,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use super::{try_http_get, wait_until, PATIENCE};
+use crate::{try_http_get, wait_until, PATIENCE};
 
 /// A replica process.
 pub struct Replica {
@@ -47,7 +47,7 @@ pub struct Launch {
     /// `FAILPOINTS` (docs/development.md, "Fault points"); empty for none.
     pub faults: String,
     /// A wall clock the test steps, if not the host's.
-    pub clock: Option<std::sync::Arc<super::faketime::SteppedClock>>,
+    pub clock: Option<std::sync::Arc<crate::faketime::SteppedClock>>,
 }
 
 impl Launch {
@@ -65,7 +65,7 @@ impl Launch {
     }
 
     fn command(&self) -> Command {
-        let mut command = super::binary::serve();
+        let mut command = crate::binary::serve();
         command
             .args(["--nats", &self.nats, "--replica-id", &self.id])
             .arg("--config")
@@ -241,7 +241,7 @@ impl Replica {
 
     /// Sends `signal` (e.g. "STOP", "CONT", "KILL") to the process.
     pub fn signal(&self, signal: &str) {
-        super::send_signal(self.pid(), signal);
+        crate::send_signal(self.pid(), signal);
     }
 
     /// Kills it with SIGKILL and waits for it to die.

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use super::{wait_until, PATIENCE};
+use crate::{wait_until, PATIENCE};
 
 /// Where Debian installs PostgreSQL 15's server programs.
 const BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -60,7 +60,7 @@ impl Postgres {
                 .arg("postgres:postgres")
                 .arg(dir.path()));
         }
-        let port = super::free_port();
+        let port = crate::free_port();
         let cluster = Self {
             bin,
             data: dir.path().join("data"),

@@ -42,8 +42,8 @@ fn stop_group(pid: u32) {
 /// and its output.
 fn run_script(script: &str, args: &[&str]) -> (Option<ExitStatus>, String) {
     // Resolved at run time: a binary reused from a shared target folder runs this checkout's scripts.
-    let root =
-        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let root = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(crate::workspace_root, std::path::PathBuf::from);
     let log_path = std::env::temp_dir().join(format!(
         "existence-gate-{}-{}.log",
         script.replace('/', "-"),
@@ -51,9 +51,9 @@ fn run_script(script: &str, args: &[&str]) -> (Option<ExitStatus>, String) {
     ));
     let log = File::create(&log_path).expect("creates the log file");
     let mut child = Command::new("bash")
-        .arg(format!("{root}/{script}"))
+        .arg(root.join(script))
         .args(args)
-        .env("EXISTENCE_GATE_BIN", env!("CARGO_BIN_EXE_existence-gate"))
+        .env("EXISTENCE_GATE_BIN", crate::binary::path())
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("clones the log handle"))
         .stderr(log)

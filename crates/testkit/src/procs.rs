@@ -1,10 +1,10 @@
-//! The processes under test — the gate's release binary, the trivial tonic baseline (this bench binary
-//! re-run as `baseline-server`), Redis, or any server started from a command line — and what `/proc` says
-//! about them: CPU time and resident memory.
+//! The processes a bench measures — the gate's release binary, Redis, or any server started from a command
+//! line (the load bench's trivial tonic baseline is its own binary re-run) — and what `/proc` says about
+//! them: CPU time and resident memory.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -197,13 +197,13 @@ pub fn start_serving(
     }
 }
 
-/// Where `cargo bench` put the gate's binary (built with the bench profile, i.e. optimised like release).
+/// Where `cargo bench` put the gate's binary (built with the bench profile, i.e. optimised like release),
+/// or else a release build's.
 pub fn gate_binary() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_existence-gate"));
-    if built.exists() {
+    if let Some(built) = crate::binary::built() {
         return built;
     }
-    let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/existence-gate");
+    let release = crate::workspace_root().join("target/release/existence-gate");
     assert!(
         release.exists(),
         "the gate's binary is missing: run `cargo build --release` (or `cargo bench`, which builds it)"
@@ -233,21 +233,8 @@ pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
     start_serving("gate", command, &["serving"], None)
 }
 
-/// Starts the trivial tonic server: this binary, re-run with `baseline-server`.
-pub fn start_baseline() -> Server {
-    let exe = std::env::current_exe().expect("the harness knows its own path");
-    let mut command = Command::new(exe);
-    command.arg("baseline-server");
-    start_serving("trivial tonic", command, &[], None)
-}
-
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
+// Where the benches have always looked for a free port.
+pub use crate::ports::free_port;
 
 /// Starts `command`, which listens on `port` of the loopback address, and returns once it accepts
 /// connections; `None` when it cannot be started (not installed).

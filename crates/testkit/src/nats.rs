@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 
 use async_nats::jetstream::context::GetStreamErrorKind;
 
-use super::proxy::{Mode, Proxy};
-use super::{free_port, try_http_get, wait_until, PATIENCE, POLL_PAUSE};
+use crate::proxy::{Mode, Proxy};
+use crate::{free_port, try_http_get, wait_until, PATIENCE, POLL_PAUSE};
 
 /// A running JetStream server.
 pub struct Nats {

@@ -2,7 +2,7 @@
 //! through `FAILPOINTS` (docs/development.md, "Fault points"): the process is the unit of isolation, so a
 //! fault set for one test never reaches another running in this test binary.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -10,15 +10,37 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use super::{wait_until, PATIENCE};
+use crate::{wait_until, PATIENCE};
+
+/// The `existence-gate` binary that cargo built with the running test or bench, panicking if there is none.
+pub fn path() -> PathBuf {
+    built().unwrap_or_else(|| {
+        panic!("the existence-gate binary is not built: run the tests with `cargo test`, which builds it")
+    })
+}
+
+/// The `existence-gate` binary that cargo built with the running test or bench, if it exists. Cargo names it
+/// to the root package's integration tests and benches (`CARGO_BIN_EXE_existence-gate`), at compile time and,
+/// when it runs them, in their environment; a library like this one sees only the latter. Run directly, a
+/// test or bench executable sits in `target/<profile>/deps/`, and cargo puts the binary it built with them
+/// in `target/<profile>/`: the same file either way.
+pub fn built() -> Option<PathBuf> {
+    let named = std::env::var_os("CARGO_BIN_EXE_existence-gate").map(PathBuf::from);
+    let beside = || {
+        let exe = std::env::current_exe().ok()?;
+        let deps = exe.parent().filter(|dir| dir.ends_with("deps"))?;
+        Some(deps.parent()?.join("existence-gate"))
+    };
+    named.or_else(beside).filter(|path| path.is_file())
+}
 
 /// `existence-gate serve` on free loopback ports (each logged on its `grpc_addr=`/`http_addr=` line), logging
 /// at `EXISTENCE_GATE_TEST_RUST_LOG` (default `info`) without colours, killed when dropped.
 pub fn serve() -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_existence-gate"));
+    let mut command = tokio::process::Command::new(path());
     command
         .arg("serve")
-        .args(super::ports::EPHEMERAL_PORTS)
+        .args(crate::ports::EPHEMERAL_PORTS)
         .env(
             "RUST_LOG",
             std::env::var("EXISTENCE_GATE_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_string()),
