@@ -4,4 +4,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| existence_gate_fuzz::harness::snapshot(data));
+fuzz_target!(|data: &[u8]| existence_gate_fuzz::snapshot(data));

@@ -1,13 +1,10 @@
-//! The fuzz targets' checks (`fuzz/src/harness.rs`) on every `cargo test`: arbitrary bytes and mutated
-//! valid inputs through the log record decoder, log segment replay, the snapshot reader and restore, the
-//! configuration parser and the request paths; every committed fuzz corpus file as a regression test; and
-//! the properties that valid inputs still decode to what was encoded.
+//! The fuzz targets' checks (`fuzz/src`, the `existence-gate-fuzz` library) on every `cargo test`: arbitrary
+//! bytes and mutated valid inputs through the log record decoder, log segment replay, the snapshot reader and
+//! restore, the configuration parser and the request paths; every committed fuzz corpus file as a regression
+//! test; and the properties that valid inputs still decode to what was encoded.
 //!
 //! `cargo test --test suite -- --ignored write_seed_corpora` regenerates the seed files of
 //! `fuzz/corpus/` from the code paths the server uses.
-
-#[path = "../../fuzz/src/harness.rs"]
-mod harness;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -17,6 +14,7 @@ use existence_gate::core::config::GateConfig;
 use existence_gate::core::log::{Mutation, RebuildStep};
 use existence_gate::core::tombstones::AbsenceKind;
 use existence_gate::storage::{codec, frame, snapshot};
+use existence_gate_fuzz as harness;
 use proptest::prelude::*;
 
 fn seeds() -> &'static [(&'static str, String, Vec<u8>)] {
