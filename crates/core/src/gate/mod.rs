@@ -1,15 +1,19 @@
 //! The gate: every namespace, the request limits, the log and the clock — the core's whole public surface.
 //!
 //! It validates requests (precise messages naming the limit and, for repeated keys, the index), resolves
-//! namespaces, answers while warming, and routes writes through the [`Log`]. It knows nothing of gRPC; the
+//! namespaces, answers while warming, and takes writes in one of two ways, chosen once when loading is
+//! done ([`WriteMode`]): [`logged`] — appended to a [`Log`] the gate owns, then applied (a single server) —
+//! or [`published`] — prepared here, ordered by a log that assigns seqs itself, applied as it hands them
+//! back (a replica). Both validate a request the same way, in this file. It knows nothing of gRPC; the
 //! gRPC layer maps [`GateError`] to status codes.
+
+mod logged;
+mod published;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use bytes::Bytes;
 use metrics::Counter;
 
 use crate::answer::{Answer, Lookup, NamespaceStats, Scan};
@@ -18,10 +22,9 @@ use crate::config::{GateConfig, Limits};
 use crate::hashing::KeyHasher;
 use crate::invalidations::{PackedKeys, Subscription};
 use crate::lease::ReadLease;
-use crate::log::{Log, LogError, Mutation, RebuildStep};
+use crate::log::{Log, LogError, Mutation};
 use crate::namespace::{
-    Absence, AbsenceReport, Added, Applied, Namespace, NamespaceImage, NewKeys, Rebuild, Recorded,
-    WriteError, WritesStopped,
+    AbsenceReport, Applied, Namespace, NamespaceImage, NewKeys, WriteError, WritesStopped,
 };
 
 /// How a log numbers one namespace's mutations.
@@ -86,7 +89,7 @@ struct Entry {
 }
 
 /// Where writes go once loading is done.
-enum Writes {
+enum WriteMode {
     /// Through a [`Log`] the gate appends to and applies after (the write-ahead log, or memory).
     Logged(Arc<dyn Log>),
     /// Through a log that assigns seqs itself (a replicated stream): the wiring publishes
@@ -102,7 +105,7 @@ pub struct Gate {
     clock: Arc<dyn Clock>,
     /// Where writes go; set once loading is done. Until then lookups fail open (`MAY_EXIST` + `WARMING`)
     /// and writes are refused.
-    writes: OnceLock<Writes>,
+    writes: OnceLock<WriteMode>,
     /// For a replica of a shared log: `ABSENT` only while this holds (see [`ReadLease`]).
     lease: Option<Arc<ReadLease>>,
     /// For a replica of a shared log: what is live is decided by its clock and this ([`ReadTime::agreed`]).
@@ -178,29 +181,22 @@ impl Gate {
         self
     }
 
-    /// A message of the stream, stored by its leader at `stored_at_ms`, was applied (a mutation or not).
-    pub fn stream_time_passed(&self, stored_at_ms: u64) {
-        if let Some(time) = &self.stream_time {
-            time.passed(stored_at_ms);
-        }
-    }
-
     /// Ends warming: lookups answer from state, writes go to `log`. Only the first call counts.
     pub fn open(&self, log: Arc<dyn Log>) {
-        let _ = self.writes.set(Writes::Logged(log));
+        let _ = self.writes.set(WriteMode::Logged(log));
     }
 
     /// Ends warming for a replica of a shared log: lookups answer from state, writes are
     /// [prepared](Self::prepare_add) here and published by the wiring. Only the first call counts.
     pub fn open_published(&self) {
-        let _ = self.writes.set(Writes::Published);
+        let _ = self.writes.set(WriteMode::Published);
     }
 
     /// Whether a write may wait inside the log (see [`Log::commit_may_wait`]); also while loading, when the
     /// log is not yet known.
     pub fn writes_may_wait(&self) -> bool {
         match self.writes.get() {
-            Some(Writes::Logged(log)) => log.commit_may_wait(),
+            Some(WriteMode::Logged(log)) => log.commit_may_wait(),
             _ => true,
         }
     }
@@ -209,8 +205,8 @@ impl Gate {
     /// or a namespace stopped taking writes after a panic. `None` while loading (that is not a failure).
     pub fn write_failure(&self) -> Option<String> {
         let log_failure = match self.writes.get()? {
-            Writes::Logged(log) => log.write_failure(),
-            Writes::Published => None,
+            WriteMode::Logged(log) => log.write_failure(),
+            WriteMode::Published => None,
         };
         log_failure.or_else(|| {
             self.namespaces
@@ -293,6 +289,35 @@ impl Gate {
             .try_for_each(|(i, key)| self.check_key(key, Some(i)))
     }
 
+    /// An `Add`'s namespace and keys, validated alike for either write path: a configured namespace, at
+    /// least one key, each within the limits.
+    fn add_request(
+        &self,
+        namespace: &str,
+        keys: impl Into<PackedKeys>,
+    ) -> Result<(&Arc<Namespace>, PackedKeys), GateError> {
+        let namespace = self.namespace(namespace)?;
+        let keys = keys.into();
+        if keys.is_empty() {
+            return Err(GateError::InvalidArgument(
+                "Add needs at least one key".to_string(),
+            ));
+        }
+        self.check_keys(keys.slices())?;
+        Ok((namespace, keys))
+    }
+
+    /// A reported absence's namespace, its key validated alike for either write path.
+    fn absence_request(
+        &self,
+        namespace: &str,
+        report: &AbsenceReport,
+    ) -> Result<&Arc<Namespace>, GateError> {
+        let namespace = self.namespace(namespace)?;
+        self.check_key(&report.key, None)?;
+        Ok(namespace)
+    }
+
     /// Can `key` exist in `namespace`? Returns the answer and the seq it reflects.
     pub fn may_exist(&self, namespace: &str, key: &[u8]) -> Result<(Lookup, u64), GateError> {
         let entry = self.entry(namespace)?;
@@ -344,129 +369,6 @@ impl Gate {
         Ok(observed_seq)
     }
 
-    /// Adds `keys` to `namespace` under one new seq.
-    pub fn add(&self, namespace: &str, keys: impl Into<PackedKeys>) -> Result<Added, GateError> {
-        self.add_with(namespace, keys, NewKeys::Skip)
-    }
-
-    /// [`add`](Self::add), reporting which keys were new if `new_keys` asks ([`Added::new`]).
-    pub fn add_with(
-        &self,
-        namespace: &str,
-        keys: impl Into<PackedKeys>,
-        new_keys: NewKeys,
-    ) -> Result<Added, GateError> {
-        let namespace = self.namespace(namespace)?;
-        let keys = keys.into();
-        if keys.is_empty() {
-            return Err(GateError::InvalidArgument(
-                "Add needs at least one key".to_string(),
-            ));
-        }
-        self.check_keys(keys.slices())?;
-        let log = self.writable_log()?;
-        Ok(namespace.add_with(keys, self.clock.now_ms(), log, new_keys)?)
-    }
-
-    /// Records that the source does not have `report.key`.
-    pub fn record_absent(
-        &self,
-        namespace: &str,
-        report: AbsenceReport,
-    ) -> Result<Recorded, GateError> {
-        let namespace = self.namespace(namespace)?;
-        self.check_key(&report.key, None)?;
-        // While loading, the seq is not yet the one a client observed before a restart: refuse as loading.
-        let log = self.writable_log()?;
-        let latest = namespace.latest_seq();
-        if report.observed_seq > latest {
-            return Err(GateError::InvalidArgument(format!(
-                "observed_seq {} is ahead of namespace {:?}'s latest seq {latest}: it was not observed on \
-                 this server (another deployment, or state lost in a restart); look the key up again",
-                report.observed_seq,
-                namespace.name()
-            )));
-        }
-        Ok(namespace.record_absent(report, self.clock.now_ms(), log)?)
-    }
-
-    /// The `Add` of `keys` to `namespace`, validated and timed but not applied: for the wiring to publish to
-    /// a log that assigns its seq, and to hand back to [`apply_streamed`](Self::apply_streamed).
-    pub fn prepare_add(
-        &self,
-        namespace: &str,
-        keys: impl Into<PackedKeys>,
-    ) -> Result<Mutation, GateError> {
-        let namespace = self.namespace(namespace)?;
-        let keys = keys.into();
-        if keys.is_empty() {
-            return Err(GateError::InvalidArgument(
-                "Add needs at least one key".to_string(),
-            ));
-        }
-        self.check_keys(keys.slices())?;
-        self.published_writes()?;
-        namespace
-            .prepare_add(keys, self.clock.now_ms())
-            .map_err(|stopped| WriteError::from(stopped).into())
-    }
-
-    /// A reported absence decided against this replica's state: the answer when nothing is to be published
-    /// (`REDUNDANT`, `SUPERSEDED`, `THROTTLED`), else the tombstone to publish. `latest_known` is the newest
-    /// seq the shared log is known to hold: an `observed_seq` above it was never observed anywhere.
-    pub fn prepare_absence(
-        &self,
-        namespace: &str,
-        report: AbsenceReport,
-        latest_known: u64,
-    ) -> Result<Absence, GateError> {
-        let namespace = self.namespace(namespace)?;
-        self.check_key(&report.key, None)?;
-        self.published_writes()?;
-        if report.observed_seq > latest_known.max(namespace.latest_seq()) {
-            return Err(GateError::InvalidArgument(format!(
-                "observed_seq {} is ahead of the newest seq of the stream ({latest_known}): it was not \
-                 observed in this deployment (another deployment, or a stream that was reset); look the \
-                 key up again",
-                report.observed_seq
-            )));
-        }
-        namespace
-            .prepare_absence(report, self.clock.now_ms())
-            .map_err(|stopped| WriteError::from(stopped).into())
-    }
-
-    /// The `Begin` of a rebuild of `namespace` through a log that assigns its seq (see
-    /// [`RebuildStep`]); `CONFLICT` while another rebuild of it took a step within `idle`.
-    pub fn prepare_rebuild(&self, namespace: &str, idle: Duration) -> Result<Mutation, GateError> {
-        let namespace = self.namespace(namespace)?;
-        self.published_writes()?;
-        namespace
-            .prepare_rebuild(self.clock.now_ms(), idle)
-            .map_err(WriteError::from)?
-            .ok_or_else(|| {
-                GateError::Conflict(format!(
-                    "a rebuild of namespace {:?} is already running (it sent keys within the last {idle:?}); \
-                     wait for it to finish",
-                    namespace.name()
-                ))
-            })
-    }
-
-    /// A later step of a rebuild of `namespace` (`Keys`, `Commit`, `Abort`), its keys validated.
-    pub fn prepare_rebuild_step(
-        &self,
-        namespace: &str,
-        step: RebuildStep,
-    ) -> Result<Mutation, GateError> {
-        let namespace = self.namespace(namespace)?;
-        if let RebuildStep::Keys { keys, .. } = &step {
-            self.check_keys(keys.iter().map(AsRef::as_ref))?;
-        }
-        self.published_writes()?;
-        Ok(namespace.rebuild_step(step, self.clock.now_ms()))
-    }
-
     /// Subscribes to `namespace`'s invalidations after `after_seq`; returns the canonical name with it.
     pub fn subscribe(
         &self,
@@ -482,64 +384,6 @@ impl Gate {
             ))
         })?;
         Ok((Arc::clone(namespace.name()), subscription))
-    }
-
-    /// Starts rebuilding `namespace`'s filter from keys the caller will stream.
-    pub fn begin_rebuild(&self, namespace: &str) -> Result<Rebuild, GateError> {
-        let namespace = self.namespace(namespace)?;
-        self.writable_log()?;
-        namespace
-            .begin_rebuild()
-            .map_err(WriteError::from)?
-            .ok_or_else(|| {
-                GateError::Conflict(format!(
-                    "a rebuild of namespace {:?} is already running; wait for it to finish",
-                    namespace.name()
-                ))
-            })
-    }
-
-    /// Feeds validated keys to a rebuild.
-    pub fn feed_rebuild(&self, rebuild: &mut Rebuild, keys: &[Bytes]) -> Result<(), GateError> {
-        self.check_keys(keys.iter().map(AsRef::as_ref))?;
-        rebuild.insert(keys, self.clock.now_ms());
-        Ok(())
-    }
-
-    /// Applies mutations read back from a log, in order.
-    pub fn replay(&self, mutations: impl IntoIterator<Item = Mutation>) -> Result<(), String> {
-        mutations.into_iter().try_for_each(|m| self.replay_one(m))
-    }
-
-    /// Applies one mutation read back from a log: skipped if the namespace's state already includes it (a
-    /// snapshot covered it), applied if it is the next seq, refused if seqs are missing before it.
-    pub fn replay_one(&self, mutation: Mutation) -> Result<(), String> {
-        self.apply_logged(mutation, Seqs::Contiguous, NewKeys::Skip)
-            .map(drop)
-    }
-
-    /// Applies one mutation of a replicated stream, whose seqs are the stream's sequence numbers: shared by
-    /// every namespace, so a namespace's seqs rise with gaps. Skipped if the state already includes it.
-    /// Returns what applying it did (`None` if it was included already).
-    /// Its times are first [agreed](Mutation::agreed) with `stored_at_ms`, when the stream stored it.
-    pub fn apply_streamed(
-        &self,
-        mutation: Mutation,
-        stored_at_ms: u64,
-    ) -> Result<Option<Applied>, String> {
-        self.apply_streamed_with(mutation, stored_at_ms, NewKeys::Skip)
-    }
-
-    /// [`apply_streamed`](Self::apply_streamed), an `Add` reporting its new keys if `new_keys` asks (the
-    /// replica that published it, for a caller that wants them).
-    pub fn apply_streamed_with(
-        &self,
-        mutation: Mutation,
-        stored_at_ms: u64,
-        new_keys: NewKeys,
-    ) -> Result<Option<Applied>, String> {
-        self.stream_time_passed(stored_at_ms);
-        self.apply_logged(mutation.agreed(stored_at_ms), Seqs::Gapped, new_keys)
     }
 
     fn apply_logged(
@@ -603,30 +447,6 @@ impl Gate {
     /// ([`Clock::check_wall`]).
     pub fn check_wall_clock(&self) -> Option<WallCheck> {
         self.clock.check_wall()
-    }
-
-    /// The log, once loading is done; writes before that are refused (their seqs would collide with the
-    /// log being replayed).
-    fn writable_log(&self) -> Result<&dyn Log, GateError> {
-        match self.writes.get() {
-            Some(Writes::Logged(log)) => Ok(log.as_ref()),
-            Some(Writes::Published) => Err(GateError::Unavailable(
-                "this replica's writes go through its stream, not a local log".to_string(),
-            )),
-            None => Err(still_loading()),
-        }
-    }
-
-    /// Ok once loading is done, for a gate whose writes are published.
-    fn published_writes(&self) -> Result<(), GateError> {
-        match self.writes.get() {
-            Some(Writes::Published) => Ok(()),
-            Some(Writes::Logged(_)) => Err(GateError::Unavailable(
-                "this gate writes to a local log: its writes are not prepared for a stream"
-                    .to_string(),
-            )),
-            None => Err(still_loading()),
-        }
     }
 
     /// Frees dead windows and expired tombstones in every namespace.

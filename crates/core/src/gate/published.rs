@@ -1,0 +1,124 @@
+//! A gate's writes through a log that assigns seqs itself (a replicated stream): each write is validated,
+//! decided where it can be and [prepared](Gate::prepare_add) here, published by the wiring, and handed back
+//! in stream order to [`apply_streamed`](Gate::apply_streamed). A replica's write path.
+
+use std::time::Duration;
+
+use super::{still_loading, Gate, GateError, Seqs, WriteMode};
+use crate::invalidations::PackedKeys;
+use crate::log::{Mutation, RebuildStep};
+use crate::namespace::{Absence, AbsenceReport, Applied, NewKeys, WriteError};
+
+impl Gate {
+    /// A message of the stream, stored by its leader at `stored_at_ms`, was applied (a mutation or not).
+    pub fn stream_time_passed(&self, stored_at_ms: u64) {
+        if let Some(time) = &self.stream_time {
+            time.passed(stored_at_ms);
+        }
+    }
+
+    /// The `Add` of `keys` to `namespace`, validated and timed but not applied: for the wiring to publish to
+    /// a log that assigns its seq, and to hand back to [`apply_streamed`](Self::apply_streamed).
+    pub fn prepare_add(
+        &self,
+        namespace: &str,
+        keys: impl Into<PackedKeys>,
+    ) -> Result<Mutation, GateError> {
+        let (namespace, keys) = self.add_request(namespace, keys)?;
+        self.published_writes()?;
+        namespace
+            .prepare_add(keys, self.clock.now_ms())
+            .map_err(|stopped| WriteError::from(stopped).into())
+    }
+
+    /// A reported absence decided against this replica's state: the answer when nothing is to be published
+    /// (`REDUNDANT`, `SUPERSEDED`, `THROTTLED`), else the tombstone to publish. `latest_known` is the newest
+    /// seq the shared log is known to hold: an `observed_seq` above it was never observed anywhere.
+    pub fn prepare_absence(
+        &self,
+        namespace: &str,
+        report: AbsenceReport,
+        latest_known: u64,
+    ) -> Result<Absence, GateError> {
+        let namespace = self.absence_request(namespace, &report)?;
+        self.published_writes()?;
+        if report.observed_seq > latest_known.max(namespace.latest_seq()) {
+            return Err(GateError::InvalidArgument(format!(
+                "observed_seq {} is ahead of the newest seq of the stream ({latest_known}): it was not \
+                 observed in this deployment (another deployment, or a stream that was reset); look the \
+                 key up again",
+                report.observed_seq
+            )));
+        }
+        namespace
+            .prepare_absence(report, self.clock.now_ms())
+            .map_err(|stopped| WriteError::from(stopped).into())
+    }
+
+    /// The `Begin` of a rebuild of `namespace` through a log that assigns its seq (see
+    /// [`RebuildStep`]); `CONFLICT` while another rebuild of it took a step within `idle`.
+    pub fn prepare_rebuild(&self, namespace: &str, idle: Duration) -> Result<Mutation, GateError> {
+        let namespace = self.namespace(namespace)?;
+        self.published_writes()?;
+        namespace
+            .prepare_rebuild(self.clock.now_ms(), idle)
+            .map_err(WriteError::from)?
+            .ok_or_else(|| {
+                GateError::Conflict(format!(
+                    "a rebuild of namespace {:?} is already running (it sent keys within the last {idle:?}); \
+                     wait for it to finish",
+                    namespace.name()
+                ))
+            })
+    }
+
+    /// A later step of a rebuild of `namespace` (`Keys`, `Commit`, `Abort`), its keys validated.
+    pub fn prepare_rebuild_step(
+        &self,
+        namespace: &str,
+        step: RebuildStep,
+    ) -> Result<Mutation, GateError> {
+        let namespace = self.namespace(namespace)?;
+        if let RebuildStep::Keys { keys, .. } = &step {
+            self.check_keys(keys.iter().map(AsRef::as_ref))?;
+        }
+        self.published_writes()?;
+        Ok(namespace.rebuild_step(step, self.clock.now_ms()))
+    }
+
+    /// Applies one mutation of a replicated stream, whose seqs are the stream's sequence numbers: shared by
+    /// every namespace, so a namespace's seqs rise with gaps. Skipped if the state already includes it.
+    /// Returns what applying it did (`None` if it was included already).
+    /// Its times are first [agreed](Mutation::agreed) with `stored_at_ms`, when the stream stored it.
+    pub fn apply_streamed(
+        &self,
+        mutation: Mutation,
+        stored_at_ms: u64,
+    ) -> Result<Option<Applied>, String> {
+        self.apply_streamed_with(mutation, stored_at_ms, NewKeys::Skip)
+    }
+
+    /// [`apply_streamed`](Self::apply_streamed), an `Add` reporting its new keys if `new_keys` asks (the
+    /// replica that published it, for a caller that wants them).
+    pub fn apply_streamed_with(
+        &self,
+        mutation: Mutation,
+        stored_at_ms: u64,
+        new_keys: NewKeys,
+    ) -> Result<Option<Applied>, String> {
+        self.stream_time_passed(stored_at_ms);
+        self.apply_logged(mutation.agreed(stored_at_ms), Seqs::Gapped, new_keys)
+    }
+
+    /// Ok once loading is done, for a gate whose writes are published.
+    fn published_writes(&self) -> Result<(), GateError> {
+        match self.writes.get() {
+            Some(WriteMode::Published) => Ok(()),
+            Some(WriteMode::Logged(_)) => Err(GateError::Unavailable(
+                "this gate writes to a local log: its writes are not prepared for a stream"
+                    .to_string(),
+            )),
+            None => Err(still_loading()),
+        }
+    }
+}
