@@ -49,7 +49,9 @@ fn prose_lines(text: &str) -> Vec<(usize, &str)> {
         let run = marker.map_or(0, |c| trimmed.chars().take_while(|&x| x == c).count());
         match (fence, marker) {
             (None, Some(c)) if run >= 3 => fence = Some((c, run)),
-            (Some((c, open)), Some(m)) if m == c && run >= open && trimmed.trim_end().len() == run => {
+            (Some((c, open)), Some(m))
+                if m == c && run >= open && trimmed.trim_end().len() == run =>
+            {
                 fence = None
             }
             (None, _) => lines.push((index + 1, line)),
@@ -221,7 +223,9 @@ fn percent_decoded(path: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
         if let (b'%', Some(Ok(byte))) = (bytes[i], hex.map(|h| u8::from_str_radix(h, 16))) {
             out.push(byte);
             i += 3;
@@ -315,7 +319,11 @@ fn every_relative_link_and_anchor_in_the_documentation_resolves() {
     for document in documents() {
         let text = std::fs::read_to_string(&document)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", document.display()));
-        let name = document.strip_prefix(root()).unwrap_or(&document).display().to_string();
+        let name = document
+            .strip_prefix(root())
+            .unwrap_or(&document)
+            .display()
+            .to_string();
         for (number, line) in prose_lines(&text) {
             let prose = without_code_spans(line);
             let mut destinations = inline_destinations(&prose);
@@ -328,7 +336,10 @@ fn every_relative_link_and_anchor_in_the_documentation_resolves() {
             }
         }
     }
-    assert!(checked > 0, "no links found: is the documentation where this test looks?");
+    assert!(
+        checked > 0,
+        "no links found: is the documentation where this test looks?"
+    );
     assert!(
         failures.is_empty(),
         "{} broken link(s) in the documentation:\n{}",
@@ -359,7 +370,10 @@ fn anchors_follow_githubs_rules() {
         "several-replicas-sharing-a-hosts-cores"
     );
     assert_eq!(slug(&heading_text("`[[tokens]]`")), "tokens");
-    assert_eq!(slug("Single-key callers, 2026-12-04"), "single-key-callers-2026-12-04");
+    assert_eq!(
+        slug("Single-key callers, 2026-12-04"),
+        "single-key-callers-2026-12-04"
+    );
     assert_eq!(
         slug(&heading_text("See [the docs](docs/README.md) now")),
         "see-the-docs-now"
@@ -372,7 +386,10 @@ fn anchors_follow_githubs_rules() {
 #[test]
 fn links_in_code_are_not_links() {
     let line = without_code_spans("see `[x](nowhere.md)` and [y](docs/README.md)");
-    assert_eq!(inline_destinations(&line), vec!["docs/README.md".to_string()]);
+    assert_eq!(
+        inline_destinations(&line),
+        vec!["docs/README.md".to_string()]
+    );
     assert_eq!(
         inline_destinations("[a](b.md \"title\") ![c](<d e.svg>) [f](g(h).md)"),
         vec!["b.md", "d e.svg", "g(h).md"]
