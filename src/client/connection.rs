@@ -30,7 +30,7 @@ pub struct ConnectArgs {
         default_value = "http://127.0.0.1:50051"
     )]
     pub addr: String,
-    /// A token from the gate's [[tokens]] (sent as `authorization: Bearer TOKEN`); needed when the gate has
+    /// A token from the gate's `[[tokens]]` (sent as `authorization: Bearer TOKEN`); needed when the gate has
     /// tokens configured.
     #[arg(long, env = "EXISTENCE_GATE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,

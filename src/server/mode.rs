@@ -24,7 +24,7 @@ pub(super) enum Mode {
     /// A single server: its own log and snapshots in a data directory (`None`: in memory only).
     Single(Option<DataDir>),
     /// A replica of a shared JetStream stream (its data directory, if any, holds snapshots only).
-    Replicated(Replicated),
+    Replicated(Box<Replicated>),
 }
 
 impl Mode {
@@ -48,11 +48,11 @@ impl Mode {
             .durability
             .as_ref()
             .map_or(Duration::MAX, |d| d.snapshot_interval);
-        Self::Replicated(replicated::Replicated {
+        Self::Replicated(Box::new(replicated::Replicated {
             replica,
             snapshots,
             snapshot_interval,
-        })
+        }))
     }
 
     /// Whether this server keeps a log of its own (what the lifecycle's snapshots and admin need).

@@ -177,7 +177,7 @@ async fn a_server_required_to_find_its_state_refuses_an_empty_data_directory() {
         options
     };
     let refused = |error: Result<RunningServer, server::ServerError>| {
-        let error = error.err().expect("refused").to_string();
+        let error = error.expect_err("refused").to_string();
         assert!(
             error.contains("holds no state") && error.contains("--require-existing-data"),
             "{error}"

@@ -33,7 +33,7 @@ pub fn recover(
     recover_with_files(dir, gate, mode, Arc::new(RealFiles))
 }
 
-/// [`recover`], with new log segments created through `files` (a test's [faulty files](segment_file)).
+/// [`recover`], with new log segments created through `files` (a test's [faulty files](crate::segment_file)).
 pub fn recover_with_files(
     dir: &DataDir,
     gate: &Gate,

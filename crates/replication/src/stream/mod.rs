@@ -329,29 +329,6 @@ impl MutationStream {
     }
 }
 
-#[cfg(test)]
-mod version_tests {
-    use super::check_server_version;
-
-    #[test]
-    fn servers_older_than_2_10_are_refused_unless_allowed() {
-        for synced in ["2.10.0", "2.15.1", "v2.11.3", "3.0.0-beta.1"] {
-            assert!(
-                check_server_version(synced, "n0", false).is_ok(),
-                "{synced}"
-            );
-        }
-        for unsynced in ["2.9.10", "2.2.6", "", "junk"] {
-            let refused = check_server_version(unsynced, "n0", false)
-                .unwrap_err()
-                .to_string();
-            assert!(refused.contains("sync_interval: always"), "{refused}");
-            assert!(refused.contains("--nats-allow-unsynced"), "{refused}");
-            assert!(check_server_version(unsynced, "n0", true).is_ok());
-        }
-    }
-}
-
 /// Stream names are single subject tokens in NATS's API.
 fn validate_stream_name(name: &str) -> Result<(), StreamError> {
     let bad = name.is_empty()
@@ -435,4 +412,27 @@ pub fn check_server_version(
         "nats-server {server:?} runs version {version:?}, older than {}.{}: it cannot sync JetStream's store          before acknowledging a write, so a power loss of the NATS hosts can lose acknowledged Adds, which          every replica then answers ABSENT for. Run nats-server 2.10 or later with `jetstream {{          sync_interval: always }}` (docs/deployment.md); --nats-allow-unsynced starts anyway, for tests of          older servers only",
         SYNCED_NATS.0, SYNCED_NATS.1
     )))
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::check_server_version;
+
+    #[test]
+    fn servers_older_than_2_10_are_refused_unless_allowed() {
+        for synced in ["2.10.0", "2.15.1", "v2.11.3", "3.0.0-beta.1"] {
+            assert!(
+                check_server_version(synced, "n0", false).is_ok(),
+                "{synced}"
+            );
+        }
+        for unsynced in ["2.9.10", "2.2.6", "", "junk"] {
+            let refused = check_server_version(unsynced, "n0", false)
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains("sync_interval: always"), "{refused}");
+            assert!(refused.contains("--nats-allow-unsynced"), "{refused}");
+            assert!(check_server_version(unsynced, "n0", true).is_ok());
+        }
+    }
 }

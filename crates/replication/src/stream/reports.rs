@@ -57,7 +57,7 @@ impl MutationStream {
         format!("_existence.{}.applied.{to:016x}", self.name)
     }
 
-    /// Tells the replicas watching [`applied_reports`](Self::applied_reports) that `replica` has applied
+    /// Tells the replicas watching [`reports`](Self::reports) that `replica` has applied
     /// the stream up to `seq`, having read `reads`: every one of them (`to` = `None`), or only the process
     /// with nonce `to`.
     /// Flushed before it returns (the client would otherwise hold it in its write buffer while idle): a
