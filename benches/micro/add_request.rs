@@ -7,10 +7,10 @@
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use existence_gate::core::invalidations::PackedKeys;
+use existence_gate::core::keys::PackedKeys;
 use existence_gate::proto::AddRequest;
-use existence_gate::service::add_request::AddKeys;
-use existence_gate::service::grpc::unpack_keys;
+use existence_gate::service::request_keys::unpack_keys;
+use existence_gate::service::request_keys::AddKeys;
 // The load harness's keys: 16 random-looking bytes each, sliced from one buffer.
 use existence_gate_testkit::keys;
 use prost::Message;

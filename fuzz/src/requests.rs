@@ -195,9 +195,9 @@ fn check_batch_request(gate: &Gate, request: proto::BatchMayExistRequest) {
     }
 }
 
-/// `grpc::unpack_keys`: what it returns lies within the input, in order, and within the limit.
+/// `request_keys::unpack_keys`: what it returns lies within the input, in order, and within the limit.
 fn check_unpack(packed: &[u8], max_keys: usize) -> Result<Vec<&[u8]>, ()> {
-    match existence_gate::service::grpc::unpack_keys(packed, max_keys) {
+    match existence_gate::service::request_keys::unpack_keys(packed, max_keys) {
         Ok(keys) => {
             assert!(keys.len() <= max_keys, "more keys than the limit");
             let mut rest = packed;

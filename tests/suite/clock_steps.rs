@@ -26,7 +26,7 @@ use existence_gate::core::clock::ManualClock;
 use existence_gate::core::config::GateConfig;
 use existence_gate::core::gate::Gate;
 use existence_gate::core::hashing::KeyHasher;
-use existence_gate::core::invalidations::PackedKeys;
+use existence_gate::core::keys::PackedKeys;
 use existence_gate::core::lease::ReadLease;
 use existence_gate::core::log::{Mutation, VolatileLog};
 use existence_gate::core::tombstones::AbsenceKind;

@@ -7,6 +7,7 @@
 //!
 //! - [`hashing`]: the keyed 128-bit hash every other part works on.
 //! - [`prefetch`]: the cache hint batch lookups use; [`clock`]: time as the core sees it (manual in tests).
+//! - [`keys`]: an `Add`'s keys packed in one allocation, as every layer passes them on.
 //! - [`filter`]: the Bloom filter of keys that exist — cache-line blocks, time windows, growth.
 //! - [`tombstones`]: the bounded store of recent "the source said not found" entries.
 //! - [`writes`]: what the service sends writes to (the local gate through its log, or a replica's stream).
@@ -28,6 +29,7 @@ pub mod filter;
 pub mod gate;
 pub mod hashing;
 pub mod invalidations;
+pub mod keys;
 pub mod lease;
 pub mod log;
 pub mod metrics;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::invalidations::PackedKeys;
+use crate::keys::PackedKeys;
 use crate::tombstones::AbsenceKind;
 
 /// The seq of every namespace before its first mutation. Seqs count from 1, not 0, so that every

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::gate::GateError;
-use crate::invalidations::PackedKeys;
+use crate::keys::PackedKeys;
 use crate::namespace::{AbsenceReport, Added, NewKeys, Recorded};
 
 /// A write (or a wait) in progress.

@@ -9,7 +9,6 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::access::Access;
-use crate::add_request::AddKeys;
 use crate::auth::{Role, Scope};
 use crate::core::answer::{Answer, Basis, Lookup};
 use crate::core::config::DEFAULT_NAMESPACE;
@@ -21,6 +20,7 @@ use crate::core::writes::Writes;
 use crate::metrics::{Rpc, RpcMetrics};
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
+use crate::request_keys::{packed_instead, AddKeys};
 use crate::writes::LocalWrites;
 
 /// The `ExistenceGate` service.
@@ -212,37 +212,6 @@ fn warming(lookups: &[Lookup]) -> bool {
     lookups.iter().any(|lookup| lookup.basis == Basis::Warming)
 }
 
-/// Splits `packed_keys` (each key preceded by its varint length) into key slices, refusing more than
-/// `max_keys` keys before collecting them.
-pub fn unpack_keys(packed: &[u8], max_keys: usize) -> Result<Vec<&[u8]>, Status> {
-    let mut keys = Vec::new();
-    let mut rest = packed;
-    while !rest.is_empty() {
-        let offset = packed.len() - rest.len();
-        let length = prost::encoding::decode_varint(&mut rest).map_err(|_| {
-            Status::invalid_argument(format!(
-                "packed_keys has a malformed length at byte {offset}"
-            ))
-        })?;
-        if length > rest.len() as u64 {
-            return Err(Status::invalid_argument(format!(
-                "packed_keys[{}] at byte {offset} claims {length} bytes, but only {} remain",
-                keys.len(),
-                rest.len()
-            )));
-        }
-        if keys.len() == max_keys {
-            return Err(Status::invalid_argument(format!(
-                "packed_keys has more than {max_keys} keys; the limit is max_batch_keys = {max_keys}"
-            )));
-        }
-        let (key, tail) = rest.split_at(length as usize);
-        keys.push(key);
-        rest = tail;
-    }
-    Ok(keys)
-}
-
 /// The status for a refused request.
 pub fn status(error: GateError) -> Status {
     match &error {
@@ -276,22 +245,6 @@ fn absence_kind(value: i32) -> Result<AbsenceKind, Status> {
         Err(_) => Err(Status::invalid_argument(format!(
             "kind {value} is not a known AbsenceKind; use ABSENCE_KIND_MISSING (1) or ABSENCE_KIND_DELETED (2)"
         ))),
-    }
-}
-
-/// A request's `packed_keys` unpacked if it sent them instead of `keys` (`None`: it sent `keys`); both
-/// at once is refused.
-pub(crate) fn packed_instead(
-    keys_sent: bool,
-    packed: &[u8],
-    max_keys: usize,
-) -> Result<Option<Vec<&[u8]>>, Status> {
-    match (keys_sent, packed.is_empty()) {
-        (_, true) => Ok(None),
-        (false, false) => unpack_keys(packed, max_keys).map(Some),
-        (true, false) => Err(Status::invalid_argument(
-            "send keys or packed_keys, not both",
-        )),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The service: everything between a network peer and the [`gate`](crate::core::gate::Gate).
 //!
 //! - [`grpc`]: the thin layer that maps the contract onto the gate; the one place `""` becomes `default`.
-//!   [`add_request`]: an `Add`'s keys read straight into one buffer, in front of the generated server.
+//!   [`request_keys`]: a request's keys as sent (repeated, packed, or an `Add` read straight into one
+//!   buffer); [`add_request`]: the `Add` method served from that, in front of the generated server.
 //! - [`admin`]: stats, snapshots, rebuild.
 //! - [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
@@ -28,6 +29,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod request_keys;
 pub mod resp;
 pub mod shutdown;
 pub mod writes;

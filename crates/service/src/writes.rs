@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::gate::{Gate, GateError};
-use crate::core::invalidations::PackedKeys;
+use crate::core::keys::PackedKeys;
 use crate::core::namespace::{AbsenceReport, Added, NewKeys, Recorded};
 use crate::core::writes::{Pending, Writes};
 

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::frame::{put_absence_kind, put_bytes, put_string, put_varint_bytes, Fields, Malformed};
-use crate::core::invalidations::PackedKeys;
+use crate::core::keys::PackedKeys;
 use crate::core::log::{Mutation, RebuildStep};
 
 /// The type of an `Add` with u32 key lengths (log formats 1 to 3, stream format 1).

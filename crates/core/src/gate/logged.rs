@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{still_loading, Gate, GateError, Seqs, WriteMode};
-use crate::invalidations::PackedKeys;
+use crate::keys::PackedKeys;
 use crate::log::{Log, Mutation};
 use crate::namespace::{AbsenceReport, Added, NewKeys, Rebuild, Recorded, WriteError};
 

@@ -20,7 +20,8 @@ use crate::answer::{Answer, Lookup, NamespaceStats, Scan};
 use crate::clock::{Clock, ReadTime, StreamTime, WallCheck};
 use crate::config::{GateConfig, Limits};
 use crate::hashing::KeyHasher;
-use crate::invalidations::{PackedKeys, Subscription};
+use crate::invalidations::Subscription;
+use crate::keys::PackedKeys;
 use crate::lease::ReadLease;
 use crate::log::{Log, LogError, Mutation};
 use crate::namespace::{

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{still_loading, Gate, GateError, Seqs, WriteMode};
-use crate::invalidations::PackedKeys;
+use crate::keys::PackedKeys;
 use crate::log::{Mutation, RebuildStep};
 use crate::namespace::{Absence, AbsenceReport, Applied, NewKeys, WriteError};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::hashing::KeyHash;
-use crate::invalidations::PackedKeys;
+use crate::keys::PackedKeys;
 use crate::log::{Log, Mutation};
 use crate::tombstones::AbsenceKind;
 

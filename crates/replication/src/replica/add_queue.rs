@@ -31,7 +31,7 @@ use metrics::Gauge;
 use tokio::sync::oneshot;
 
 use crate::core::gate::GateError;
-use crate::core::invalidations::PackedKeys;
+use crate::core::keys::PackedKeys;
 use crate::core::log::Mutation;
 use crate::core::namespace::{Added, NewKeys};
 

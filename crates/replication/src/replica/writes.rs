@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::core::invalidations::PackedKeys;
+use crate::core::keys::PackedKeys;
 use tokio::sync::oneshot;
 
 use super::add_queue::{Batch, QueuedAdd, Stored};

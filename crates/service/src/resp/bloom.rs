@@ -12,7 +12,7 @@ use super::reply::{Outcome, Refusal, Replies};
 use super::Port;
 use crate::core::answer::{Answer, Basis};
 use crate::core::gate::GateError;
-use crate::core::invalidations::PackedKeys;
+use crate::core::keys::PackedKeys;
 use crate::core::namespace::{AbsenceReport, NewKeys, RecordOutcome};
 use crate::core::tombstones::AbsenceKind;
 

@@ -4,7 +4,10 @@
 //! - [`request`]: reading requests (arrays of bulk strings, inline commands) within limits.
 //! - [`reply`]: writing replies in RESP2 or RESP3.
 //! - [`commands`]: the command table (arity, permissions, `COMMAND` docs).
-//! - [`session`]: a connection's state and its commands; pipelined `BF.EXISTS` as one batch.
+//! - [`session`]: a connection's state and its commands (`AUTH`, `HELLO`, `CLIENT`, `INFO`, dispatch).
+//! - [`pipeline`]: a pipeline's runs of `BF.EXISTS` answered as one batch, each reply as if alone.
+//! - [`pubsub`]: `SUBSCRIBE`/`UNSUBSCRIBE` and the invalidations pushed, a part at a time.
+//! - [`budget`]: one memory budget for every connection's unfinished requests.
 //! - [`bloom`]: `BF.*` and the gate's `GATE.*` on namespaces.
 //! - [`workers`]: the threads connections are served on, one event loop per core.
 //!
@@ -20,7 +23,8 @@
 pub mod bloom;
 pub mod budget;
 pub mod commands;
-pub mod pushes;
+pub mod pipeline;
+pub mod pubsub;
 pub mod reply;
 pub mod request;
 pub mod session;
@@ -43,7 +47,7 @@ use crate::core::writes::Writes;
 use crate::listener::Acceptor;
 use budget::{Budget, Held};
 use commands::{Spec, COMMANDS};
-use pushes::{Push, Rendering};
+use pubsub::{Push, Rendering};
 pub use request::RequestLimits;
 use request::{take_command_resuming, Partial, ProtocolError};
 use session::Session;
@@ -81,7 +85,7 @@ impl RespOptions {
 /// Pushes queued per connection before its subscriptions wait (a subscriber that falls further behind the
 /// namespace's replay buffer is sent `resync`, as gRPC subscribers are). Each holds its invalidation alive
 /// past the replay buffer: with 64, 50 subscribers that did not read took the gate from 26 to 167 MB
-/// during 100 `BF.MADD`s of 1,000 1 KB keys; with 4 (and pushes written a part at a time, [`pushes`]),
+/// during 100 `BF.MADD`s of 1,000 1 KB keys; with 4 (and pushes written a part at a time, [`pubsub`]),
 /// 24 to 61 MB, the same after 300. The forwarder refills the queue as soon as the connection takes one.
 const PUSH_QUEUE: usize = 4;
 /// Commands run per read at most, so that one read of many tiny commands cannot hold replies back
@@ -266,7 +270,7 @@ async fn serve_connection(
     let mut unfinished_since = None;
     let mut partial = Partial::default();
     let mut held = Held::new(Arc::clone(&port.budget));
-    // A push being written out, a part at a time ([`pushes`]).
+    // A push being written out, a part at a time ([`pubsub`]).
     let mut rendering: Option<Rendering> = None;
     loop {
         if let Some(push) = &mut rendering {

@@ -1,7 +1,7 @@
 //! One connection's state and its commands: the protocol it chose, who it authenticated as, its name, its
-//! subscriptions. Commands of one read are run in order and their replies written in order into one buffer;
-//! consecutive `BF.EXISTS` of one namespace (what a pipelining client sends) are answered in one pass over
-//! the filter, the batch path that prefetches.
+//! subscriptions ([`pubsub`](super::pubsub)). Commands of one read are run in order and their replies
+//! written in order into one buffer; consecutive `BF.EXISTS` of one namespace are answered as one batch
+//! ([`pipeline`](super::pipeline)).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -13,15 +13,11 @@ use tokio::task::AbortHandle;
 
 use super::bloom;
 use super::commands::{self, Needs, Spec, COMMANDS};
-use super::pushes::{Push, Rendering, PUSH_CHUNK};
+use super::pubsub::Push;
 use super::reply::{Outcome, Protocol, Refusal, Replies};
 use super::Port;
 use crate::access::{Refused, SHUTTING_DOWN};
 use crate::auth::{Denied, Role, Scope};
-use crate::grpc::RESUME_WAIT;
-
-/// The channel prefix of a namespace's invalidations.
-pub const INVALIDATIONS: &str = "invalidations:";
 
 /// A connection's state.
 #[derive(Debug)]
@@ -30,10 +26,11 @@ pub struct Session {
     pub(super) id: u64,
     pub(super) protocol: Protocol,
     /// `Bearer <token>` once `AUTH` or `HELLO ... AUTH` accepted it.
-    authorization: Option<String>,
+    pub(super) authorization: Option<String>,
     name: Option<Bytes>,
-    subscriptions: HashMap<Arc<str>, AbortHandle>,
-    pushes: mpsc::Sender<Push>,
+    /// The channels subscribed to, each with its forwarder ([`pubsub`](super::pubsub)).
+    pub(super) subscriptions: HashMap<Arc<str>, AbortHandle>,
+    pub(super) pushes: mpsc::Sender<Push>,
     /// Set by `QUIT`: the replies written so far are sent, then the connection closed.
     pub closing: bool,
 }
@@ -81,16 +78,6 @@ impl Session {
         }
     }
 
-    /// Whether the connection has subscriptions (only then can pushes arrive).
-    pub fn is_subscribed(&self) -> bool {
-        !self.subscriptions.is_empty()
-    }
-
-    /// Writes the next part of a push being written out into `out`; whether it is written whole.
-    pub fn write_push(&self, rendering: &mut Rendering, out: &mut BytesMut) -> bool {
-        rendering.next_part(self.protocol, out, PUSH_CHUNK)
-    }
-
     pub(super) fn replies<'a>(&self, out: &'a mut BytesMut) -> Replies<'a> {
         Replies {
             out,
@@ -98,54 +85,8 @@ impl Session {
         }
     }
 
-    /// How many commands from the front of `commands` are `BF.EXISTS` of the same namespace (0 or 1 when
-    /// batching does not apply).
-    fn exists_run(&self, commands: &[Vec<Bytes>]) -> usize {
-        let is_exists =
-            |args: &Vec<Bytes>| args.len() == 3 && args[0].eq_ignore_ascii_case(b"bf.exists");
-        if !self.subscriptions.is_empty() || !commands.first().is_some_and(is_exists) {
-            return 0;
-        }
-        let namespace = &commands[0][1];
-        commands
-            .iter()
-            .take_while(|args| is_exists(args) && args[1] == *namespace)
-            .count()
-    }
-
-    /// Answers a run of `BF.EXISTS` of one namespace with one batch lookup; `false` (nothing written) if an
-    /// item is invalid, for the caller to run each command alone. Batching must change no reply: the
-    /// gate refuses a batch with one empty or over-long key whole (naming `keys[i]`), and the commands
-    /// beside it, which a client sent on their own, would have failed with it — a different outcome
-    /// depending on how TCP split the pipeline.
-    fn exists_batch(&mut self, run: &[Vec<Bytes>], out: &mut BytesMut) -> bool {
-        let spec = commands::find(b"bf.exists").expect("in the table");
-        let keys: Vec<&[u8]> = run.iter().map(|args| &args[2][..]).collect();
-        let answers = match self.admit(spec, &run[0]) {
-            // The connection's token and the namespace: the same refusal for every command of the run.
-            Err(refusal) => {
-                self.port.metrics.record(spec, run.len() as u64, false);
-                let mut replies = self.replies(out);
-                for _ in run {
-                    replies.error(refusal.kind, &refusal.message);
-                }
-                return true;
-            }
-            Ok(namespace) => match bloom::exists_many(&self.port, &namespace, &keys) {
-                Ok(answers) => answers,
-                Err(_) => return false,
-            },
-        };
-        self.port.metrics.record(spec, run.len() as u64, true);
-        let mut replies = self.replies(out);
-        for may_exist in answers {
-            replies.boolean(may_exist);
-        }
-        true
-    }
-
     /// Runs one command.
-    async fn execute(&mut self, args: &[Bytes], out: &mut BytesMut) {
+    pub(super) async fn execute(&mut self, args: &[Bytes], out: &mut BytesMut) {
         let Some(name) = args.first() else {
             return; // An empty request (`*0`, a blank line) is nothing, as in Redis.
         };
@@ -175,7 +116,7 @@ impl Session {
 
     /// Checks arity, the subscribed context and permissions; returns the namespace a namespaced command
     /// names (resolved: `""` is `default`).
-    fn admit(&self, spec: &Spec, args: &[Bytes]) -> Result<String, Refusal> {
+    pub(super) fn admit(&self, spec: &Spec, args: &[Bytes]) -> Result<String, Refusal> {
         if !spec.fits(args.len()) {
             return Err(Refusal::err(format!(
                 "wrong number of arguments for '{}' command",
@@ -460,103 +401,6 @@ impl Session {
         Ok(())
     }
 
-    /// `SUBSCRIBE invalidations:<namespace> ...`: one confirmation per channel, then its invalidations.
-    async fn subscribe(&mut self, channels: &[Bytes], out: &mut BytesMut) -> Outcome {
-        for channel in channels {
-            let (name, after_seq) = invalidation_channel(channel)?;
-            let namespace = bloom::namespace(name.as_bytes())?;
-            self.check(Role::Read, &namespace)?;
-            let channel: Arc<str> = Arc::from(String::from_utf8_lossy(channel).as_ref());
-            if let Some(other) = self
-                .following(&namespace)
-                .filter(|other| **other != channel)
-            {
-                return Err(Refusal::err(format!(
-                    "this connection follows namespace {namespace:?} already, on channel {other}: one \
-                     subscription per namespace and connection (each holds one of the namespace's \
-                     max_subscribers_per_namespace places); UNSUBSCRIBE it first"
-                )));
-            }
-            if !self.subscriptions.contains_key(&channel) {
-                if after_seq > 0 {
-                    // A seq seen on a replica ahead of this one: reach it first, so the subscription goes
-                    // on exactly (as gRPC's SubscribeInvalidations does) instead of with a resync.
-                    self.port.writes.reach(after_seq, RESUME_WAIT).await;
-                }
-                let (_, mut subscription) = self
-                    .port
-                    .gate
-                    .subscribe(&namespace, after_seq)
-                    .map_err(bloom::refusal)?;
-                let pushes = self.pushes.clone();
-                let forwarded = Arc::clone(&channel);
-                let forwarder = tokio::spawn(async move {
-                    loop {
-                        let delivery = subscription.next().await;
-                        let push = Push {
-                            channel: Arc::clone(&forwarded),
-                            delivery,
-                        };
-                        if pushes.send(push).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                self.subscriptions
-                    .insert(Arc::clone(&channel), forwarder.abort_handle());
-            }
-            let count = self.subscriptions.len();
-            let mut replies = self.replies(out);
-            replies.push(3);
-            replies.bulk(b"subscribe");
-            replies.bulk(channel.as_bytes());
-            replies.integer(count as i64);
-        }
-        Ok(())
-    }
-
-    /// The channel on which this connection follows `namespace`, if it does.
-    fn following(&self, namespace: &str) -> Option<&Arc<str>> {
-        self.subscriptions.keys().find(|channel| {
-            invalidation_channel(channel.as_bytes())
-                .ok()
-                .and_then(|(name, _)| bloom::namespace(name.as_bytes()).ok())
-                .is_some_and(|followed| followed == namespace)
-        })
-    }
-
-    /// `UNSUBSCRIBE [channel ...]`: the channels named, or all.
-    fn unsubscribe(&mut self, channels: &[Bytes], out: &mut BytesMut) {
-        let channels: Vec<Bytes> = if channels.is_empty() {
-            self.subscriptions
-                .keys()
-                .map(|c| Bytes::copy_from_slice(c.as_bytes()))
-                .collect()
-        } else {
-            channels.to_vec()
-        };
-        if channels.is_empty() {
-            let mut replies = self.replies(out);
-            replies.push(3);
-            replies.bulk(b"unsubscribe");
-            replies.null();
-            replies.integer(0);
-            return;
-        }
-        for channel in channels {
-            let key: Arc<str> = Arc::from(String::from_utf8_lossy(&channel).as_ref());
-            if let Some(forwarder) = self.subscriptions.remove(&key) {
-                forwarder.abort();
-            }
-            let count = self.subscriptions.len();
-            let mut replies = self.replies(out);
-            replies.push(3);
-            replies.bulk(b"unsubscribe");
-            replies.bulk(&channel);
-            replies.integer(count as i64);
-        }
-    }
-
     fn reset(&mut self) {
         for (_, forwarder) in self.subscriptions.drain() {
             forwarder.abort();
@@ -606,26 +450,6 @@ impl Session {
             },
             namespaces.join(",")
         )
-    }
-}
-
-/// The namespace and the seq to resume after of a channel `invalidations:<namespace>` (from now on) or
-/// `invalidations:<namespace>@<seq>` (everything after `seq`, or `resync` first if that cannot be served).
-fn invalidation_channel(channel: &[u8]) -> Result<(&str, u64), Refusal> {
-    let refused = || {
-        Refusal::err(format!(
-            "cannot subscribe to {:?}: the gate publishes only the channels {INVALIDATIONS}<namespace> and \
-             {INVALIDATIONS}<namespace>@<seq> (resuming after seq)",
-            String::from_utf8_lossy(channel)
-        ))
-    };
-    let name = std::str::from_utf8(channel)
-        .ok()
-        .and_then(|c| c.strip_prefix(INVALIDATIONS))
-        .ok_or_else(refused)?;
-    match name.rsplit_once('@') {
-        None => Ok((name, 0)),
-        Some((name, seq)) => Ok((name, seq.parse().map_err(|_| refused())?)),
     }
 }
 
