@@ -21,6 +21,7 @@
 //! | `config` | [`mod@config`] | the TOML configuration and durations; a gate built from what parses |
 //! | `requests` | [`mod@requests`] | a program of typed and protobuf-encoded requests against a gate |
 //! | `resp_request` | [`mod@resp_request`] | a Redis client's bytes through the RESP port's request reader |
+//! | `resp_session` | [`mod@resp_session`] | a program of `AUTH`, pipelines, Pub/Sub and junk through a whole RESP connection |
 //!
 //! Beside them: [`shared`] (the gates' configurations, scratch directories, checksums) and [`seeds`]
 //! (realistic inputs for each target, made by the code paths the server uses).
@@ -33,6 +34,7 @@ pub mod log_record;
 pub mod log_segment;
 pub mod requests;
 pub mod resp_request;
+pub mod resp_session;
 pub mod seeds;
 pub mod shared;
 pub mod snapshot;
@@ -42,6 +44,7 @@ pub use log_record::log_record;
 pub use log_segment::{log_segment, seed_fingerprint};
 pub use requests::requests;
 pub use resp_request::resp_request;
+pub use resp_session::resp_session;
 pub use seeds::seeds;
 pub use shared::{fix_checksums, new_gate, parsed, scratch, CONFIG, EDGE_CONFIG, SEED, START_MS};
 pub use snapshot::{
@@ -49,13 +52,14 @@ pub use snapshot::{
 };
 
 /// The fuzz targets, as named under `fuzz/fuzz_targets/` and `fuzz/corpus/`.
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "log_record",
     "log_segment",
     "snapshot",
     "config",
     "requests",
     "resp_request",
+    "resp_session",
 ];
 
 /// Runs the check of `target` on `data`.
@@ -67,6 +71,7 @@ pub fn check(target: &str, data: &[u8]) {
         "config" => config(data),
         "requests" => requests(data),
         "resp_request" => resp_request(data),
+        "resp_session" => resp_session(data),
         other => panic!("no target {other}"),
     }
 }

@@ -66,7 +66,23 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     for (i, request) in sample_resp_requests().into_iter().enumerate() {
         seeds.push(("resp_request", format!("pipeline-{i}"), request));
     }
+    for (i, program) in sample_resp_sessions().into_iter().enumerate() {
+        seeds.push(("resp_session", format!("session-{i}"), program));
+    }
     seeds
+}
+
+/// Sessions (programs of [`crate::resp_session`]): a writer that authenticates, adds and looks up in a
+/// pipeline; a reader that subscribes, is refused an add and resets; a client that never authenticates and
+/// sends junk in pieces.
+fn sample_resp_sessions() -> Vec<Vec<u8>> {
+    vec![
+        vec![1, 0, 3, 1, 4, 2, 5, 4, 0x89, 0, 11, 3, 13, 0],
+        vec![0, 0, 6, 0, 0x83, 5, 7, 0, 8, 0, 6, 1, 9, 0, 10, 0],
+        vec![
+            3, 1, 0x8c, 0, 5, b'*', b'9', b'\r', b'\n', b'$', 12, 0, 2, 0, 9, 0,
+        ],
+    ]
 }
 
 /// What Redis clients send: a pipeline of arrays (what redis-py, node-redis and redis-benchmark write)

@@ -1,6 +1,6 @@
 //! The fuzz targets' checks (`fuzz/src`, the `existence-gate-fuzz` library) on every `cargo test`: arbitrary
 //! bytes and mutated valid inputs through the log record decoder, log segment replay, the snapshot reader and
-//! restore, the configuration parser and the request paths; every committed fuzz corpus file as a regression
+//! restore, the configuration parser, the request paths and whole RESP sessions; every committed fuzz corpus file as a regression
 //! test; and the properties that valid inputs still decode to what was encoded.
 //!
 //! `cargo test --test suite -- --ignored write_seed_corpora` regenerates the seed files of
@@ -225,6 +225,11 @@ proptest! {
     fn resp_requests_from_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
         harness::resp_request(&bytes);
     }
+
+    #[test]
+    fn resp_sessions_from_arbitrary_programs(bytes in prop::collection::vec(any::<u8>(), 0..160)) {
+        harness::resp_session(&bytes);
+    }
 }
 
 proptest! {
@@ -243,6 +248,11 @@ proptest! {
     #[test]
     fn resp_requests_from_mutated_pipelines(bytes in mutated("resp_request")) {
         harness::resp_request(&bytes);
+    }
+
+    #[test]
+    fn resp_sessions_from_mutated_programs(bytes in mutated("resp_session")) {
+        harness::resp_session(&bytes);
     }
 
     #[test]

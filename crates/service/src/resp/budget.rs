@@ -39,6 +39,11 @@ impl Budget {
         self.total
     }
 
+    /// Bytes held by connections now.
+    pub fn held(&self) -> usize {
+        self.total - self.left.load(Ordering::Acquire)
+    }
+
     fn take(&self, bytes: usize) -> bool {
         self.left
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {

@@ -147,6 +147,11 @@ impl Port {
     pub fn connections(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
+
+    /// Bytes of the unfinished-request budget held by connections now ([`budget`]).
+    pub fn request_memory_held(&self) -> usize {
+        self.budget.held()
+    }
 }
 
 /// How an accepted TCP stream becomes the byte stream RESP runs on: itself, or TLS over it.
@@ -213,6 +218,18 @@ pub async fn serve<T: Transport>(
             drop(guard);
         });
     }
+}
+
+/// Serves one connection over any byte stream `io` until it ends, as [`serve`] serves each it accepts (the
+/// count of open connections aside): authentication and every request due within `handshake_timeout`. For
+/// connections made in-process — the fuzz target of the whole session, tests.
+pub async fn serve_io(
+    port: &Arc<Port>,
+    io: impl AsyncRead + AsyncWrite + Unpin,
+    handshake_timeout: Duration,
+) {
+    let connected = tokio::time::Instant::now();
+    serve_connection(port, io, connected + handshake_timeout, handshake_timeout).await
 }
 
 /// One open connection's place in the count.
