@@ -126,7 +126,7 @@ pub fn resp_session(data: &[u8]) {
         let gate = Arc::new(gate);
         let authorizer =
             Authorizer::new(&parsed(CONFIG).tokens).expect("the checks' tokens are valid");
-        let access = Access::new(authorizer, Shutdown::default());
+        let access = Access::new(authorizer, Shutdown::default(), 2);
         let writes: Arc<dyn Writes> = Arc::new(LocalWrites::new(Arc::clone(&gate)));
         let mut options = RespOptions::new(([127, 0, 0, 1], 0).into());
         options.request_memory = 64 * 1024;

@@ -90,6 +90,7 @@ pub(super) fn access(
     Ok(Access::new(
         authorizer(options)?,
         lifecycle.shutdown().clone(),
+        options.config.limits.max_subscriptions_per_token,
     ))
 }
 

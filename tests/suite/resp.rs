@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use existence_gate::core::clock::SystemClock;
-use existence_gate::proto::{Answer, BatchMayExistRequest};
+use existence_gate::proto::{Answer, BatchMayExistRequest, SubscribeInvalidationsRequest};
 use existence_gate::server::{DurabilityOptions, RespOptions, RunningServer};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use crate::common::nats::Nats;
 use crate::common::polyglot::run_suite;
 use crate::common::replicas::{config_file, start_serving};
-use crate::common::{client, options, start_options, wait_until, PATIENCE};
+use crate::common::{client, options, start_options, token_entry, wait_until, PATIENCE};
 
 const NAMESPACES: &str = "[namespaces.users]\nexpected_keys = 10000\n";
 
@@ -702,6 +702,91 @@ async fn unfinished_requests_share_one_memory_budget() {
         .await;
         reply.starts_with(b"*800\r\n").then_some(())
     })
+    .await;
+}
+
+/// One token holds at most `max_subscriptions_per_token` subscriptions, across both ports: a read-role
+/// client could otherwise take a namespace's every place (distinct `invalidations:ns@N` channels on as many
+/// connections as it liked), after which everyone's `SubscribeInvalidations` failed. Another token is not
+/// held back, and a stream that ends gives its place back.
+#[tokio::test]
+async fn a_token_holds_at_most_its_share_of_subscriptions_on_both_ports() {
+    let config = format!(
+        "{NAMESPACES}[limits]\nmax_subscriptions_per_token = 2\n{}{}",
+        token_entry("reader", "read-token", &["read"], &["*"]),
+        token_entry("other", "other-token", &["read"], &["*"]),
+    );
+    let server = start_resp(&config, |_| {}).await;
+    let address = server.resp_addr.unwrap();
+    let mut grpc = client(&server).await;
+    let subscribe = |token: &str| {
+        let mut request = tonic::Request::new(SubscribeInvalidationsRequest {
+            namespace: "users".to_string(),
+            after_seq: 0,
+        });
+        let value = format!("Bearer {token}").parse().unwrap();
+        request.metadata_mut().insert("authorization", value);
+        request
+    };
+    let first = grpc
+        .subscribe_invalidations(subscribe("read-token"))
+        .await
+        .unwrap();
+    let mut resp = TcpStream::connect(address).await.unwrap();
+    let reply = raw(
+        &mut resp,
+        b"AUTH reader read-token\r\nSUBSCRIBE invalidations:users\r\n",
+        |r| r.ends_with(b":1\r\n"),
+    )
+    .await;
+    assert!(
+        reply.starts_with(b"+OK\r\n*3\r\n$9\r\nsubscribe"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    let refused = grpc
+        .subscribe_invalidations(subscribe("read-token"))
+        .await
+        .expect_err("a third subscription of the token");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused
+            .message()
+            .contains("token \"reader\" holds 2 subscriptions")
+            && refused
+                .message()
+                .contains("max_subscriptions_per_token = 2"),
+        "{}",
+        refused.message()
+    );
+    let mut again = TcpStream::connect(address).await.unwrap();
+    let reply = raw(
+        &mut again,
+        b"AUTH reader read-token\r\nSUBSCRIBE invalidations:users@0\r\n",
+        |r| r.len() > 5 && ends_line(r),
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&reply)
+            .starts_with("+OK\r\n-ERR token \"reader\" holds 2 subscriptions"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    grpc.subscribe_invalidations(subscribe("other-token"))
+        .await
+        .expect("another token has its own share");
+    drop(first);
+    wait_until(
+        PATIENCE,
+        "the ended stream's place to come back",
+        async || {
+            let mut grpc = grpc.clone();
+            grpc.subscribe_invalidations(subscribe("read-token"))
+                .await
+                .ok()
+                .map(drop)
+        },
+    )
     .await;
 }
 

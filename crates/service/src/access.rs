@@ -20,12 +20,14 @@ use tower::{Layer, Service};
 
 use crate::auth::{Authorizer, Denied, Role, Scope};
 use crate::shutdown::Shutdown;
+use crate::subscriptions::{Held, SubscriptionQuota};
 
 /// The shared admission state of a server: tokens and the shutdown signal.
 #[derive(Debug)]
 pub struct Access {
     authorizer: Authorizer,
     shutdown: Shutdown,
+    subscriptions: Arc<SubscriptionQuota>,
 }
 
 /// The `authorization` metadata of a request, if it is valid text.
@@ -37,12 +39,34 @@ pub fn authorization<T>(request: &Request<T>) -> Option<&str> {
 }
 
 impl Access {
-    /// Admission with these tokens and this shutdown signal.
-    pub fn new(authorizer: Authorizer, shutdown: Shutdown) -> Arc<Self> {
+    /// Admission with these tokens and this shutdown signal, each token holding at most
+    /// `max_subscriptions_per_token` subscriptions.
+    pub fn new(
+        authorizer: Authorizer,
+        shutdown: Shutdown,
+        max_subscriptions_per_token: usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
             authorizer,
             shutdown,
+            subscriptions: SubscriptionQuota::new(max_subscriptions_per_token),
         })
+    }
+
+    /// Counts a subscription against the token in `authorization` (none is counted without tokens
+    /// configured), or says why not (see [`subscriptions`](crate::subscriptions)).
+    pub fn hold_subscription(&self, authorization: Option<&str>) -> Result<Option<Held>, String> {
+        if !self.authorizer.is_enabled() {
+            return Ok(None);
+        }
+        let token = self
+            .authorizer
+            .token_name(authorization)
+            .map_err(|denied| match denied {
+                Denied::Unauthenticated(reason) => reason.to_string(),
+                Denied::PermissionDenied(reason) => reason,
+            })?;
+        self.subscriptions.hold(token).map(Some)
     }
 
     /// The token checker.

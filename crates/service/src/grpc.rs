@@ -423,11 +423,16 @@ impl ExistenceGate for GateService {
                 .await;
         }
         let result = admitted.and_then(|()| {
+                let held = self
+                    .access
+                    .hold_subscription(crate::access::authorization(&request))
+                    .map_err(Status::resource_exhausted)?;
                 let request = request.get_ref();
                 let (namespace, mut subscription) =
                     self.gate.subscribe(&request.namespace, request.after_seq).map_err(status)?;
                 let shutdown = self.access.shutdown().clone();
                 let stream: InvalidationStream = Box::pin(async_stream::stream! {
+                    let _held = held; // counted against its token while the stream lives
                     loop {
                         tokio::select! {
                             biased;

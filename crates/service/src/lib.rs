@@ -12,6 +12,7 @@
 //! - [`metrics`]: the Prometheus recorder and the service's own series.
 //! - [`resp`]: the RESP port — RedisBloom's commands for Redis clients, on the same gate and rules.
 //! - [`shutdown`]: the signal every part watches.
+//! - [`subscriptions`]: how many invalidation streams one token holds, on both ports.
 //! - [`writes`]: the single server's writes, to the local gate through its log (a replica's go to its stream).
 
 /// The layers beneath and the contract, under the names the rest of the tree uses for them.
@@ -32,4 +33,5 @@ pub mod metrics;
 pub mod request_keys;
 pub mod resp;
 pub mod shutdown;
+pub mod subscriptions;
 pub mod writes;

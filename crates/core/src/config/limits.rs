@@ -23,6 +23,9 @@ pub struct Limits {
     pub max_concurrent_streams: u32,
     /// Open subscriptions per namespace; more get `RESOURCE_EXHAUSTED`.
     pub max_subscribers_per_namespace: usize,
+    /// Open subscriptions one token holds at once, across namespaces and both ports (with tokens
+    /// configured); more get `RESOURCE_EXHAUSTED`, so that no one client takes a namespace's every place.
+    pub max_subscriptions_per_token: usize,
     /// Longest a unary call may run; a client's shorter deadline (`grpc-timeout`) wins.
     #[serde(deserialize_with = "duration")]
     pub request_timeout: Duration,
@@ -54,6 +57,7 @@ impl Default for Limits {
             max_in_flight: 4_096,
             max_concurrent_streams: 256,
             max_subscribers_per_namespace: 1_024,
+            max_subscriptions_per_token: 256,
             request_timeout: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
@@ -86,18 +90,24 @@ impl Limits {
                 ),
             ));
         }
-        if self.max_in_flight == 0
-            || self.max_concurrent_streams == 0
-            || self.max_subscribers_per_namespace == 0
-        {
-            let name = if self.max_in_flight == 0 {
-                "max_in_flight"
-            } else if self.max_concurrent_streams == 0 {
-                "max_concurrent_streams"
-            } else {
-                "max_subscribers_per_namespace"
-            };
-            return Err(field(name, "must be at least 1".to_string()));
+        for (name, value) in [
+            ("max_in_flight", self.max_in_flight),
+            (
+                "max_concurrent_streams",
+                self.max_concurrent_streams as usize,
+            ),
+            (
+                "max_subscribers_per_namespace",
+                self.max_subscribers_per_namespace,
+            ),
+            (
+                "max_subscriptions_per_token",
+                self.max_subscriptions_per_token,
+            ),
+        ] {
+            if value == 0 {
+                return Err(field(name, "must be at least 1".to_string()));
+            }
         }
         for (name, value) in [
             ("request_timeout", self.request_timeout),

@@ -18,9 +18,26 @@ use super::session::Session;
 use crate::auth::Role;
 use crate::core::invalidations::Delivery;
 use crate::grpc::RESUME_WAIT;
+use crate::subscriptions::Held;
+use tokio::task::AbortHandle;
 
 /// The channel prefix of a namespace's invalidations.
 pub const INVALIDATIONS: &str = "invalidations:";
+
+/// A subscription of a connection: the task forwarding its invalidations, and its place in its token's
+/// count ([`subscriptions`](crate::subscriptions)); dropped (unsubscribed, reset, the connection closed),
+/// it stops the one and gives back the other.
+#[derive(Debug)]
+pub struct Subscribed {
+    forwarder: AbortHandle,
+    _held: Option<Held>,
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        self.forwarder.abort();
+    }
+}
 
 /// Bytes of a push rendered at once, at most (plus the one message that crosses it).
 pub const PUSH_CHUNK: usize = 64 * 1024;
@@ -105,6 +122,11 @@ impl Session {
                 )));
             }
             if !self.subscriptions.contains_key(&channel) {
+                let held = self
+                    .port
+                    .access
+                    .hold_subscription(self.authorization.as_deref())
+                    .map_err(Refusal::err)?;
                 if after_seq > 0 {
                     // A seq seen on a replica ahead of this one: reach it first, so the subscription goes
                     // on exactly (as gRPC's SubscribeInvalidations does) instead of with a resync.
@@ -129,8 +151,11 @@ impl Session {
                         }
                     }
                 });
-                self.subscriptions
-                    .insert(Arc::clone(&channel), forwarder.abort_handle());
+                let subscribed = Subscribed {
+                    forwarder: forwarder.abort_handle(),
+                    _held: held,
+                };
+                self.subscriptions.insert(Arc::clone(&channel), subscribed);
             }
             let count = self.subscriptions.len();
             let mut replies = self.replies(out);
@@ -172,9 +197,7 @@ impl Session {
         }
         for channel in channels {
             let key: Arc<str> = Arc::from(String::from_utf8_lossy(&channel).as_ref());
-            if let Some(forwarder) = self.subscriptions.remove(&key) {
-                forwarder.abort();
-            }
+            self.subscriptions.remove(&key);
             let count = self.subscriptions.len();
             let mut replies = self.replies(out);
             replies.push(3);

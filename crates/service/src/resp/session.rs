@@ -9,11 +9,10 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
 
 use super::bloom;
 use super::commands::{self, Needs, Spec, COMMANDS};
-use super::pubsub::Push;
+use super::pubsub::{Push, Subscribed};
 use super::reply::{Outcome, Protocol, Refusal, Replies};
 use super::Port;
 use crate::access::{Refused, SHUTTING_DOWN};
@@ -29,18 +28,10 @@ pub struct Session {
     pub(super) authorization: Option<String>,
     name: Option<Bytes>,
     /// The channels subscribed to, each with its forwarder ([`pubsub`](super::pubsub)).
-    pub(super) subscriptions: HashMap<Arc<str>, AbortHandle>,
+    pub(super) subscriptions: HashMap<Arc<str>, Subscribed>,
     pub(super) pushes: mpsc::Sender<Push>,
     /// Set by `QUIT`: the replies written so far are sent, then the connection closed.
     pub closing: bool,
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        for (_, forwarder) in self.subscriptions.drain() {
-            forwarder.abort();
-        }
-    }
 }
 
 impl Session {
@@ -402,9 +393,7 @@ impl Session {
     }
 
     fn reset(&mut self) {
-        for (_, forwarder) in self.subscriptions.drain() {
-            forwarder.abort();
-        }
+        self.subscriptions.clear();
         self.protocol = Protocol::Resp2;
         self.authorization = None;
         self.name = None;
