@@ -250,6 +250,81 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
     assert!(exit.success(), "exit status {exit:?}");
 }
 
+/// On SIGTERM the binary turns `/readyz` 503 and health `NOT_SERVING` at once but serves on for
+/// `--drain-delay` — what lets a load balancer move calls away before any is refused (before, every call
+/// routed between the signal and the balancer's next check failed `UNAVAILABLE`) — and a second signal ends
+/// the wait: then streams end with `UNAVAILABLE`, and it exits 0.
+#[tokio::test]
+async fn sigterm_turns_readiness_down_first_and_serves_on_for_the_drain_delay() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut command = common::binary::serve();
+    command
+        .args(["--drain-delay", "10m", "--data-dir"])
+        .arg(data_dir.path());
+    let served = common::binary::start(command).await;
+    let http_addr: std::net::SocketAddr = served.http_addr.parse().unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", served.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client =
+        existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel.clone());
+    let mut stream = client
+        .subscribe_invalidations(SubscribeInvalidationsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let pid = served.child.id().expect("running");
+    common::send_signal(pid, "TERM");
+    let body = wait_until(PATIENCE, "/readyz to turn 503", async || {
+        let (status, body) = try_http_get(http_addr, "/readyz").await.ok()?;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert_eq!(body, "shutting down\n");
+    let mut health = HealthClient::new(channel);
+    let reply = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status(), ServingStatus::NotServing);
+    // Still serving: lookups and writes are answered, the subscription goes on.
+    client
+        .add(AddRequest {
+            keys: vec![Bytes::from_static(b"added-while-draining")],
+            ..Default::default()
+        })
+        .await
+        .expect("an Add during the drain delay");
+    let found = client
+        .may_exist(MayExistRequest {
+            key: Bytes::from_static(b"added-while-draining"),
+            ..Default::default()
+        })
+        .await
+        .expect("a lookup during the drain delay")
+        .into_inner();
+    assert_eq!(found.answer(), existence_gate::proto::Answer::MayExist);
+    let pushed = stream.message().await.expect("the stream is still open");
+    assert!(pushed.is_some(), "the Add's invalidation arrives");
+    common::send_signal(pid, "TERM");
+    let status = stream
+        .message()
+        .await
+        .expect_err("the stream ends with a status once the second signal ends the wait");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let mut child = served.child;
+    let exit = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("exits within the drain deadline")
+        .unwrap();
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
 /// `existence-gate probe` exits 0 only for a SERVING server (container HEALTHCHECKs and scripts rely on it).
 #[tokio::test]
 async fn the_probe_command_exits_zero_only_when_serving() {

@@ -15,6 +15,7 @@
 //! a read lease): health `NOT_SERVING` and `/readyz` 503 say so, so balancers route around it, while it
 //! still answers whoever asks (failing open where it must).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::watch;
@@ -68,6 +69,9 @@ pub struct Lifecycle {
     health: HealthReporter,
     /// Why a ready replica should not take traffic now, if it should not.
     lagging: Mutex<Option<String>>,
+    /// Set by [`drain`](Self::drain): the server is leaving, and says so, though it still serves until
+    /// shutdown is triggered.
+    draining: AtomicBool,
 }
 
 /// Health service names this server reports: overall ("") and the contract's.
@@ -83,6 +87,7 @@ impl Lifecycle {
             persistence: OnceLock::new(),
             health,
             lagging: Mutex::new(None),
+            draining: AtomicBool::new(false),
         };
         lifecycle.report(ServingStatus::NotServing).await;
         Arc::new(lifecycle)
@@ -99,7 +104,9 @@ impl Lifecycle {
         let loaded = self.loaded.borrow().clone();
         match loaded {
             Phase::Failed(_) => loaded,
-            _ if self.shutdown.is_triggered() => Phase::Draining,
+            _ if self.shutdown.is_triggered() || self.draining.load(Ordering::Acquire) => {
+                Phase::Draining
+            }
             _ => loaded,
         }
     }
@@ -125,7 +132,8 @@ impl Lifecycle {
     }
 
     async fn become_ready(&self) {
-        if !self.shutdown.is_triggered() && self.lagging().is_none() {
+        let leaving = self.shutdown.is_triggered() || self.draining.load(Ordering::Acquire);
+        if !leaving && self.lagging().is_none() {
             self.report(ServingStatus::Serving).await;
         }
         self.loaded.send_replace(Phase::Ready);
@@ -162,8 +170,10 @@ impl Lifecycle {
         self.report(status).await;
     }
 
-    /// Turns health `NOT_SERVING` for shutdown (balancers stop sending before the listeners close).
+    /// Turns health `NOT_SERVING` and `/readyz` 503 for shutdown, for good: balancers stop sending before
+    /// the listeners close (calls still arriving are served until shutdown is triggered).
     pub async fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
         self.report(ServingStatus::NotServing).await;
     }
 

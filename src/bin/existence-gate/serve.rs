@@ -62,7 +62,12 @@ pub(crate) struct ServeArgs {
     /// Largest gRPC message accepted, in bytes (a full batch of maximal keys must fit).
     #[arg(long, env = "EXISTENCE_GATE_MAX_MESSAGE_BYTES", default_value_t = 16 << 20)]
     max_message_bytes: usize,
-    /// How long in-flight calls may take to finish after SIGTERM (e.g. 10s).
+    /// After SIGTERM (or SIGINT), how long the server keeps serving with health NOT_SERVING and /readyz 503
+    /// before it stops taking calls: long enough for load balancers to see it leave (their check interval
+    /// times their fall count). A second signal ends the wait. 0: stop taking calls at once.
+    #[arg(long, env = "EXISTENCE_GATE_DRAIN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    drain_delay: std::time::Duration,
+    /// How long in-flight calls may take to finish once the server stops taking calls (e.g. 10s).
     #[arg(long, env = "EXISTENCE_GATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     drain_timeout: std::time::Duration,
     /// How long a new connection may take to send the HTTP/2 preface (TLS handshake included) on the gRPC
@@ -281,15 +286,29 @@ fn log_settings(options: &ServeOptions) {
 
 /// Runs the server until SIGTERM or SIGINT has drained it.
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), String> {
+    let drain_delay = args.drain_delay;
     let options = args.options()?;
     log_settings(&options);
     let signal = shutdown_signal();
     let running = server::start(options, Arc::new(SteadyClock::system()))
         .await
         .map_err(|e| e.to_string())?;
-    let shutdown = running.shutdown_handle();
+    let (shutdown, lifecycle) = (running.shutdown_handle(), running.lifecycle());
     tokio::spawn(async move {
         signal.await;
+        if !drain_delay.is_zero() {
+            // Readiness down first, the ports serving on: a balancer moves calls away on its next checks
+            // instead of having them refused.
+            lifecycle.drain().await;
+            tracing::info!(
+                ?drain_delay,
+                "readiness down; serving on while load balancers move away (a second signal ends the wait)"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(drain_delay) => {}
+                () = shutdown_signal() => {}
+            }
+        }
         shutdown.trigger();
     });
     running
