@@ -6,7 +6,7 @@ conformance_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 start_conformance_gate() {
     local log=$1
-    "$EXISTENCE_GATE_BIN" serve --in-memory --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+    EXISTENCE_GATE_DRAIN_DELAY=0s "$EXISTENCE_GATE_BIN" serve --in-memory --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
         --resp-listen 127.0.0.1:0 --config "$conformance_dir/gate.toml" >"$log" 2>&1 &
     gate_pid=$!
     addr=

@@ -92,7 +92,8 @@ func startGate(config string, args ...string) (*gateServer, error) {
 	cmd := exec.Command(bin, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
 		"--config", configPath)
 	cmd.Args = append(cmd.Args, args...)
-	cmd.Env = append(os.Environ(), "NO_COLOR=1")
+	// Stopped at once on SIGTERM: these tests are about the client, not the drain delay a balancer needs.
+	cmd.Env = append(os.Environ(), "NO_COLOR=1", "EXISTENCE_GATE_DRAIN_DELAY=0s")
 	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile

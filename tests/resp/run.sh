@@ -54,7 +54,7 @@ TOML
 # Starts the gate with the flags given, and sets resp and grpc to its addresses once it serves.
 start_gate() {
     : > "$work/gate.log"
-    NO_COLOR=1 RUST_LOG=info "$bin" serve --in-memory --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+    NO_COLOR=1 RUST_LOG=info EXISTENCE_GATE_DRAIN_DELAY=0s "$bin" serve --in-memory --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
         --resp-listen 127.0.0.1:0 --config "$work/gate.toml" "$@" > "$work/gate.log" 2>&1 &
     gate_pid=$!
     for _ in $(seq 1 300); do

@@ -104,7 +104,8 @@ async function startServer({ namespaces = ['users'], listen = '127.0.0.1:0', ext
   const child = spawn(
     bin,
     ['serve', '--in-memory', '--listen', listen, '--http-listen', '127.0.0.1:0', '--resp-listen', '127.0.0.1:0', '--config', config, ...extraArgs],
-    { env: { ...process.env, NO_COLOR: '1' }, stdio: ['ignore', 'pipe', 'pipe'] },
+    // Stopped at once on SIGTERM: these tests are about the client, not the drain delay a balancer needs.
+    { env: { ...process.env, NO_COLOR: '1', EXISTENCE_GATE_DRAIN_DELAY: '0s' }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   running.add(child);
   let log = '';

@@ -73,7 +73,8 @@ class Gate:
                 f.write(NAMESPACE_TEMPLATE.format(name=name))
         self.log_path = os.path.join(self.dir.name, "gate.log")
         self._log = open(self.log_path, "wb")
-        env = dict(os.environ, NO_COLOR="1")
+        # Stopped at once on SIGTERM: these tests are about the client, not the drain delay a balancer needs.
+        env = dict(os.environ, NO_COLOR="1", EXISTENCE_GATE_DRAIN_DELAY="0s")
         self.process = subprocess.Popen(
             [binary, "serve", "--in-memory", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0", "--config", config, *extra_args],
             stdout=self._log,

@@ -46,6 +46,8 @@ pub fn serve() -> tokio::process::Command {
             std::env::var("EXISTENCE_GATE_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_string()),
         )
         .env("NO_COLOR", "1")
+        // Stopped at once on SIGTERM unless a test asks for a drain delay (`--drain-delay` wins over this).
+        .env("EXISTENCE_GATE_DRAIN_DELAY", "0s")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command

@@ -228,7 +228,8 @@ pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
         .args(crate::ports::EPHEMERAL_PORTS)
         .args(["--in-memory", "--config"])
         .arg(config)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", "info")
+        .env("EXISTENCE_GATE_DRAIN_DELAY", "0s");
     // In memory, the state is loaded (empty) before the "serving" line is logged.
     start_serving("gate", command, &["serving"], None)
 }

@@ -64,7 +64,7 @@ pub(crate) struct ServeArgs {
     max_message_bytes: usize,
     /// After SIGTERM (or SIGINT), how long the server keeps serving with health NOT_SERVING and /readyz 503
     /// before it stops taking calls: long enough for load balancers to see it leave (their check interval
-    /// times their fall count). A second signal ends the wait. 0: stop taking calls at once.
+    /// times their fall count). A second signal ends the wait. 0s: stop taking calls at once.
     #[arg(long, env = "EXISTENCE_GATE_DRAIN_DELAY", default_value = "5s", value_parser = parse_duration)]
     drain_delay: std::time::Duration,
     /// How long in-flight calls may take to finish once the server stops taking calls (e.g. 10s).

@@ -123,6 +123,8 @@ final class GateServer implements AutoCloseable {
             .redirectErrorStream(true)
             .redirectOutput(log.toFile());
     builder.environment().put("NO_COLOR", "1");
+    // Stopped at once on SIGTERM: these tests are about the client, not the drain delay a balancer needs.
+    builder.environment().put("EXISTENCE_GATE_DRAIN_DELAY", "0s");
     Process process = builder.start();
     // A run stopped by a signal (test.sh's timeout sends SIGTERM) still stops its servers.
     Runtime.getRuntime().addShutdownHook(new Thread(process::destroy));
