@@ -24,7 +24,9 @@ mod fuzz_harnesses;
 mod model;
 mod replay;
 
-// The tree itself: which layer may use which, and documentation whose links resolve.
+// The tree itself: which layer may use which, documentation whose links resolve, and a configuration
+// reference that names every flag and key the code has, and no other.
+mod config_reference;
 mod docs_links;
 mod layering;
 
