@@ -15,6 +15,7 @@ mod common;
 
 // The core and its state: properties against an exact model (and against clocks that step), replay,
 // durability, concurrency.
+mod balancer;
 mod clock;
 mod clock_steps;
 mod concurrency;

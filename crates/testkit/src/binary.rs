@@ -37,10 +37,16 @@ pub fn built() -> Option<PathBuf> {
 /// `existence-gate serve` on free loopback ports (each logged on its `grpc_addr=`/`http_addr=` line), logging
 /// at `EXISTENCE_GATE_TEST_RUST_LOG` (default `info`) without colours, killed when dropped.
 pub fn serve() -> tokio::process::Command {
+    serve_on(&crate::ports::EPHEMERAL_PORTS)
+}
+
+/// [`serve`] with the port flags `ports` (`--listen`, `--http-listen`, `--resp-listen` and their
+/// addresses) instead of free ones: for a process restarted on the ports a load balancer knows.
+pub fn serve_on(ports: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(path());
     command
         .arg("serve")
-        .args(crate::ports::EPHEMERAL_PORTS)
+        .args(ports)
         .env(
             "RUST_LOG",
             std::env::var("EXISTENCE_GATE_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_string()),

@@ -48,6 +48,8 @@ pub struct Launch {
     pub faults: String,
     /// A wall clock the test steps, if not the host's.
     pub clock: Option<std::sync::Arc<crate::faketime::SteppedClock>>,
+    /// Its gRPC, HTTP and RESP addresses, if fixed (a restart keeps them); free ones otherwise.
+    pub addresses: Option<[SocketAddr; 3]>,
 }
 
 impl Launch {
@@ -61,11 +63,22 @@ impl Launch {
             args: Vec::new(),
             faults: String::new(),
             clock: None,
+            addresses: None,
         }
     }
 
     fn command(&self) -> Command {
-        let mut command = crate::binary::serve();
+        let mut command = match self.addresses {
+            None => crate::binary::serve(),
+            Some([grpc, http, resp]) => crate::binary::serve_on(&[
+                "--listen",
+                &grpc.to_string(),
+                "--http-listen",
+                &http.to_string(),
+                "--resp-listen",
+                &resp.to_string(),
+            ]),
+        };
         command
             .args(["--nats", &self.nats, "--replica-id", &self.id])
             .arg("--config")
@@ -242,6 +255,14 @@ impl Replica {
     /// Sends `signal` (e.g. "STOP", "CONT", "KILL") to the process.
     pub fn signal(&self, signal: &str) {
         crate::send_signal(self.pid(), signal);
+    }
+
+    /// Waits, at most [`PATIENCE`], for it to exit on its own (after a SIGTERM): its exit status.
+    pub async fn exited(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("replica {} did not exit within {PATIENCE:?}", self.id))
+            .unwrap()
     }
 
     /// Kills it with SIGKILL and waits for it to die.
