@@ -110,7 +110,14 @@ impl Replicated {
                 "cannot read the replicas' membership from the stream: {error}; restart when NATS is reachable"
             ));
         }
-        background.spawn(Arc::clone(replica).apply(stop()));
+        // The applier goes on past the shutdown signal until the replica's leave is applied here, reporting
+        // what it applied, so that no writer waits the fallback for it (`Replica::leave`).
+        let (stopping, leaving) = (stop(), Arc::clone(replica));
+        let stop_applying = async move {
+            stopping.await;
+            leaving.left().await;
+        };
+        background.spawn(Arc::clone(replica).apply(stop_applying));
         background.spawn(follow_health(
             Arc::clone(replica),
             Arc::clone(&gate),

@@ -1225,6 +1225,52 @@ async fn delete_consumers(stream: &async_nats::jetstream::stream::Stream) {
     }
 }
 
+/// A graceful stop delays no `Add`: the leaving replica gives up its lease, publishes its leave and goes on
+/// applying and reporting until its leave is applied, so writers wait neither the fallback for the `Add`s
+/// before the leave nor for its reports of those after. (Before, every `Add` in the fallback after a SIGTERM
+/// waited it, ~100 ms, and was acknowledged by the fallback.)
+#[tokio::test]
+async fn a_graceful_stop_delays_no_add() {
+    let Some((_nats, _dir, mut replicas)) = deployment(3).await else {
+        return;
+    };
+    let leaving = replicas.pop().unwrap();
+    let writer = &replicas[0];
+    let waited = async || {
+        writer
+            .metric("existence_replica_acked_by_lease_total")
+            .await
+            + writer.metric("existence_replica_grace_waits_total").await
+    };
+    wait_until(PATIENCE, "Adds acknowledged without waiting", async || {
+        let before = waited().await;
+        add(writer, "users", &["warm-up"]).await;
+        (waited().await == before).then_some(())
+    })
+    .await;
+    let before = waited().await;
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    let adding = async {
+        let mut i = 0;
+        while !stopped.load(Ordering::Relaxed) || i < 20 {
+            add(writer, "users", &[format!("during-stop-{i}")]).await;
+            i += 1;
+        }
+        i
+    };
+    let stopping = async {
+        leaving.signal("TERM");
+        assert!(leaving.exited().await.success());
+        stopped.store(true, Ordering::Relaxed);
+    };
+    let (adds, ()) = tokio::join!(adding, stopping);
+    assert_eq!(
+        waited().await,
+        before,
+        "of {adds} Adds around a graceful stop, some waited the fallback or a grace"
+    );
+}
+
 /// A member that died without leaving makes every `Add` wait the fallback; an operator's removal (through any
 /// replica) ends that, an unknown id is `NOT_FOUND`, and a replica stopped gracefully leaves by itself.
 #[tokio::test]

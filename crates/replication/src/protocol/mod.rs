@@ -23,9 +23,10 @@
 //!   member — not yet joined, displaced by a twin with its id, removed — takes no lease.
 //! - **Acknowledgement (writer).** The writer W of `Add` at seq N, having read it at N itself and received
 //!   the publish acknowledgement at `p` on its clock, acknowledges once every incarnation that joined
-//!   before N and is a member, or left less than `lease × (1 + ρ) + margin` ago on W's clock, has reported
-//!   reading that very `Add` (its message id) at N; and in any case at `p + lease × (1 + ρ) + margin` (the
-//!   fallback). A process that started from a snapshot acknowledges only by the fallback until a
+//!   before N and is a member, or was removed or displaced less than `lease × (1 + ρ) + margin` ago on W's
+//!   clock, has reported reading that very `Add` (its message id) at N; and in any case at
+//!   `p + lease × (1 + ρ) + margin` (the fallback). An incarnation that left by its own record is no longer
+//!   waited for once W has applied it: it published it only after giving up its lease. A process that started from a snapshot acknowledges only by the fallback until a
 //!   fallback has passed since it started ([`start_after`](Protocol::start_after)): the snapshot records
 //!   the members, not the graces.
 //!
@@ -34,8 +35,8 @@
 //! seq `B`, with R applied through `B` and a member then (else it holds no lease).
 //! 1. `B > N`: R has applied N before it looked (the lease is checked first, and granted only after the
 //!    apply): it answers `MAY_EXIST`.
-//! 2. `B < N`, R's incarnation joined at `J < N`, and W counted it — a member when W decided, or departed
-//!    less than a fallback before (whether it departed before or after N): W waited for its report of N, which it sends only after applying
+//! 2. `B < N`, R's incarnation joined at `J < N`, and W counted it — a member when W decided, or removed
+//!    or displaced less than a fallback before (whether it departed before or after N): W waited for its report of N, which it sends only after applying
 //!    N — so R has N — unless W acknowledged by the fallback, at `p + fallback`. The barrier was stored
 //!    before N, so `s` precedes N's storing, which precedes `p`. R's lease lasts `lease` on R's clock;
 //!    W waited `lease × (1 + ρ)` on its own, which covers at least as much real time since clock rates
@@ -47,6 +48,10 @@
 //!    fallback from that moment, so again R's lease had ended. A W that started from a snapshot covering
 //!    `D` never applied it: `D` was stored before W started at `w`, and W acknowledges early only from
 //!    `w + fallback` on, so again R's lease had ended.
+//! 5. `B < N`, R's incarnation joined at `J < N` and left by its own record at `L`, which W had applied
+//!    when it decided: R gave up its lease before it published `L` (and takes none again: it is no
+//!    member), so before `L` was stored, before W applied it, before the acknowledgement, before the
+//!    lookup was sent.
 //!
 //! # What JetStream is trusted with, and what is checked
 //! The argument needs a replica's consumer to read the quorum's history. nats-server 2.9.10 does not always
@@ -478,6 +483,11 @@ impl Protocol {
             self.lease_until = 0;
             return;
         }
+        if departure.cause == Cause::Left {
+            // Its own leave, published only after it gave up its lease (`leave`): nothing to wait out. A
+            // grace here slowed every `Add` by a fallback for a fallback after each graceful stop.
+            return;
+        }
         self.graces.push(Grace {
             nonce: departure.nonce,
             joined: departure.joined,
@@ -626,6 +636,14 @@ impl Protocol {
             (true, _) => Ack::Wait(fallback),
             (false, Some(until)) => Ack::Wait(until.min(fallback)),
         }
+    }
+
+    /// Whether `write`, stored at `seq`, is held back at `now` by a departed incarnation's grace: what the
+    /// replica counts (`existence_replica_grace_waits_total`), since each such wait is a departure's cost.
+    pub fn held_by_grace(&self, seq: u64, write: WriteId, now: Nanos) -> bool {
+        self.graces
+            .iter()
+            .any(|g| g.joined < seq && now < g.until && !self.read_there(g.nonce, seq, write))
     }
 
     /// Who must hear that this process applied a batch holding writes by the incarnations `writers`. A

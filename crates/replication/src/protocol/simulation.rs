@@ -124,6 +124,8 @@ enum Event {
     NewAdd(usize),
     Fault,
     Restart(usize),
+    /// A replica that left exits (and is restarted later).
+    Exit(usize),
     /// The replica crashes and restarts at once from a snapshot of everything it applied.
     Bounce(usize),
     Heal,
@@ -416,6 +418,14 @@ impl Sim {
                     .for_each(|r| self.at(self.now, Event::Deliver(r)));
             }
             Event::Restart(r) => self.restart(r, false),
+            Event::Exit(r) => {
+                if self.procs[r].alive {
+                    self.note(|| format!("r{r} exits"));
+                    self.crash(r);
+                    let when = self.now + self.rng.random_range(MS..40 * MS);
+                    self.at(when, Event::Restart(r));
+                }
+            }
             Event::Bounce(r) => {
                 if self.procs[r].alive {
                     self.note(|| format!("r{r} crashes and restarts at once"));
@@ -1212,17 +1222,21 @@ impl Sim {
             }
             _ => {
                 self.note(|| format!("r{r} stops gracefully"));
-                let p = &self.procs[r];
-                let leave = MemberRecord::Leave {
-                    id: p.id.clone(),
-                    nonce: p.proto.me().nonce,
-                };
-                let local = p.local(self.now);
-                // It stops answering first (its process ends), then its leave is published.
-                self.publish(r, Entry::Record(leave), local);
-                self.crash(r);
+                let local = self.procs[r].local(self.now);
+                // It gives up its lease first, then publishes its leave, and goes on applying, reporting and
+                // answering lookups (never `ABSENT`: no lease) until it exits; writers that applied the leave
+                // no longer wait for it.
                 let when = self.now + self.rng.random_range(MS..40 * MS);
-                self.at(when, Event::Restart(r));
+                match self.procs[r].proto.leave() {
+                    Some(leave) => {
+                        self.publish(r, Entry::Record(leave), local);
+                        self.at(when, Event::Exit(r));
+                    }
+                    None => {
+                        self.crash(r);
+                        self.at(when, Event::Restart(r));
+                    }
+                }
             }
         }
         let when = self.now + self.rng.random_range(MS..30 * MS);

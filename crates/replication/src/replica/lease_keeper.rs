@@ -105,8 +105,12 @@ impl Replica {
         }
     }
 
-    /// A graceful stop: answer no `ABSENT` from now on, then publish the leave, so writers stop waiting for
-    /// this process's reports without waiting the fallback each.
+    /// A graceful stop: answer no `ABSENT` from now on, then publish the leave, and go on applying (and
+    /// reporting what was applied) until the leave itself is applied here. Writers then wait for this
+    /// process neither for the writes before its leave (reported) nor for those after (once they have
+    /// applied the leave: [`Protocol::apply`](crate::protocol::Protocol::apply)); before, every `Add` in the
+    /// fallback after a graceful stop waited the fallback (~100 ms). The applier stops once this is done
+    /// ([`left`](Self::left)).
     async fn leave(&self) {
         let record = {
             let mut protocol = self.protocol();
@@ -114,11 +118,25 @@ impl Replica {
             self.lease.set_until(protocol.lease_until());
             record
         };
-        let Some(record) = record else { return };
-        match tokio::time::timeout(LEAVE_WAIT, self.stream.publish_member(&record)).await {
-            Ok(Ok(seq)) => tracing::info!(seq, "left the replicas"),
-            Ok(Err(error)) => tracing::warn!(%error, "the leave was not published: writers wait the fallback for this replica until it restarts or is removed"),
-            Err(_) => tracing::warn!("the leave was not acknowledged within {LEAVE_WAIT:?}: writers wait the fallback for this replica until it restarts or is removed"),
+        if let Some(record) = record {
+            match tokio::time::timeout(LEAVE_WAIT, self.stream.publish_member(&record)).await {
+                Ok(Ok(seq)) => {
+                    tracing::info!(seq, "left the replicas");
+                    if !self.wait_applied(seq, LEAVE_WAIT).await {
+                        tracing::warn!(seq, "the leave was not applied here within {LEAVE_WAIT:?}");
+                    }
+                }
+                Ok(Err(error)) => tracing::warn!(%error, "the leave was not published: writers wait the fallback for this replica until it restarts or is removed"),
+                Err(_) => tracing::warn!("the leave was not acknowledged within {LEAVE_WAIT:?}: writers wait the fallback for this replica until it restarts or is removed"),
+            }
         }
+        self.left.send_replace(true);
+    }
+
+    /// Returns once a graceful stop is over (see [`leave`](Self::leave)): what the applier waits for
+    /// after the shutdown signal before it stops.
+    pub async fn left(&self) {
+        let mut left = self.left.subscribe();
+        let _ = left.wait_for(|left| *left).await;
     }
 }

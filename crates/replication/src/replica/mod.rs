@@ -111,6 +111,7 @@ struct ReplicaMetrics {
     publish_retries: Counter,
     skipped: Counter,
     read_failures: Counter,
+    grace_waits: Counter,
     histories_same: Gauge,
     histories_differing: Gauge,
 }
@@ -134,6 +135,7 @@ impl ReplicaMetrics {
             publish_retries: counter!("existence_replica_publish_retries_total"),
             skipped: counter!("existence_replica_skipped_messages_total"),
             read_failures: counter!("existence_replica_stream_read_failures_total"),
+            grace_waits: counter!("existence_replica_grace_waits_total"),
             histories_same: gauge!("existence_replica_histories_same"),
             histories_differing: gauge!("existence_replica_histories_differing"),
         }
@@ -156,6 +158,8 @@ pub struct Replica {
     options: ReplicaOptions,
     /// The stream seq applied through (stream records included).
     applied: watch::Sender<u64>,
+    /// Whether a graceful stop is over: the leave published and applied here (or given up).
+    left: watch::Sender<bool>,
     /// The newest stream last seq fetched.
     stream_seq: AtomicU64,
     /// When the applier last had everything fetched applied: what lag in time is measured from.
@@ -274,6 +278,7 @@ impl Replica {
             id_prefix,
             options,
             applied: watch::Sender::new(applied_seq),
+            left: watch::Sender::new(false),
             stream_seq: AtomicU64::new(applied_seq),
             caught_up_at: Mutex::new(Instant::now()),
             waiting: Mutex::new(HashMap::new()),

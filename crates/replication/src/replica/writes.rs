@@ -234,6 +234,7 @@ impl Replica {
     /// reading it there, or the fallback passed since its publish was acknowledged at `published_at` (then
     /// counted for the `calls` it answers).
     async fn wait_for_replicas(&self, seq: u64, write: WriteId, published_at: u64, calls: usize) {
+        let mut counted_grace = false;
         loop {
             let changed = self.progress.notified();
             let mut changed = std::pin::pin!(changed);
@@ -247,6 +248,10 @@ impl Replica {
                 }
                 Ack::Wait(until) => until,
             };
+            if !counted_grace && self.protocol().held_by_grace(seq, write, now) {
+                self.metrics.grace_waits.increment(calls as u64);
+                counted_grace = true;
+            }
             tokio::select! {
                 () = changed => {}
                 () = tokio::time::sleep(Duration::from_nanos(until.saturating_sub(now))) => {}
