@@ -3,7 +3,8 @@
 //! snapshots; shuts down gracefully.
 //!
 //! Startup: ports bound and served at once — health `NOT_SERVING`, `/readyz` 503, lookups `MAY_EXIST` +
-//! `WARMING`, writes `UNAVAILABLE` — while the newest snapshot loads and the log replays; then `SERVING`.
+//! `WARMING`, writes waiting for the state (up to 10 s) — while the newest snapshot loads and the log
+//! replays; then `SERVING`.
 //!
 //! Shutdown: health turns `NOT_SERVING` and `/readyz` 503 (load balancers stop sending), handlers refuse new
 //! calls with `UNAVAILABLE`, subscription streams end with `UNAVAILABLE` (clients resubscribe elsewhere with

@@ -325,6 +325,72 @@ async fn sigterm_turns_readiness_down_first_and_serves_on_for_the_drain_delay() 
     assert!(exit.success(), "exit status {exit:?}");
 }
 
+/// An `Add` that reaches a server still loading its state — a restarted one a balancer already sends calls
+/// to — waits for the state and is acknowledged, instead of failing `UNAVAILABLE` "still loading" (fault
+/// point `recovery-start` holds the load for 1.5 s).
+#[tokio::test]
+async fn an_add_sent_while_the_state_loads_waits_for_it() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut child = common::binary::serve()
+        .arg("--data-dir")
+        .arg(data_dir.path())
+        .env("FAILPOINTS", "recovery-start=sleep(1500)")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grpc_addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("grpc_addr=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the binary exited before serving");
+    })
+    .await
+    .expect("serves its ports");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let status = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status();
+    assert_eq!(
+        status,
+        ServingStatus::NotServing,
+        "still loading when the Add is sent"
+    );
+    let mut client =
+        existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
+    client
+        .add(AddRequest {
+            keys: vec![Bytes::from_static(b"sent-while-loading")],
+            ..Default::default()
+        })
+        .await
+        .expect("the Add waits for the state instead of failing");
+    let found = client
+        .may_exist(MayExistRequest {
+            key: Bytes::from_static(b"sent-while-loading"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(found.answer(), existence_gate::proto::Answer::MayExist);
+    child.kill().await.unwrap();
+}
+
 /// `existence-gate probe` exits 0 only for a SERVING server (container HEALTHCHECKs and scripts rely on it).
 #[tokio::test]
 async fn the_probe_command_exits_zero_only_when_serving() {

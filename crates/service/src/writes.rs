@@ -8,6 +8,9 @@ use crate::core::keys::PackedKeys;
 use crate::core::namespace::{AbsenceReport, Added, NewKeys, Recorded};
 use crate::core::writes::{Pending, Writes};
 
+/// How long a write that arrives while the state loads waits for it before it is refused "still loading".
+const LOADING_WAIT: Duration = Duration::from_secs(10);
+
 /// Writes applied to the local gate and logged by it.
 #[derive(Debug)]
 pub struct LocalWrites {
@@ -33,6 +36,9 @@ impl LocalWrites {
         &self,
         write: impl FnOnce(&Gate) -> Result<T, GateError> + Send + 'static,
     ) -> Result<T, GateError> {
+        if !self.gate.is_ready() {
+            let _ = tokio::time::timeout(LOADING_WAIT, self.gate.until_ready()).await;
+        }
         if !self.gate.writes_may_wait() {
             return write(&self.gate);
         }

@@ -40,6 +40,8 @@ pub fn recover_with_files(
     mode: SyncMode,
     files: Arc<dyn SegmentFiles>,
 ) -> Result<(Wal, Recovered), PersistenceError> {
+    // A slow load (a large snapshot), for the tests of what is answered meanwhile: `sleep(ms)`.
+    fail::fail_point!("recovery-start");
     let started = Instant::now();
     let mut covered = 0;
     let mut loaded = None;

@@ -114,6 +114,9 @@ pub struct Gate {
     /// A maintenance tick kept the windows for want of the read lease: they are freed once it holds
     /// ([`lease_granted`](Self::lease_granted)).
     windows_waiting: AtomicBool,
+    /// Set once writes are open: what a write that arrives while loading waits for
+    /// ([`until_ready`](Self::until_ready)).
+    ready: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -160,6 +163,7 @@ impl Gate {
             lease: None,
             stream_time: None,
             windows_waiting: AtomicBool::new(false),
+            ready: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -185,12 +189,22 @@ impl Gate {
     /// Ends warming: lookups answer from state, writes go to `log`. Only the first call counts.
     pub fn open(&self, log: Arc<dyn Log>) {
         let _ = self.writes.set(WriteMode::Logged(log));
+        self.ready.send_replace(true);
     }
 
     /// Ends warming for a replica of a shared log: lookups answer from state, writes are
     /// [prepared](Self::prepare_add) here and published by the wiring. Only the first call counts.
     pub fn open_published(&self) {
         let _ = self.writes.set(WriteMode::Published);
+        self.ready.send_replace(true);
+    }
+
+    /// Returns once writes are open. A write that reaches a server still loading — a restarted replica a
+    /// balancer already sends calls to — waits for its state (bounded by its caller) rather than fail "still
+    /// loading"; lookups meanwhile fail open (`WARMING`).
+    pub async fn until_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        let _ = ready.wait_for(|ready| *ready).await;
     }
 
     /// Whether a write may wait inside the log (see [`Log::commit_may_wait`]); also while loading, when the

@@ -36,6 +36,7 @@ impl Replica {
         keys: PackedKeys,
         new_keys: NewKeys,
     ) -> Result<Added, GateError> {
+        self.until_ready().await;
         let Mutation::Add {
             namespace,
             at_ms,
@@ -94,6 +95,7 @@ impl Replica {
         namespace: &str,
         report: AbsenceReport,
     ) -> Result<Recorded, GateError> {
+        self.until_ready().await;
         let mut latest_known = self.stream_seq.load(Ordering::Acquire);
         if report.observed_seq > latest_known {
             // Observed on a replica that sampled the stream more recently: ask the stream itself.
@@ -113,6 +115,15 @@ impl Replica {
             },
             _ => Recorded { seq, ..recorded },
         })
+    }
+
+    /// Waits, at most [`APPLY_WAIT`], for this replica to have caught up and opened its writes: a write
+    /// routed to a replica still loading (a balancer that has not yet seen it restart) waits for it rather
+    /// than fail "still loading".
+    async fn until_ready(&self) {
+        if !self.gate.is_ready() {
+            let _ = tokio::time::timeout(APPLY_WAIT, self.gate.until_ready()).await;
+        }
     }
 
     /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule; returns its
