@@ -19,6 +19,7 @@ mod balancer;
 mod clock;
 mod clock_steps;
 mod concurrency;
+mod deploy_units;
 mod durability;
 mod faults;
 mod fuzz_harnesses;
