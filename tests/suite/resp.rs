@@ -173,6 +173,38 @@ async fn redisbloom_commands_answer_as_grpc_does() {
         .await
         .unwrap_err();
     assert!(reserve.to_string().contains("item exists"), "{reserve}");
+    // Its options are checked first, as RedisBloom checks them; PING takes one argument at most.
+    for (args, refused) in [
+        (
+            &["users", "0.01", "1000", "EXPANSION", "0"][..],
+            "bad expansion",
+        ),
+        (
+            &["users", "0.01", "1000", "NONSCALING", "EXPANSION", "2"][..],
+            "nonscaling filters cannot expand",
+        ),
+        (
+            &["users", "0.01", "1000", "SCALE"][..],
+            "unknown BF.RESERVE option 'SCALE'",
+        ),
+    ] {
+        let error = cmd("BF.RESERVE")
+            .arg(args)
+            .query_async::<String>(&mut redis)
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains(refused), "{args:?}: {error}");
+    }
+    let ping = cmd("PING")
+        .arg(&["x", "y"])
+        .query_async::<String>(&mut redis)
+        .await
+        .unwrap_err();
+    assert!(
+        ping.to_string()
+            .contains("wrong number of arguments for 'ping' command"),
+        "{ping}"
+    );
     let unknown = cmd("BF.EXISTS")
         .arg(&["nope", "k"])
         .query_async::<i64>(&mut redis)

@@ -157,6 +157,26 @@ pub async fn insert(
 pub fn reserve(port: &Port, namespace: &str, args: &[Bytes]) -> Outcome {
     error_rate(args.first())?;
     positive(args.get(1), "bad capacity")?;
+    // Its options are checked as RedisBloom checks them, before the filter's existence.
+    let (mut options, mut expands, mut nonscaling) = (args[2..].iter(), false, false);
+    while let Some(option) = options.next() {
+        match option.to_ascii_uppercase().as_slice() {
+            b"EXPANSION" => {
+                positive(options.next(), "bad expansion")?;
+                expands = true;
+            }
+            b"NONSCALING" => nonscaling = true,
+            _ => {
+                return Err(Refusal::err(format!(
+                    "syntax error: unknown BF.RESERVE option '{}'",
+                    String::from_utf8_lossy(option)
+                )))
+            }
+        }
+    }
+    if expands && nonscaling {
+        return Err(Refusal::err("nonscaling filters cannot expand"));
+    }
     port.gate.namespace(namespace).map_err(refusal)?;
     Err(Refusal::err("item exists"))
 }

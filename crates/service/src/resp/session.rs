@@ -203,6 +203,9 @@ impl Session {
                 self.unsubscribe(&args[1..], out);
                 Ok(())
             }
+            "ping" if args.len() > 2 => {
+                Err(Refusal::err("wrong number of arguments for 'ping' command"))
+            }
             "ping" => {
                 self.ping(args.get(1), out);
                 Ok(())
