@@ -711,21 +711,28 @@ async fn a_lost_slot_is_said_and_recreated_on_request() {
     feed.kill().await;
 }
 
-/// A feed restarted with no slot where its namespace already holds writes — the slot was dropped while the
-/// feed was stopped — refuses to create it with nothing loaded, naming `--recreate-slot` (it once created
-/// a plain slot and followed changes from then on: the rows inserted while it was down answered `ABSENT`,
-/// `/readyz` 200); started so, it loads them.
-#[tokio::test]
-async fn a_feed_restarted_without_its_slot_refuses_to_skip_what_it_missed() {
-    let Some(postgres) = database().await else {
-        return;
-    };
+/// A database, a gate and a feed following it, rows 0..50 inserted and in the gate; `None` without
+/// PostgreSQL.
+async fn fed_fifty_rows() -> Option<(Postgres, RunningServer, tokio_postgres::Client, Feed)> {
+    let postgres = database().await?;
     let gate = start(CONFIG).await;
     let db = postgres.client().await;
     let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
     feed.ready().await;
     insert(&db, 0, 50).await;
     all_present(&gate, ids(0..50)).await;
+    Some((postgres, gate, db, feed))
+}
+
+/// A feed restarted with no slot where its namespace already holds writes — the slot was dropped while the
+/// feed was stopped — refuses to create it with nothing loaded, naming `--recreate-slot` (it once created
+/// a plain slot and followed changes from then on: the rows inserted while it was down answered `ABSENT`,
+/// `/readyz` 200); started so, it loads them.
+#[tokio::test]
+async fn a_feed_restarted_without_its_slot_refuses_to_skip_what_it_missed() {
+    let Some((postgres, gate, db, feed)) = fed_fifty_rows().await else {
+        return;
+    };
     feed.kill().await;
     db.execute("SELECT pg_drop_replication_slot('feed_slot')", &[])
         .await
@@ -773,15 +780,9 @@ async fn consume_slot(db: &tokio_postgres::Client, feed: &Feed, rows: std::ops::
 /// advice, or running with `--recreate-slot`, loads every key again.
 #[tokio::test]
 async fn a_slot_consumed_by_another_client_is_said_and_recreated_on_request() {
-    let Some(postgres) = database().await else {
+    let Some((postgres, gate, db, feed)) = fed_fifty_rows().await else {
         return;
     };
-    let gate = start(CONFIG).await;
-    let db = postgres.client().await;
-    let feed = Feed::start(&postgres.dsn(), &addr(&gate), &[]).await;
-    feed.ready().await;
-    insert(&db, 0, 50).await;
-    all_present(&gate, ids(0..50)).await;
     consume_slot(&db, &feed, 50..100).await;
     let body = wait_until(
         PATIENCE,

@@ -206,17 +206,7 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("binary starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let grpc_addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("grpc_addr=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        panic!("the binary exited before serving");
-    })
-    .await
-    .expect("serves within 30 s");
+    let grpc_addr = logged_grpc_addr(&mut child).await;
 
     let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
         .unwrap()
@@ -248,6 +238,54 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
         .expect("exits within the drain deadline")
         .unwrap();
     assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// The gRPC address a started binary logs (its ports are bound before it loads); its output is read on, so
+/// that it never blocks on a full pipe.
+async fn logged_grpc_addr(child: &mut tokio::process::Child) -> String {
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grpc_addr = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("grpc_addr=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the binary exited before serving");
+    })
+    .await
+    .expect("serves its ports");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    grpc_addr
+}
+
+/// Adds `key` and looks it up: both answered (`when` says when, for the failure message), and the key found.
+async fn added_and_found(
+    client: &mut existence_gate::proto::existence_gate_client::ExistenceGateClient<
+        tonic::transport::Channel,
+    >,
+    key: &'static [u8],
+    when: &str,
+) {
+    client
+        .add(AddRequest {
+            keys: vec![Bytes::from_static(key)],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|status| panic!("an Add {when}: {status:?}"));
+    let found = client
+        .may_exist(MayExistRequest {
+            key: Bytes::from_static(key),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|status| panic!("a lookup {when}: {status:?}"))
+        .into_inner();
+    assert_eq!(
+        found.answer(),
+        existence_gate::proto::Answer::MayExist,
+        "{when}"
+    );
 }
 
 /// On SIGTERM the binary turns `/readyz` 503 and health `NOT_SERVING` at once but serves on for
@@ -293,22 +331,12 @@ async fn sigterm_turns_readiness_down_first_and_serves_on_for_the_drain_delay() 
         .into_inner();
     assert_eq!(reply.status(), ServingStatus::NotServing);
     // Still serving: lookups and writes are answered, the subscription goes on.
-    client
-        .add(AddRequest {
-            keys: vec![Bytes::from_static(b"added-while-draining")],
-            ..Default::default()
-        })
-        .await
-        .expect("an Add during the drain delay");
-    let found = client
-        .may_exist(MayExistRequest {
-            key: Bytes::from_static(b"added-while-draining"),
-            ..Default::default()
-        })
-        .await
-        .expect("a lookup during the drain delay")
-        .into_inner();
-    assert_eq!(found.answer(), existence_gate::proto::Answer::MayExist);
+    added_and_found(
+        &mut client,
+        b"added-while-draining",
+        "during the drain delay",
+    )
+    .await;
     let pushed = stream.message().await.expect("the stream is still open");
     assert!(pushed.is_some(), "the Add's invalidation arrives");
     common::send_signal(pid, "TERM");
@@ -339,18 +367,7 @@ async fn an_add_sent_while_the_state_loads_waits_for_it() {
         .stderr(Stdio::null())
         .spawn()
         .expect("binary starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let grpc_addr = tokio::time::timeout(PATIENCE, async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("grpc_addr=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
-            }
-        }
-        panic!("the binary exited before serving");
-    })
-    .await
-    .expect("serves its ports");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let grpc_addr = logged_grpc_addr(&mut child).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
         .unwrap()
         .connect()
@@ -372,22 +389,12 @@ async fn an_add_sent_while_the_state_loads_waits_for_it() {
     );
     let mut client =
         existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
-    client
-        .add(AddRequest {
-            keys: vec![Bytes::from_static(b"sent-while-loading")],
-            ..Default::default()
-        })
-        .await
-        .expect("the Add waits for the state instead of failing");
-    let found = client
-        .may_exist(MayExistRequest {
-            key: Bytes::from_static(b"sent-while-loading"),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(found.answer(), existence_gate::proto::Answer::MayExist);
+    added_and_found(
+        &mut client,
+        b"sent-while-loading",
+        "sent while loading: it waits for the state",
+    )
+    .await;
     child.kill().await.unwrap();
 }
 
