@@ -199,20 +199,7 @@ async fn readiness(routes: &axum::Router) -> u16 {
 #[tokio::test]
 async fn the_binary_shuts_down_gracefully_on_sigterm() {
     let data_dir = tempfile::tempdir().unwrap();
-    let mut child = common::binary::serve()
-        .arg("--data-dir")
-        .arg(data_dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("binary starts");
-    let grpc_addr = logged_grpc_addr(&mut child).await;
-
-    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let (mut child, channel) = spawned(data_dir.path(), "").await;
     let mut client =
         existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
     let mut stream = client
@@ -240,9 +227,20 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
     assert!(exit.success(), "exit status {exit:?}");
 }
 
-/// The gRPC address a started binary logs (its ports are bound before it loads); its output is read on, so
-/// that it never blocks on a full pipe.
-async fn logged_grpc_addr(child: &mut tokio::process::Child) -> String {
+/// The binary on `dir` with `FAILPOINTS=faults`, and a channel to its gRPC port as soon as it is bound (before
+/// the state is loaded); its output is read on, so that it never blocks on a full pipe.
+async fn spawned(
+    dir: &std::path::Path,
+    faults: &str,
+) -> (tokio::process::Child, tonic::transport::Channel) {
+    let mut child = common::binary::serve()
+        .arg("--data-dir")
+        .arg(dir)
+        .env("FAILPOINTS", faults)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let grpc_addr = tokio::time::timeout(PATIENCE, async {
         while let Some(line) = lines.next_line().await.unwrap() {
@@ -255,7 +253,12 @@ async fn logged_grpc_addr(child: &mut tokio::process::Child) -> String {
     .await
     .expect("serves its ports");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    grpc_addr
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (child, channel)
 }
 
 /// Adds `key` and looks it up: both answered (`when` says when, for the failure message), and the key found.
@@ -359,20 +362,7 @@ async fn sigterm_turns_readiness_down_first_and_serves_on_for_the_drain_delay() 
 #[tokio::test]
 async fn an_add_sent_while_the_state_loads_waits_for_it() {
     let data_dir = tempfile::tempdir().unwrap();
-    let mut child = common::binary::serve()
-        .arg("--data-dir")
-        .arg(data_dir.path())
-        .env("FAILPOINTS", "recovery-start=sleep(1500)")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    let grpc_addr = logged_grpc_addr(&mut child).await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc_addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let (mut child, channel) = spawned(data_dir.path(), "recovery-start=sleep(1500)").await;
     let mut health = HealthClient::new(channel.clone());
     let status = health
         .check(HealthCheckRequest {
