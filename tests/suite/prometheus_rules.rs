@@ -74,7 +74,7 @@ fn the_rules_pass_promtool_and_their_unit_tests() {
         ["test", "rules", "existence-gate.tests.yml"],
     ] {
         let output = Command::new("promtool")
-            .args(&args)
+            .args(args)
             .current_dir(rules_dir())
             .output()
             .unwrap();
