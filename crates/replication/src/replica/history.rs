@@ -24,8 +24,18 @@ impl Replica {
         self.history().applied(seq, mutation);
     }
 
-    /// Another replica's report (or this one's own, ignored).
+    /// Another replica's report (or this one's own, ignored). Only a member's counts (its id and nonce in
+    /// the membership): a report from anything else on the subject — a process that never joined, a forged
+    /// one — must not be able to make a sound replica give up its history.
     pub(super) fn heard_history(&self, report: &HistoryReport) {
+        let member = self
+            .protocol()
+            .members()
+            .iter()
+            .any(|(id, m)| *id == report.replica && m.nonce == report.nonce);
+        if !member {
+            return;
+        }
         let (now, me) = (self.lease.now(), self.nonce());
         self.history().heard(report, me, now);
         self.judge_history();
