@@ -31,7 +31,6 @@
 //!   same parser, must be the defaults, as the reference says they are.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::process::Command;
 
 use existence_gate::core::config::{GateConfig, Limits, NamespaceSettings};
@@ -53,7 +52,7 @@ const TABLES: [(&str, &str, &str); 3] = [
 const UNKNOWN_KEY: &str = "no_such_key_in_any_table";
 
 fn document(path: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path);
+    let path = crate::common::workspace_root().join(path);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 

@@ -13,7 +13,7 @@ use std::path::{Component, Path, PathBuf};
 const README_MAX_LINES: usize = 300;
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::common::workspace_root()
 }
 
 /// README.md, ARCHITECTURE.md and every Markdown file under docs/, sorted.

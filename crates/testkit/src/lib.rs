@@ -93,12 +93,25 @@ pub fn send_signal(pid: u32, signal: &str) {
     assert!(sent.success(), "kill -{signal} {pid}");
 }
 
-/// The workspace this kit was built in (`crates/testkit/../..`): where the benches' release binary and the
-/// scripts are when nothing at run time says otherwise.
+/// The workspace whose files a test reads (docs, deployment files, scripts): the one holding the package
+/// cargo runs the test for (`CARGO_MANIFEST_DIR` at run time: a test binary reused from a shared target folder
+/// may have been built in another checkout), else the one this kit was built in (`crates/testkit/../..`).
 pub fn workspace_root() -> PathBuf {
-    let kit = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    kit.parent()
-        .and_then(std::path::Path::parent)
-        .expect("the kit is at crates/testkit")
-        .to_path_buf()
+    let at_run_time = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let workspace = at_run_time.and_then(|package| {
+        package
+            .ancestors()
+            .find(|dir| {
+                std::fs::read_to_string(dir.join("Cargo.toml"))
+                    .is_ok_and(|manifest| manifest.contains("\n[workspace]"))
+            })
+            .map(std::path::Path::to_path_buf)
+    });
+    workspace.unwrap_or_else(|| {
+        let kit = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        kit.parent()
+            .and_then(std::path::Path::parent)
+            .expect("the kit is at crates/testkit")
+            .to_path_buf()
+    })
 }
