@@ -20,7 +20,7 @@ use existence_gate::core::tombstones::AbsenceKind;
 use existence_gate::replication::protocol::history::HistoryReport;
 use existence_gate::replication::protocol::{WriteId, WriteRead};
 use existence_gate::replication::stream::{
-    AppliedReport, Heard, MutationStream, StreamError, StreamOptions,
+    AppliedReport, Framing, Heard, MutationStream, Record, StreamError, StreamOptions,
 };
 use futures_util::StreamExt;
 
@@ -446,6 +446,8 @@ async fn junk_before_a_namespaces_first_sizing_is_passed_over() {
     };
     publish("junk".to_string()).await;
     publish(String::new()).await;
+    // Shaped like a sizing but not sealed: junk too, or this one would be the namespace's sizing.
+    publish(spec(9_000).describe()).await;
     stream.agree_sizing("users", &spec(1_000)).await.unwrap();
     publish(spec(9_000).describe()).await;
     open(&nats)
@@ -467,10 +469,11 @@ async fn type_of(jetstream: &async_nats::jetstream::Context, stream: &str, seq: 
     stream.get_raw_message(seq).await.unwrap().payload[0]
 }
 
-/// A stream's identity names its format; a new stream is set up in format 3 (an `Add` of keys of one length
-/// gives it once, other keys a varint length each), a stream set up in format 2 keeps varint lengths and
-/// one in format 1 u32 lengths (which the older replicas following them read: they would pass anything
-/// else over as junk), and a newer format is refused.
+/// A stream's identity names its format; a new stream is set up in format 4 (its own records sealed: a
+/// magic, a version and a checksum; an `Add` of keys of one length gives it once, other keys a varint
+/// length each), a stream set up in format 3 keeps its records unsealed, one in format 2 also varint
+/// lengths and one in format 1 u32 lengths (which the older replicas following them read: they would pass
+/// anything else over as junk), and a newer format is refused.
 #[tokio::test]
 async fn a_stream_frames_keys_as_its_identity_says() {
     let Some(nats) = Nats::start().await else {
@@ -489,9 +492,10 @@ async fn a_stream_frames_keys_as_its_identity_says() {
         .payload;
     assert_eq!(
         identity[8..12],
-        3u32.to_le_bytes(),
-        "a new stream is format 3"
+        4u32.to_le_bytes(),
+        "a new stream is format 4"
     );
+    assert_eq!(identity.len(), 48, "the seed, then its checksum");
     fresh.publish(&add("users", "k"), "w1").await.unwrap();
     assert_eq!(
         type_of(&jetstream, "existence", 2).await,
@@ -500,7 +504,12 @@ async fn a_stream_frames_keys_as_its_identity_says() {
     );
     assert_eq!(read(&fresh, 0, 1).await, [add("users", "k").with_seq(2)]);
 
-    for (name, format) in [("legacy", 1u32), ("varint", 2), ("future", 4)] {
+    for (name, format) in [
+        ("legacy", 1u32),
+        ("varint", 2),
+        ("unsealed", 3),
+        ("future", 5),
+    ] {
         jetstream
             .create_stream(async_nats::jetstream::stream::Config {
                 name: name.to_string(),
@@ -536,6 +545,39 @@ async fn a_stream_frames_keys_as_its_identity_says() {
         "varint key lengths"
     );
     assert_eq!(read(&varint, 0, 1).await, [add("users", "k").with_seq(2)]);
+    // The stream's own records follow its format too: sealed on a new stream, and as older builds wrote them
+    // on one set up in format 3 (an older replica there would pass a sealed record over as junk).
+    let unsealed = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "unsealed"))
+        .await
+        .unwrap();
+    let sizing = FilterSpec {
+        expected_keys: 1_000,
+        false_positive_rate: 0.01,
+        retention: Retention::Forever,
+        windows: 1,
+        max_bytes: 1 << 24,
+    };
+    for (stream, framing) in [(&fresh, Framing::Sealed), (&unsealed, Framing::Legacy)] {
+        stream.agree_sizing("users", &sizing).await.unwrap();
+        let written = jetstream
+            .get_stream(stream.name())
+            .await
+            .unwrap()
+            .get_last_raw_message_by_subject(&format!("{}.$sizing.users", stream.name()))
+            .await
+            .unwrap()
+            .payload;
+        assert_eq!(
+            framing.body(Record::Sizing, &written).unwrap(),
+            sizing.describe().as_bytes(),
+            "{}",
+            stream.name()
+        );
+        assert_eq!(
+            written.starts_with(b"expected_keys"),
+            framing == Framing::Legacy
+        );
+    }
 
     let refused = MutationStream::open(&StreamOptions::new(vec![nats.url.clone()], "future"))
         .await
@@ -543,7 +585,7 @@ async fn a_stream_frames_keys_as_its_identity_says() {
     assert!(
         refused
             .to_string()
-            .contains("newer existence-gate (identity format 4"),
+            .contains("newer existence-gate (identity format 5"),
         "{refused}"
     );
 }

@@ -24,13 +24,11 @@ use std::path::Path;
 use bytes::Bytes;
 
 use super::protocol::history::HistoryDigest;
-use super::stream::{open_or_create, MutationStream, StreamError};
+use super::stream::{open_or_create, MutationStream, Record, StreamError};
 use async_nats::jetstream::object_store::{self, ObjectMetadata, ObjectStore};
 
 /// The prefix of every snapshot object's name; the covered seq follows, zero-padded to sort.
 const PREFIX: &str = "snapshot-";
-/// The stream record naming the snapshots the bucket holds.
-const INDEX: &str = "snapshots";
 /// The object metadata key of the history digest at the covered seq.
 const HISTORY: &str = "history";
 
@@ -88,7 +86,10 @@ impl SnapshotStore {
 
     /// The index record: the covered seqs, oldest first, and the record's stream seq (0: none yet).
     async fn index(&self) -> Result<(Vec<u64>, u64), StreamError> {
-        let (at, payload) = self.stream.record(INDEX, valid_index).await?;
+        let (at, payload) = self
+            .stream
+            .record(Record::SnapshotIndex, valid_index)
+            .await?;
         Ok((payload.map_or_else(Vec::new, |p| covered_seqs(&p)), at))
     }
 
@@ -170,11 +171,15 @@ impl SnapshotStore {
             let payload: Vec<u8> = kept.iter().flat_map(|s| s.to_le_bytes()).collect();
             if let Some(written) = self
                 .stream
-                .replace_record(INDEX, Bytes::from(payload), at)
+                .replace_record(Record::SnapshotIndex, &payload, at)
                 .await?
             {
                 // The index's earlier versions are of no use: the subject keeps this one (and what follows).
-                if let Err(error) = self.stream.purge_record_below(INDEX, written).await {
+                if let Err(error) = self
+                    .stream
+                    .purge_record_below(Record::SnapshotIndex, written)
+                    .await
+                {
                     tracing::debug!(%error, "the index's earlier versions were not purged");
                 }
                 break (dropped, kept);
@@ -203,7 +208,7 @@ pub struct IndexRead {
 impl IndexRead {
     /// Reads the index of `stream`'s snapshot bucket.
     pub async fn of(stream: &MutationStream) -> Result<Self, StreamError> {
-        let (at, payload) = stream.record(INDEX, valid_index).await?;
+        let (at, payload) = stream.record(Record::SnapshotIndex, valid_index).await?;
         Ok(Self { at, payload })
     }
 
@@ -225,20 +230,21 @@ impl IndexRead {
     /// with the next share's purge (purging them here would open gaps ahead of the replica, each confirmed
     /// in turn).
     pub async fn confirm(&self, stream: &MutationStream) -> Result<bool, StreamError> {
-        let payload = self.payload.clone().unwrap_or_default();
+        let body = self.payload.clone().unwrap_or_default();
         Ok(stream
-            .replace_record(INDEX, payload, self.at)
+            .replace_record(Record::SnapshotIndex, &body, self.at)
             .await?
             .is_some())
     }
 }
 
-/// Whether `payload`, stored at stream seq `at`, is an index: seqs, eight bytes each, rising, none 0, and
-/// each below `at` — a snapshot is shared after the seq it covers was applied, so the record naming it comes
-/// later in the stream. Junk published on the subject is not: eight random bytes make a rising list of one
-/// seq almost always, and a seq far past the stream's end named snapshots no bucket held, so that every
-/// start and restart failed to download one; below `at`, eight random bytes pass once in about 2⁴⁴ tries
-/// on a stream of a million messages. Empty names no snapshot: what [`IndexRead::confirm`] writes where no
+/// Whether `payload`, the body of a record stored at stream seq `at`, is an index: seqs, eight bytes each,
+/// rising, none 0, and each below `at` — a snapshot is shared after the seq it covers was applied, so the
+/// record naming it comes later in the stream. On a stream whose records are sealed junk is refused before
+/// (its checksum); on an older stream's unsealed records this is the only check: eight random bytes make a
+/// rising list of one seq almost always, and a seq far past the stream's end named snapshots no bucket held,
+/// so that every start and restart failed to download one; below `at`, eight random bytes pass once in
+/// about 2⁴⁴ tries on a stream of a million messages. Empty names no snapshot: what [`IndexRead::confirm`] writes where no
 /// snapshot was shared yet.
 fn valid_index(at: u64, payload: &[u8]) -> bool {
     let seqs = covered_seqs(payload);

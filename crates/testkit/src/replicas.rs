@@ -8,6 +8,7 @@ use std::process::Stdio;
 use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{self, Answer, Basis, MayExistRequest, StatsRequest};
+use existence_gate::replication::stream::{Framing, Record};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
@@ -305,8 +306,9 @@ pub async fn shared_snapshots(nats: &str) -> Vec<u64> {
         .get_last_raw_message_by_subject("existence.$snapshots")
         .await
     {
-        Ok(index) => index
-            .payload
+        Ok(index) => Framing::Sealed
+            .body(Record::SnapshotIndex, &index.payload)
+            .expect("the index is a sealed record")
             .chunks_exact(8)
             .map(|seq| u64::from_le_bytes(seq.try_into().unwrap()))
             .collect(),

@@ -34,7 +34,9 @@
 //!   [`protocol`](super::protocol)). Purged with the namespaces' mutations below a shared snapshot.
 //!
 //! A message that is none of these — junk published by anything with publish rights — is passed over by
-//! every replica alike ([`Streamed::junk`]), never applied and never a reason to stop.
+//! every replica alike ([`Streamed::junk`]), never applied and never a reason to stop. The records are
+//! sealed (a magic, a version and a checksum: [`framing`]), so junk on a record's subject is not taken for
+//! the record either.
 //!
 //! Limits: stream names are NATS's (no spaces, `.`, `*` or `>`); a namespace name may contain `.`, which
 //! only adds subject tokens (`existence.a.b`), still under `existence.>`. A message holds at most the
@@ -42,16 +44,19 @@
 //!
 //! The files: this one opens the stream (options, errors, what a read yields); [`mutations`] publishes,
 //! follows and purges the log; [`records`] keeps the identity and sizings; [`membership`] the membership
-//! records and barriers; [`reports`] the applied-seq reports; [`concurrent_setup`] opens what a replica
+//! records and barriers; [`framing`] how those records are told from junk; [`reports`] the applied-seq
+//! reports; [`concurrent_setup`] opens what a replica
 //! started at the same moment may be creating.
 
 mod concurrent_setup;
+pub mod framing;
 mod membership;
 mod mutations;
 mod records;
 mod reports;
 
 pub(crate) use concurrent_setup::open_or_create;
+pub use framing::{Framing, Record};
 pub use reports::{AppliedReport, Heard};
 
 use std::path::PathBuf;
@@ -73,10 +78,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const SETUP_ATTEMPTS: u32 = 5;
 /// How long a retried publish with the same `Nats-Msg-Id` is recognised as a duplicate.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
-/// The subject token of membership records.
-const MEMBER: &str = "$member";
-/// The subject token of lease barriers.
-const BARRIER: &str = "$barrier";
 
 /// Where the stream is and how to reach it.
 #[derive(Debug, Clone)]
@@ -188,6 +189,8 @@ pub struct MutationStream {
     seed: [u8; 32],
     /// How this stream's mutations frame their keys (its identity's format says).
     key_lengths: KeyLengths,
+    /// How this stream's own records are framed (its identity's format says).
+    framing: Framing,
 }
 
 impl MutationStream {
@@ -268,8 +271,9 @@ impl MutationStream {
             name: options.stream.clone(),
             seed: [0; 32],
             key_lengths: KeyLengths::Varint,
+            framing: Framing::Legacy,
         };
-        (opened.seed, opened.key_lengths) = opened.identity().await?;
+        (opened.seed, opened.key_lengths, opened.framing) = opened.identity().await?;
         Ok(opened)
     }
 
@@ -409,7 +413,11 @@ pub fn check_server_version(
         return Ok(());
     }
     Err(StreamError::Config(format!(
-        "nats-server {server:?} runs version {version:?}, older than {}.{}: it cannot sync JetStream's store          before acknowledging a write, so a power loss of the NATS hosts can lose acknowledged Adds, which          every replica then answers ABSENT for. Run nats-server 2.10 or later with `jetstream {{          sync_interval: always }}` (docs/deployment.md); --nats-allow-unsynced starts anyway, for tests of          older servers only",
+        "nats-server {server:?} runs version {version:?}, older than {}.{}: it cannot sync JetStream's store \
+         before acknowledging a write, so a power loss of the NATS hosts can lose acknowledged Adds, which \
+         every replica then answers ABSENT for. Run nats-server 2.10 or later with `jetstream {{ \
+         sync_interval: always }}` (docs/deployment.md); --nats-allow-unsynced starts anyway, for tests of \
+         older servers only",
         SYNCED_NATS.0, SYNCED_NATS.1
     )))
 }

@@ -5,8 +5,9 @@ use async_nats::jetstream::{self, consumer};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 
+use super::framing::{Framing, Record};
 use super::membership::{parse_barrier, parse_member};
-use super::{MutationStream, Published, StreamError, Streamed, BARRIER, MEMBER};
+use super::{MutationStream, Published, StreamError, Streamed};
 use crate::core::log::Mutation;
 use crate::protocol::copy::MessageDigest;
 use crate::protocol::MemberRecord;
@@ -76,18 +77,19 @@ impl MutationStream {
         let messages = consumer.messages().await.map_err(|e| failed(&e))?;
         let name = self.name.clone();
         let control = format!("{}.$", self.name);
+        let framing = self.framing;
         let mut consumer = None;
         Ok(messages.map(move |message| {
             fail::fail_point!("stream-consumer", |_| Err(StreamError::Read(format!(
                 "the consumer of the JetStream stream {name:?} failed: injected by fault point stream-consumer"
             ))));
-            decode(&name, &control, &mut consumer, message)
+            decode(&name, (&control, framing), &mut consumer, message)
         }))
     }
 
     /// Removes the lease barriers below `seq` (they carry no state; a retained snapshot is past them).
     pub async fn purge_barriers_below(&self, seq: u64) -> Result<u64, StreamError> {
-        self.purge_subject_below(&format!("{}.{BARRIER}", self.name), seq)
+        self.purge_subject_below(&format!("{}.{}", self.name, Record::Barrier.token()), seq)
             .await
     }
 
@@ -125,11 +127,12 @@ impl MutationStream {
 }
 
 /// A message read from the stream: a mutation at its stream sequence, or one of the stream's own records
-/// (subjects under `control`). `consumer` is the name of the consumer that delivered the messages before;
-/// a message from another one (the client created it again) is a read error (see [`MutationStream::follow`]).
+/// (subjects under `control`, framed as `framing` says). `consumer` is the name of the consumer that
+/// delivered the messages before; a message from another one (the client created it again) is a read error
+/// (see [`MutationStream::follow`]).
 fn decode(
     name: &str,
-    control: &str,
+    (control, framing): (&str, Framing),
     consumer: &mut Option<String>,
     message: Result<jetstream::Message, impl std::fmt::Display>,
 ) -> Result<Streamed, StreamError> {
@@ -171,19 +174,16 @@ fn decode(
         digest,
         stored_at_ms,
     };
-    if let Some(record) = subject.strip_prefix(control) {
-        return Ok(match record {
-            _ if record == &MEMBER[1..] => match parse_member(&message.payload) {
-                Ok(Some(member)) => passed_over(Some(member), None),
-                Ok(None) => passed_over(None, None),
+    if let Some(token) = subject.strip_prefix(control) {
+        return Ok(
+            match control_record(framing, seq, token, &message.payload) {
+                Ok((member, barrier)) => Streamed {
+                    barrier,
+                    ..passed_over(member, None)
+                },
                 Err(why) => passed_over(None, Some(format!("subject {subject}: {why}"))),
             },
-            _ if record == &BARRIER[1..] => Streamed {
-                barrier: parse_barrier(&message.payload),
-                ..passed_over(None, None)
-            },
-            _ => passed_over(None, None),
-        });
+        );
     }
     match codec::decode_shared(&message.payload) {
         Ok(mutation) if format!("{name}.{}", mutation.namespace()) == subject => {
@@ -226,6 +226,33 @@ fn decode(
             )),
         )),
     }
+}
+
+/// A membership change, and a lease barrier's nonce and send time, that a record holds (either, or neither).
+type RecordMeaning = (Option<MemberRecord>, Option<(u64, u64)>);
+
+/// What the stream's own record at `seq` on subject `STREAM.$token` means to the applier — a membership
+/// change, a lease barrier (nonce, send time), or nothing — or why it is junk, which every replica counts
+/// and logs alike.
+fn control_record(
+    framing: Framing,
+    seq: u64,
+    token: &str,
+    payload: &[u8],
+) -> Result<RecordMeaning, String> {
+    let kind = token.split('.').next().unwrap_or(token);
+    let record = match kind {
+        // The identity is written once, into the empty stream: what comes later on its subject is junk.
+        "identity" if seq == 1 => return Ok((None, None)),
+        "identity" => return Err("a second identity (the stream's is its first message)".into()),
+        "member" => return parse_member(framing, payload).map(|member| (member, None)),
+        "barrier" => return parse_barrier(framing, payload).map(|barrier| (None, Some(barrier))),
+        "sizing" if token.len() > kind.len() => Record::Sizing,
+        "timing" => Record::Timing,
+        "snapshots" => Record::SnapshotIndex,
+        _ => return Err("no record of the stream's is kept on this subject".into()),
+    };
+    framing.body(record, payload).map(|_| (None, None))
 }
 
 /// A stored message's [`MessageDigest`]: its subject, message id and payload, hashed (xxh3: about a

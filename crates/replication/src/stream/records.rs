@@ -11,6 +11,7 @@ use async_nats::jetstream::{self, consumer};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
+use super::framing::{Framing, Record};
 use super::{MutationStream, StreamError};
 use crate::core::filter::FilterSpec;
 use crate::core::hashing::KeyHasher;
@@ -18,21 +19,17 @@ use crate::storage::codec::KeyLengths;
 
 /// The subject token of the deployment identity.
 const IDENTITY: &str = "$identity";
-/// The subject token before a namespace's sizing record.
-const SIZING: &str = "$sizing";
-/// The subject token of the deployment's read lease and clock drift ([`MutationStream::agree_timing`]).
-const TIMING: &str = "$timing";
-/// The start of a timing record; the read lease in nanoseconds and the drift in ppm follow.
-const TIMING_MAGIC: &str = "existence-gate timing v1:";
-/// The start of an identity message, then a u32 format and the 32-byte seed.
+/// The start of an identity message, then a u32 format and the 32-byte seed (and from format 4 the CRC-32C
+/// of all before it).
 const IDENTITY_MAGIC: &[u8; 8] = b"EXGIDNT1";
-/// The stream format this build writes into a new stream's identity: 3, an `Add` whose keys all have one
-/// length giving it once, other keys a varint length each ([`KeyLengths::Uniform`]). A stream set up in an
-/// older format is still read and written in it — format 2 with varint lengths only, format 1 with u32
-/// lengths — which every older replica following it reads; a build older than a stream's format refuses
-/// that stream at start (it would otherwise take each new mutation for junk and pass it over: its keys
-/// would answer `ABSENT`).
-const IDENTITY_FORMAT: u32 = 3;
+/// The stream format this build writes into a new stream's identity: 4, the stream's own records sealed
+/// ([`Framing::Sealed`]), and an `Add` whose keys all have one length giving it once, other keys a varint
+/// length each ([`KeyLengths::Uniform`], from format 3). A stream set up in an older format is still read
+/// and written in it — format 3 with legacy records, format 2 also with varint lengths only, format 1 with
+/// u32 lengths — which every older replica following it reads; a build older than a stream's format
+/// refuses that stream at start (it would otherwise take each new mutation, or record, for junk and pass
+/// it over: its keys would answer `ABSENT`).
+const IDENTITY_FORMAT: u32 = 4;
 /// How long reading one of the stream's record subjects from its start may take (the membership at start,
 /// a record's history past junk).
 const SUBJECT_READ: Duration = Duration::from_secs(10);
@@ -45,7 +42,7 @@ const SIZING_START: &str = "expected_keys = ";
 impl MutationStream {
     /// Reads the identity — the hash seed, and how the stream's mutations frame their keys — publishing
     /// one (at seq 1) into an empty stream.
-    pub(super) async fn identity(&self) -> Result<([u8; 32], KeyLengths), StreamError> {
+    pub(super) async fn identity(&self) -> Result<([u8; 32], KeyLengths, Framing), StreamError> {
         let subject = format!("{}.{IDENTITY}", self.name);
         // The stream's length first: an identity is always seq 1, so if the stream held anything when its
         // length was read, an identity read after that is there — unless the stream is not ours.
@@ -63,6 +60,7 @@ impl MutationStream {
         let mut payload = IDENTITY_MAGIC.to_vec();
         payload.extend_from_slice(&IDENTITY_FORMAT.to_le_bytes());
         payload.extend_from_slice(&KeyHasher::random().seed());
+        payload.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
         let first = jetstream::message::PublishMessage::build()
             .payload(Bytes::from(payload))
             .expected_last_sequence(0);
@@ -73,7 +71,7 @@ impl MutationStream {
     fn parse_identity(
         &self,
         message: &StreamMessage,
-    ) -> Result<([u8; 32], KeyLengths), StreamError> {
+    ) -> Result<([u8; 32], KeyLengths, Framing), StreamError> {
         let payload = &message.payload;
         let format = payload
             .get(8..12)
@@ -83,12 +81,21 @@ impl MutationStream {
             Some(2) => KeyLengths::Varint,
             _ => KeyLengths::Uniform,
         };
+        let framing = Framing::of_format(format.unwrap_or(0));
+        // From format 4 a checksum follows the seed.
+        let sealed_len = match framing {
+            Framing::Legacy => 44,
+            Framing::Sealed => 48,
+        };
+        let intact = payload.len() == sealed_len
+            && (framing == Framing::Legacy
+                || crc32c::crc32c(&payload[..44]).to_le_bytes() == payload[44..48]);
         match (payload.get(..8), format) {
-            (Some(magic), Some(1..=IDENTITY_FORMAT))
-                if magic == IDENTITY_MAGIC && payload.len() == 44 =>
-            {
-                Ok((payload[12..].try_into().expect("32 bytes"), lengths))
-            }
+            (Some(magic), Some(1..=IDENTITY_FORMAT)) if magic == IDENTITY_MAGIC && intact => Ok((
+                payload[12..44].try_into().expect("32 bytes"),
+                lengths,
+                framing,
+            )),
             (Some(magic), Some(format)) if magic == IDENTITY_MAGIC => Err(StreamError::Setup(format!(
                 "the JetStream stream {:?} was set up by a newer existence-gate (identity format {format}; \
                  this build reads 1 to {IDENTITY_FORMAT}): run that version or a newer one",
@@ -111,7 +118,7 @@ impl MutationStream {
         namespace: &str,
         spec: &FilterSpec,
     ) -> Result<(), StreamError> {
-        let subject = format!("{}.{SIZING}.{namespace}", self.name);
+        let subject = format!("{}.{}.{namespace}", self.name, Record::Sizing.token());
         let mine = spec.describe();
         let recorded = loop {
             let (found, last_junk) = self.first_sizing(&subject).await?;
@@ -119,7 +126,9 @@ impl MutationStream {
                 break found;
             }
             let first = jetstream::message::PublishMessage::build()
-                .payload(Bytes::from(mine.clone()))
+                .payload(Bytes::from(
+                    self.framing.frame(Record::Sizing, mine.as_bytes()),
+                ))
                 .expected_last_subject_sequence(last_junk);
             // Written, or another replica's sizing came first: read again either way.
             self.write_once(&subject, first).await?;
@@ -143,7 +152,7 @@ impl MutationStream {
     /// A writer waits out other replicas' leases by its own: with the fallback `read_lease × (1 + ρ)` of a
     /// replica at 100 ms, another at 5 s could answer `ABSENT` for 4.9 s after an `Add` was acknowledged
     /// (659 such answers in 8 of 10 rounds, the writer's replica silenced). So the first replica writes its
-    /// timing into the stream ([`TIMING`]), and every later one must match it. Junk on the subject is passed
+    /// timing into the stream (`STREAM.$timing`), and every later one must match it. Junk on the subject is passed
     /// over ([`record`](Self::record)); two replicas recording different timings at once race on an expected
     /// last sequence, and the loser reads the winner's and is refused.
     pub async fn agree_timing(
@@ -154,11 +163,11 @@ impl MutationStream {
         let mine = describe_timing(read_lease, drift_ppm);
         loop {
             let (at, recorded) = self
-                .record(&TIMING[1..], |_, p| parse_timing(p).is_some())
+                .record(Record::Timing, |_, p| parse_timing(p).is_some())
                 .await?;
             let Some(recorded) = recorded else {
                 let written = self
-                    .replace_record(&TIMING[1..], Bytes::from(mine.clone()), at)
+                    .replace_record(Record::Timing, mine.as_bytes(), at)
                     .await?;
                 if written.is_some() {
                     return Ok(());
@@ -182,26 +191,38 @@ impl MutationStream {
         }
     }
 
-    /// The stream's own record `name` (subject `NAME.$name`), replaced over time: the stream seq of the last
-    /// message on the subject (0: none; what a replacement must expect), and the newest payload `valid`
-    /// accepts — a message that is not one (junk published there) is passed over in favour of the one before.
-    pub async fn record(
+    /// The stream's own `record` (subject `NAME.$record`), replaced over time: the stream seq of the last
+    /// message on the subject (0: none; what a replacement must expect), and the body of the newest one
+    /// that is such a record and that `valid` accepts — a message that is not one (junk published there) is
+    /// passed over in favour of the one before.
+    pub(crate) async fn record(
         &self,
-        name: &str,
+        record: Record,
         valid: impl Fn(u64, &[u8]) -> bool,
     ) -> Result<(u64, Option<Bytes>), StreamError> {
-        let subject = format!("{}.${name}", self.name);
+        let subject = format!("{}.{}", self.name, record.token());
+        let framing = self.framing;
+        let body = |seq: u64, payload: &[u8]| match framing.body(record, payload) {
+            Ok(body) if valid(seq, body) => Some(Bytes::copy_from_slice(body)),
+            Ok(_) => {
+                tracing::error!(seq, %subject, "junk where a record belongs (its body does not parse); passed over");
+                None
+            }
+            Err(why) => {
+                tracing::error!(seq, %subject, %why, "junk where a record belongs; passed over");
+                None
+            }
+        };
         let Some(last) = self.last_on(&subject).await? else {
             return Ok((0, None));
         };
-        if valid(last.sequence, &last.payload) {
-            return Ok((last.sequence, Some(last.payload)));
+        if let Some(found) = body(last.sequence, &last.payload) {
+            return Ok((last.sequence, Some(found)));
         }
-        tracing::error!(seq = last.sequence, %subject, "the newest record is junk; reading the ones before it");
         let mut newest_valid = None;
         self.read_subject_before(&subject, (last.sequence, &last.payload), |seq, payload| {
-            if valid(seq, payload) {
-                newest_valid = Some(payload.clone());
+            if let Some(found) = body(seq, payload) {
+                newest_valid = Some(found);
             }
         })
         .await?;
@@ -239,7 +260,7 @@ impl MutationStream {
             while let Some(message) = messages.next().await {
                 let message = message.map_err(|e| failed(&e))?;
                 let at = message.info().map_err(|e| failed(&e))?.stream_sequence;
-                if at == end && message.payload == expected {
+                if at == end && as_held(message.payload.clone()) == expected {
                     return Ok(());
                 }
                 if at >= end {
@@ -261,24 +282,28 @@ impl MutationStream {
             })?
     }
 
-    /// Removes the messages of record `name` below stream seq `seq` (the replaced ones).
-    pub async fn purge_record_below(&self, name: &str, seq: u64) -> Result<u64, StreamError> {
-        self.purge_subject_below(&format!("{}.${name}", self.name), seq)
+    /// Removes the messages of `record` below stream seq `seq` (the replaced ones).
+    pub(crate) async fn purge_record_below(
+        &self,
+        record: Record,
+        seq: u64,
+    ) -> Result<u64, StreamError> {
+        self.purge_subject_below(&format!("{}.{}", self.name, record.token()), seq)
             .await
     }
 
-    /// Replaces record `name` with `payload` if the last message on its subject is still the one at stream seq
-    /// `expected` (0: none yet): the seq it was stored at, or `None` if another replica replaced it first
-    /// (read it again and retry).
-    pub async fn replace_record(
+    /// Replaces `record` with one holding `body` if the last message on its subject is still the one at
+    /// stream seq `expected` (0: none yet): the seq it was stored at, or `None` if another replica replaced
+    /// it first (read it again and retry).
+    pub(crate) async fn replace_record(
         &self,
-        name: &str,
-        payload: Bytes,
+        record: Record,
+        body: &[u8],
         expected: u64,
     ) -> Result<Option<u64>, StreamError> {
-        let subject = format!("{}.${name}", self.name);
+        let subject = format!("{}.{}", self.name, record.token());
         let message = jetstream::message::PublishMessage::build()
-            .payload(payload)
+            .payload(Bytes::from(self.framing.frame(record, body)))
             .expected_last_subject_sequence(expected);
         let acked = match self.jetstream.send_publish(subject.clone(), message).await {
             Ok(ack) => ack.await,
@@ -294,8 +319,8 @@ impl MutationStream {
         }
     }
 
-    /// The first sizing record on `subject`, if there is one, and the seq of the last junk message read
-    /// before it (0: none), which a sizing written after it must expect.
+    /// The body of the first sizing record on `subject`, if there is one, and the seq of the last junk
+    /// message read before it (0: none), which a sizing written after it must expect.
     async fn first_sizing(&self, subject: &str) -> Result<(Option<Bytes>, u64), StreamError> {
         let mut from = 1;
         let mut last_junk = 0;
@@ -303,10 +328,17 @@ impl MutationStream {
             let Some(found) = self.first_on_from(subject, from).await? else {
                 return Ok((None, last_junk));
             };
-            if found.payload.starts_with(SIZING_START.as_bytes()) {
-                return Ok((Some(found.payload), last_junk));
+            match self.framing.body(Record::Sizing, &found.payload) {
+                Ok(body) if body.starts_with(SIZING_START.as_bytes()) => {
+                    return Ok((Some(Bytes::copy_from_slice(body)), last_junk));
+                }
+                Ok(_) => {
+                    tracing::error!(seq = found.sequence, %subject, "junk where a sizing belongs (not a sizing); passed over")
+                }
+                Err(why) => {
+                    tracing::error!(seq = found.sequence, %subject, %why, "junk where a sizing belongs; passed over")
+                }
             }
-            tracing::error!(seq = found.sequence, %subject, "junk where a sizing belongs; passed over");
             last_junk = found.sequence;
             from = found.sequence + 1;
         }
@@ -399,19 +431,30 @@ impl MutationStream {
     }
 }
 
-/// A timing record's payload, as a person reads it too.
+/// The payload of a message read at the end of a subject's read, as this copy holds it — or, under fault
+/// point `stream-subject-other`, another one, as a copy that differs from the quorum's would hold there.
+fn as_held(payload: Bytes) -> Bytes {
+    #[cfg(feature = "fault-points")]
+    if fail::eval("stream-subject-other", |_| ()).is_some() {
+        return Bytes::from_static(
+            b"another message, injected by fault point stream-subject-other",
+        );
+    }
+    payload
+}
+
+/// A timing record's body, as a person reads it too (a legacy record is `existence-gate timing v1:` and
+/// this).
 fn describe_timing(read_lease: Duration, drift_ppm: u64) -> String {
     format!(
-        "{TIMING_MAGIC} read_lease_ns={} max_clock_drift_ppm={drift_ppm}",
+        " read_lease_ns={} max_clock_drift_ppm={drift_ppm}",
         read_lease.as_nanos()
     )
 }
 
-/// The read lease (ns) and drift (ppm) a timing record names; `None` for anything else (junk).
-fn parse_timing(payload: &[u8]) -> Option<(u64, u64)> {
-    let text = std::str::from_utf8(payload)
-        .ok()?
-        .strip_prefix(TIMING_MAGIC)?;
+/// The read lease (ns) and drift (ppm) a timing record's body names; `None` for anything else (junk).
+fn parse_timing(body: &[u8]) -> Option<(u64, u64)> {
+    let text = std::str::from_utf8(body).ok()?;
     let mut fields = text.split_whitespace();
     let lease = fields
         .next()?
@@ -440,7 +483,8 @@ mod timing_tests {
         for junk in [
             &b"junk"[..],
             b"",
-            b"existence-gate timing v1: read_lease_ns=x max_clock_drift_ppm=1",
+            b" read_lease_ns=x max_clock_drift_ppm=1",
+            b" read_lease_ns=1 max_clock_drift_ppm=1 more",
         ] {
             assert_eq!(parse_timing(junk), None);
         }
