@@ -382,16 +382,20 @@ impl RunningServer {
         lifecycle.drain().await;
         tracing::info!(?drain_timeout, "shutting down");
         // The RESP port stops accepting at shutdown, and each of its connections closes after the replies
-        // it is writing: nothing there to wait for.
-        if let Some(resp) = resp {
-            resp.abort();
-        }
+        // it is writing (a request begun gets `TRYAGAIN`): waited for as the gRPC port's calls are.
+        let mut resp = resp;
         let drained = tokio::time::timeout(drain_timeout, async {
             let served = (&mut grpc).await;
             let _ = (&mut http).await;
+            if let Some(resp) = &mut resp {
+                let _ = resp.await;
+            }
             served
         })
         .await;
+        if let Some(resp) = resp {
+            resp.abort();
+        }
         match drained {
             Ok(Ok(Ok(()))) => tracing::info!("drained"),
             Ok(Ok(Err(error))) => return Err(ServerError::Transport(error)),

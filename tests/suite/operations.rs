@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use existence_gate::proto::{AddRequest, MayExistRequest, SubscribeInvalidationsRequest};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -342,18 +342,53 @@ async fn sigterm_turns_readiness_down_first_and_serves_on_for_the_drain_delay() 
     .await;
     let pushed = stream.message().await.expect("the stream is still open");
     assert!(pushed.is_some(), "the Add's invalidation arrives");
+    // Two RESP clients: one idle, one halfway through sending a command when the drain ends.
+    let resp_addr = served.resp_addr.clone().expect("the RESP port is on");
+    let mut idle = resp_connection(&resp_addr).await;
+    let mut sending = resp_connection(&resp_addr).await;
+    sending
+        .write_all(b"*3\r\n$9\r\nBF.EXISTS\r\n$7\r\ndefault\r\n$5\r\nab")
+        .await
+        .unwrap();
+    sending.write_all(b"c").await.unwrap();
     common::send_signal(pid, "TERM");
     let status = stream
         .message()
         .await
         .expect_err("the stream ends with a status once the second signal ends the wait");
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // The client that had begun a command gets the retryable reply for it, not a connection closed under it;
+    // the idle one is closed cleanly (end of stream), to reconnect elsewhere on its next command.
+    let mut reply = String::new();
+    tokio::time::timeout(PATIENCE, sending.read_to_string(&mut reply))
+        .await
+        .expect("the connection is closed at shutdown")
+        .unwrap();
+    assert_eq!(
+        reply,
+        "-TRYAGAIN the server is shutting down; retry on another replica\r\n"
+    );
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(PATIENCE, idle.read_to_end(&mut rest))
+        .await
+        .expect("the idle connection is closed at shutdown");
+    assert!(read.is_ok() && rest.is_empty(), "{read:?} {rest:?}");
     let mut child = served.child;
     let exit = tokio::time::timeout(PATIENCE, child.wait())
         .await
         .expect("exits within the drain deadline")
         .unwrap();
     assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// A connection to the RESP port at `address`, served (a `PING` answered) before it is returned.
+async fn resp_connection(address: &str) -> tokio::net::TcpStream {
+    let mut connection = tokio::net::TcpStream::connect(address).await.unwrap();
+    connection.write_all(b"PING\r\n").await.unwrap();
+    let mut pong = [0u8; 7];
+    connection.read_exact(&mut pong).await.unwrap();
+    assert_eq!(&pong, b"+PONG\r\n");
+    connection
 }
 
 /// An `Add` that reaches a server still loading its state — a restarted one a balancer already sends calls

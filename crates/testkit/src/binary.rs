@@ -84,6 +84,8 @@ pub struct Served {
     pub grpc_addr: String,
     /// Its HTTP address (`/metrics`, `/readyz`), `IP:PORT`.
     pub http_addr: String,
+    /// Its RESP address, `IP:PORT`, unless the port is off.
+    pub resp_addr: Option<String>,
 }
 
 /// Starts `command` (a [`serve`] with its flags) and waits until it has loaded and serves.
@@ -98,12 +100,12 @@ pub async fn start(mut command: tokio::process::Command) -> Served {
         let rest = line.split(name).nth(1)?;
         Some(rest.split_whitespace().next()?.to_string())
     };
-    let (grpc_addr, http_addr) = tokio::time::timeout(PATIENCE, async {
+    let (grpc_addr, http_addr, resp_addr) = tokio::time::timeout(PATIENCE, async {
         while let Some(line) = lines.next_line().await.unwrap() {
             if let (Some(grpc), Some(http)) =
                 (field(&line, "grpc_addr="), field(&line, "http_addr="))
             {
-                return (grpc, http);
+                return (grpc, http, field(&line, "resp_addr="));
             }
         }
         panic!("the binary exited before logging its address");
@@ -130,6 +132,7 @@ pub async fn start(mut command: tokio::process::Command) -> Served {
         child,
         grpc_addr,
         http_addr,
+        resp_addr,
     }
 }
 

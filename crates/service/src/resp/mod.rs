@@ -178,7 +178,7 @@ impl Transport for tokio_rustls::TlsAcceptor {
 }
 
 /// Accepts connections on `listener` until shutdown, each set up by `transport` within `handshake_timeout`
-/// and then served on one of `workers`.
+/// and then served on one of `workers`; then waits until its connections have closed.
 pub async fn serve<T: Transport>(
     port: Arc<Port>,
     listener: TcpListener,
@@ -190,7 +190,7 @@ pub async fn serve<T: Transport>(
     let shutdown = port.access.shutdown().clone();
     loop {
         let tcp = tokio::select! {
-            () = shutdown.wait() => return,
+            () = shutdown.wait() => break,
             tcp = acceptor.accept() => tcp,
         };
         let _ = tcp.set_nodelay(true);
@@ -218,6 +218,9 @@ pub async fn serve<T: Transport>(
             drop(guard);
         });
     }
+    // New connections are refused from here; the open ones close ([`close_at_shutdown`]).
+    drop(acceptor);
+    workers.finish().await;
 }
 
 /// Serves one connection over any byte stream `io` until it ends, as [`serve`] serves each it accepts (the
@@ -264,7 +267,7 @@ async fn refuse(mut tcp: TcpStream) {
 }
 
 /// Serves one connection until the peer closes it, `QUIT`, a protocol error, the idle timeout, a deadline
-/// or shutdown.
+/// or shutdown ([`close_at_shutdown`]).
 ///
 /// The loop is the per-command cost of an unpipelined client, so it arms nothing per round: the idle timer
 /// is one sleep, pushed back lazily when it fires early (a per-read `timeout` inserted and removed a timer
@@ -383,9 +386,31 @@ async fn serve_connection(
                 close_after(&mut io, &output).await;
                 return;
             },
-            () = &mut shutdown => return,
+            () = &mut shutdown => {
+                close_at_shutdown(&mut io, &input, &mut session, &mut output).await;
+                return;
+            }
         }
     }
+}
+
+/// Closes a connection at shutdown (the drain delay over: balancers had time to send new connections
+/// elsewhere). A client that has begun a request waits for a reply, so it gets the retryable one every
+/// command read from now on gets (`TRYAGAIN`), rather than a connection closed under it; an idle one is
+/// closed with a FIN (its next command reconnects, through the balancer, to another replica). Both linger
+/// reading, so that bytes already on their way meet no reset.
+async fn close_at_shutdown(
+    io: &mut (impl AsyncRead + AsyncWrite + Unpin),
+    input: &BytesMut,
+    session: &mut Session,
+    output: &mut BytesMut,
+) {
+    if !input.is_empty() {
+        session
+            .replies(output)
+            .error("TRYAGAIN", crate::access::SHUTTING_DOWN);
+    }
+    close_after(io, output).await;
 }
 
 /// Lets a buffer that held a large request go, once what is left of it is small, and gives the budget

@@ -14,19 +14,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::{Builder, Handle};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::shutdown::Shutdown;
 
 /// How long a worker waits, once the port closes, for its connections to finish their last replies.
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// The connection threads of one RESP port; dropping it (the accept loop ended) lets them finish.
+/// The connection threads of one RESP port; dropping it (the accept loop ended) lets them finish, and
+/// [`finish`](Self::finish) waits until they have.
 #[derive(Debug)]
 pub struct Workers {
     handles: Vec<(Handle, Arc<AtomicUsize>)>,
     next: AtomicUsize,
     closed: watch::Sender<bool>,
+    /// Closed once every thread has ended (each holds a sender until then).
+    ended: mpsc::Receiver<()>,
 }
 
 impl Workers {
@@ -34,6 +37,7 @@ impl Workers {
     /// up to [`DRAIN`] to end.
     pub fn start(count: usize, shutdown: &Shutdown) -> std::io::Result<Self> {
         let (closed, _) = watch::channel(false);
+        let (running, ended) = mpsc::channel(1);
         let mut handles = Vec::with_capacity(count);
         for index in 0..count {
             let runtime = Builder::new_current_thread().enable_all().build()?;
@@ -41,9 +45,11 @@ impl Workers {
             let open = Arc::new(AtomicUsize::new(0));
             let (shutdown, mut closed, served) =
                 (shutdown.clone(), closed.subscribe(), Arc::clone(&open));
+            let running = running.clone();
             std::thread::Builder::new()
                 .name(format!("resp-{index}"))
                 .spawn(move || {
+                    let _running = running;
                     runtime.block_on(async {
                         tokio::select! {
                             () = shutdown.wait() => {}
@@ -61,7 +67,15 @@ impl Workers {
             handles,
             next: AtomicUsize::new(0),
             closed,
+            ended,
         })
+    }
+
+    /// Lets the threads finish — each gives its connections up to [`DRAIN`] to end — and waits until they
+    /// have: the process must not exit under a connection still writing its last reply.
+    pub async fn finish(mut self) {
+        self.closed.send_replace(true);
+        while self.ended.recv().await.is_some() {}
     }
 
     /// Runs `serve` with `tcp` on the next thread in turn; `tcp` is moved to that thread's event loop.
