@@ -13,7 +13,9 @@
 //! it records, shared snapshots of a sharer's state as far as its barriers vouch for it; reports on a bus
 //! that loses, delays without bound, duplicates and reorders them, with routes between pairs of replicas
 //! going silent (non-transitive partitions); pauses, crashes, restarts from a snapshot or wiped, graceful
-//! leaves, operators' removals, and monotonic clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
+//! leaves, operators' removals, processes started mid-run (empty, or from the shared snapshot) with a new
+//! replica id or with the id of one still running or paused (a twin, which displaces it), and monotonic
+//! clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
 //! junk an operator deleted (gone for good), messages purged below a shared snapshot (named first in the
 //! snapshots' index), or messages the consumer lost (still held) — judged, as the applier does, from the
 //! answers of servers that may be the stale one, the index proved current before a gap counts as deleted
@@ -34,6 +36,8 @@ use super::*;
 const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const SERVERS: usize = 3;
+/// At most this many processes in a run, those started mid-run included.
+const MAX_PROCESSES: usize = 6;
 /// How long a replica waits for a publish acknowledgement before it stops waiting.
 const PUBLISH_TIMEOUT: u64 = 20 * MS;
 /// Without faults an `Add` is acknowledged within this of its publish acknowledgement: every member's
@@ -179,6 +183,44 @@ struct Process {
     nonces: u64,
 }
 
+/// A process in slot `slot` of the simulation, running as replica `id`, reading `server`'s copy, with a
+/// clock of its own; its first incarnation's nonce is `slot << 32`.
+fn process(id: String, slot: usize, server: usize, timing: Timing, rng: &mut StdRng) -> Process {
+    Process {
+        proto: Protocol::new(
+            Incarnation {
+                id: id.clone(),
+                nonce: (slot as u64) << 32,
+            },
+            timing,
+        ),
+        id,
+        epoch: 0,
+        alive: true,
+        paused_until: 0,
+        server,
+        // The extremes most of the time: the widest difference the fault model allows.
+        rate_ppm: 1_000_000
+            + match rng.random_range(0..4) {
+                0 => 0,
+                1 => timing.drift_ppm,
+                _ => rng.random_range(0..=timing.drift_ppm),
+            },
+        offset: rng.random_range(0..1_000 * MS),
+        writes: Vec::new(),
+        barrier_sent: None,
+        join_sent: None,
+        loses_next: false,
+        holds: BTreeMap::new(),
+        checked: 0,
+        counter: 0,
+        last_read: None,
+        verifying: None,
+        read: BTreeMap::new(),
+        nonces: 0,
+    }
+}
+
 impl Process {
     fn local(&self, real: u64) -> Nanos {
         self.offset + (u128::from(real) * u128::from(self.rate_ppm) / 1_000_000) as u64
@@ -250,42 +292,7 @@ impl Sim {
             margin: US,
         };
         let procs = (0..replicas)
-            .map(|i| {
-                let id = format!("r{i}");
-                Process {
-                    proto: Protocol::new(
-                        Incarnation {
-                            id: id.clone(),
-                            nonce: (i as u64) << 32,
-                        },
-                        timing,
-                    ),
-                    id,
-                    epoch: 0,
-                    alive: true,
-                    paused_until: 0,
-                    server: i % SERVERS,
-                    // The extremes most of the time: the widest difference the fault model allows.
-                    rate_ppm: 1_000_000
-                        + match rng.random_range(0..4) {
-                            0 => 0,
-                            1 => timing.drift_ppm,
-                            _ => rng.random_range(0..=timing.drift_ppm),
-                        },
-                    offset: rng.random_range(0..1_000 * MS),
-                    writes: Vec::new(),
-                    barrier_sent: None,
-                    join_sent: None,
-                    loses_next: false,
-                    holds: BTreeMap::new(),
-                    checked: 0,
-                    counter: 0,
-                    last_read: None,
-                    verifying: None,
-                    read: BTreeMap::new(),
-                    nonces: 0,
-                }
-            })
+            .map(|i| process(format!("r{i}"), i, i % SERVERS, timing, &mut rng))
             .collect();
         let mut sim = Self {
             rng,
@@ -1144,7 +1151,12 @@ impl Sim {
     fn fault(&mut self) {
         let n = self.procs.len();
         let r = self.rng.random_range(0..n);
-        match self.rng.random_range(0..13) {
+        match self.rng.random_range(0..15) {
+            choice @ (13 | 14) => {
+                if n < MAX_PROCESSES {
+                    self.start_another(r, choice == 13);
+                }
+            }
             12 => {
                 // A member cut off while holding a lease (its server isolated: it answers on, unaware) is
                 // removed, and the replica the removal went through restarts from a snapshot covering it:
@@ -1258,6 +1270,36 @@ impl Sim {
         let when = self.now + self.rng.random_range(MS..30 * MS);
         if self.rng.random_bool(0.5) {
             self.at(when, Event::Fault);
+        }
+    }
+
+    /// A process started by an operator mid-run, empty or from the shared snapshot: a second process with
+    /// `r`'s id while `r` still runs (or is paused) if `twin`, else a replica with a new id. Either way a new
+    /// incarnation, with a nonce of its own; a twin's join displaces `r`, which must stop answering `ABSENT`
+    /// once it applies that join, though a lease it took before may hold on — the writers' graces wait it
+    /// out. (Seed 30 breaks P1 if a displaced incarnation stays a member: r3 starts as r1 while r1 is
+    /// paused, and r1, renewing its lease on, lacks an `Add` acknowledged once its grace ran out.)
+    fn start_another(&mut self, r: usize, twin: bool) {
+        let slot = self.procs.len();
+        let id = if twin {
+            self.procs[r].id.clone()
+        } else {
+            format!("r{slot}")
+        };
+        let server = self.rng.random_range(0..SERVERS);
+        let mut p = process(id.clone(), slot, server, self.timing, &mut self.rng);
+        p.alive = false;
+        self.procs.push(p);
+        self.note(|| format!("r{slot} starts as replica {id} on server {server}"));
+        if twin && self.rng.random_bool(0.5) {
+            let d = self.rng.random_range(MS..60 * MS);
+            self.note(|| format!("r{r}, whose id it takes, pauses for {} ms", d / MS));
+            self.procs[r].paused_until = self.procs[r].paused_until.max(self.now + d);
+        }
+        self.restart(slot, false);
+        for _ in 0..self.rng.random_range(0..8) {
+            let when = self.now + self.rng.random_range(0..100 * MS);
+            self.at(when, Event::NewAdd(slot));
         }
     }
 
