@@ -15,7 +15,9 @@
 //! it records, shared snapshots of a sharer's state as far as its barriers vouch for it; reports on a bus
 //! that loses, delays without bound, duplicates and reorders them, with routes between pairs of replicas
 //! going silent (non-transitive partitions); pauses, crashes, restarts from a snapshot or wiped, graceful
-//! leaves, operators' removals, processes started mid-run (empty, or from the shared snapshot) with a new
+//! leaves, operators' removals, `Add`s whose publish went unacknowledged published again under the same
+//! message id (stored once and answered with the first seq within the stream's duplicate window, stored
+//! again past it), processes started mid-run (empty, or from the shared snapshot) with a new
 //! replica id or with the id of one still running or paused (a twin, which displaces it), and monotonic
 //! clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
 //! junk an operator deleted (gone for good), messages purged below a shared snapshot (named first in the
@@ -27,7 +29,7 @@
 //! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -140,6 +142,14 @@ enum Event {
     },
     /// A writer looks at its waiting writes again.
     WriteCheck(usize),
+    /// A writer whose `Add` is not acknowledged yet publishes it again under the same message id.
+    Retry {
+        r: usize,
+        epoch: u64,
+        counter: u64,
+        /// Retries left after this one.
+        left: u32,
+    },
     /// A client asks replica `r` to add a key.
     NewAdd(usize),
     Fault,
@@ -188,6 +198,9 @@ struct Process {
     checked: usize,
     /// Its writes so far.
     counter: u64,
+    /// Its `Add`s published and not acknowledged yet, by counter, with when each was first sent: retried
+    /// under the same message id.
+    unacked: HashMap<u64, Nanos>,
     /// The last message this incarnation read: the seq it read it at, and the message's digest.
     last_read: Option<(u64, MessageDigest)>,
     /// Set when it moves to another server's copy: the message it must find there first, as the applier
@@ -231,6 +244,7 @@ fn process(id: String, slot: usize, server: usize, timing: Timing, rng: &mut Std
         holds: BTreeMap::new(),
         checked: 0,
         counter: 0,
+        unacked: HashMap::new(),
         last_read: None,
         verifying: None,
         read: BTreeMap::new(),
@@ -280,6 +294,12 @@ struct Sim {
     by_fallback: u64,
     /// `Add`s acknowledged early but later than [`PROMPT_ACK`] after their publish acknowledgement.
     slow_acks: u64,
+    /// The message ids (an `Add`'s key) the quorum stored, with the seq and when: a publish under one of them
+    /// within the duplicate window is not stored again, and is answered with the first one's seq.
+    stored_ids: HashMap<Key, (u64, u64)>,
+    /// The stream's duplicate window: in production two minutes, longer than any retry; at times shorter
+    /// here, so that a retry is stored a second time.
+    duplicate_window: u64,
     /// Moments a replica could have been asked about an acknowledged key, and those under a lease.
     lookups: u64,
     leased_lookups: u64,
@@ -333,9 +353,17 @@ impl Sim {
             acked: Vec::new(),
             by_fallback: 0,
             slow_acks: 0,
+            stored_ids: HashMap::new(),
+            duplicate_window: 0,
             lookups: 0,
             leased_lookups: 0,
             trace: traced.then(Vec::new),
+        };
+        // Half the faulty runs with a window short enough for a retry to be stored twice.
+        sim.duplicate_window = if faults && sim.rng.random_bool(0.5) {
+            sim.rng.random_range(MS..30 * MS)
+        } else {
+            u64::MAX
         };
         for r in 0..replicas {
             sim.at(0, Event::Tick(r));
@@ -509,6 +537,7 @@ impl Sim {
                     | Event::Tick(r)
                     | Event::WriteCheck(r)
                     | Event::NewAdd(r) => *r,
+                    Event::Retry { r, .. } => *r,
                     Event::Acked { r, .. } => *r,
                     Event::Report { to, .. } => *to,
                     _ => unreachable!("handled above"),
@@ -544,7 +573,13 @@ impl Sim {
                     self.procs[r].proto.barrier_acked(sent_at, seq, local);
                     self.note(|| format!("r{r} barrier acked at seq {seq}"));
                 }
-                Entry::Add { writer, counter } => {
+                // The first acknowledgement of any attempt (the others' are dropped).
+                Entry::Add { writer, counter } if self.procs[r].unacked.contains_key(&counter) => {
+                    // The fallback runs from this acknowledgement, not from the first attempt's send:
+                    // counted from the send, seed 3 breaks P1 (seed 0 fails first, on promptness): an
+                    // `Add` whose first publish was lost stored by its retry 20 ms later and acknowledged
+                    // at once by the fallback.
+                    self.procs[r].unacked.remove(&counter);
                     let write = WriteId { writer, counter };
                     self.procs[r].proto.write_acked(seq, write);
                     self.procs[r].writes.push(Write {
@@ -560,7 +595,7 @@ impl Sim {
                 {
                     self.procs[r].proto.join_acked(seq);
                 }
-                Entry::Record(_) | Entry::Junk | Entry::Index { .. } => {}
+                Entry::Add { .. } | Entry::Record(_) | Entry::Junk | Entry::Index { .. } => {}
             },
             Event::Acked { .. } => {}
             Event::Report {
@@ -576,9 +611,49 @@ impl Sim {
             Event::WriteCheck(_) => self.check_writes(r, local),
             Event::NewAdd(_) => {
                 let p = &mut self.procs[r];
-                let (writer, counter) = (p.proto.me().nonce, p.counter);
+                let (writer, counter, epoch) = (p.proto.me().nonce, p.counter, p.epoch);
                 p.counter += 1;
-                self.publish(r, Entry::Add { writer, counter }, local)
+                p.unacked.insert(counter, local);
+                self.publish(r, Entry::Add { writer, counter }, local);
+                let when = self.procs[r].real(local + PUBLISH_TIMEOUT);
+                let left = 3;
+                self.at(
+                    when,
+                    Event::Retry {
+                        r,
+                        epoch,
+                        counter,
+                        left,
+                    },
+                );
+            }
+            Event::Retry {
+                epoch,
+                counter,
+                left,
+                ..
+            } => {
+                // As `publish_retrying` does, once a publish failed (here: no acknowledgement in time).
+                let p = &self.procs[r];
+                if epoch != p.epoch || !p.unacked.contains_key(&counter) {
+                    return Ok(());
+                }
+                let writer = p.proto.me().nonce;
+                self.note(|| format!("r{r} publishes its Add {counter} again"));
+                self.publish(r, Entry::Add { writer, counter }, local);
+                if left > 0 {
+                    let when = self.procs[r].real(local + PUBLISH_TIMEOUT);
+                    let left = left - 1;
+                    self.at(
+                        when,
+                        Event::Retry {
+                            r,
+                            epoch,
+                            counter,
+                            left,
+                        },
+                    );
+                }
             }
             _ => unreachable!("not a replica's event"),
         }
@@ -634,12 +709,29 @@ impl Sim {
             return;
         }
         let is_barrier = matches!(entry, Entry::Barrier { .. });
-        let seq = self.append(entry.clone());
-        if matches!(entry, Entry::Junk) {
-            let when = self.now + self.rng.random_range(0..20 * MS);
-            self.at(when, Event::Delete(seq));
-        }
-        self.note(|| format!("stored seq {seq}: {entry:?} from r{r}"));
+        let id = match entry {
+            Entry::Add { writer, counter } => Some((writer, counter)),
+            _ => None,
+        };
+        let first = id.and_then(|id| self.stored_ids.get(&id).copied());
+        let seq = match first {
+            Some((seq, at)) if self.now < at.saturating_add(self.duplicate_window) => {
+                self.note(|| format!("r{r}'s publish is a duplicate of seq {seq}"));
+                seq
+            }
+            _ => {
+                let seq = self.append(entry.clone());
+                if let Some(id) = id {
+                    self.stored_ids.insert(id, (seq, self.now));
+                }
+                if matches!(entry, Entry::Junk) {
+                    let when = self.now + self.rng.random_range(0..20 * MS);
+                    self.at(when, Event::Delete(seq));
+                }
+                self.note(|| format!("stored seq {seq}: {entry:?} from r{r}"));
+                seq
+            }
+        };
         let lost = self.faults && self.rng.random_bool(0.02);
         if !lost {
             let when = self.now + self.delay();
@@ -1403,6 +1495,7 @@ impl Sim {
         p.alive = false;
         p.epoch += 1;
         p.writes.clear();
+        p.unacked.clear();
     }
 
     /// A new incarnation: from a snapshot of what the last one applied (all of it if `latest`), or wiped —
