@@ -45,8 +45,10 @@ mod security;
 // The RESP port with Redis clients: RedisBloom's commands on the gate's rules.
 mod resp;
 
-// The replicated mode against real nats-servers: the stream, replicas, failover under partitions.
+// The replicated mode against real nats-servers: the stream, replicas, failover under partitions, a
+// nemesis run mixing every fault.
 mod failover;
+mod nemesis;
 mod replicas;
 mod stream;
 mod three_replicas_script;

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use common::nats::Nats;
 use common::proxy::Proxy;
-use common::replicas::{config_file, shared_snapshots, start_serving, Launch, Replica};
+use common::replicas::{
+    agreed_digests, config_file, shared_snapshots, start_serving, Launch, Replica,
+};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{
@@ -266,36 +268,6 @@ async fn an_absence_racing_an_add_of_its_key_is_superseded_everywhere() {
     }
 }
 
-/// The digests of every replica once they all cover the same seqs.
-async fn agreed_digests(replicas: &[Replica]) -> Vec<(String, u64, u64)> {
-    wait_until(
-        PATIENCE,
-        "the replicas to reach the same seqs",
-        async || {
-            let mut all = Vec::new();
-            for replica in replicas {
-                all.push(replica.digests().await);
-            }
-            let seqs = |d: &Vec<(String, u64, u64)>| {
-                d.iter()
-                    .map(|(n, s, _)| (n.clone(), *s))
-                    .collect::<Vec<_>>()
-            };
-            all.iter().all(|d| seqs(d) == seqs(&all[0])).then_some(all)
-        },
-    )
-    .await
-    .into_iter()
-    .reduce(|first, other| {
-        assert_eq!(
-            first, other,
-            "replicas at the same seqs hold the same state"
-        );
-        first
-    })
-    .unwrap()
-}
-
 fn named(prefix: &str, n: u32) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
@@ -304,36 +276,9 @@ fn bytes(keys: &[String]) -> Vec<bytes::Bytes> {
     keys.iter().map(|k| k.as_bytes().to_vec().into()).collect()
 }
 
-/// How many of `keys` answer `MAY_EXIST` on `replica`, and whether it said so failing open (`warming`).
-async fn batch_passing(replica: &Replica, keys: &[String]) -> (usize, bool) {
-    let reply = replica
-        .client()
-        .batch_may_exist(BatchMayExistRequest {
-            namespace: "users".to_string(),
-            keys: bytes(keys),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let passing = reply.answers().filter(|a| *a == Answer::MayExist).count();
-    (passing, reply.warming)
-}
-
 /// How many of `keys` answer `MAY_EXIST` on `replica`.
 async fn passing(replica: &Replica, keys: &[String]) -> usize {
-    batch_passing(replica, keys).await.0
-}
-
-/// [`passing`] under `replica`'s read lease: retried while it fails open (see `Replica::leased_lookup`), for
-/// a count of keys that must answer `ABSENT`.
-async fn passing_under_lease(replica: &Replica, keys: &[String]) -> usize {
-    let what = format!("replica {} to answer under its read lease", replica.id);
-    wait_until(PATIENCE, &what, async || {
-        let (passing, warming) = batch_passing(replica, keys).await;
-        (!warming).then_some(passing)
-    })
-    .await
+    replica.passing("users", keys).await.0
 }
 
 /// Sends `keys` to an open rebuild in chunks.
@@ -436,7 +381,7 @@ async fn a_rebuild_through_one_replica_reaches_every_replica() {
             "{}",
             replica.id
         );
-        let still = passing_under_lease(replica, &deleted).await;
+        let still = replica.passing_under_lease("users", &deleted).await;
         assert!(still < 150, "{still} deleted keys pass on {}", replica.id);
     }
 
@@ -1375,7 +1320,10 @@ async fn a_replica_restarted_two_hours_ahead_expires_nothing_on_any_replica() {
     let mut keys = named("before", 200);
     add(&replicas[1], "users", &keys).await;
     for replica in &replicas {
-        assert_eq!(passing_under_lease(replica, &keys).await, keys.len());
+        assert_eq!(
+            replica.passing_under_lease("users", &keys).await,
+            keys.len()
+        );
     }
     replicas.remove(0).kill().await;
     clock.set("+2h");
@@ -1387,7 +1335,7 @@ async fn a_replica_restarted_two_hours_ahead_expires_nothing_on_any_replica() {
     keys.push("ahead".to_string());
     for replica in std::iter::once(&r0).chain(&replicas) {
         assert_eq!(
-            passing_under_lease(replica, &keys).await,
+            replica.passing_under_lease("users", &keys).await,
             keys.len(),
             "replica {} answered ABSENT for keys added a moment ago",
             replica.id
@@ -1432,7 +1380,7 @@ async fn junk_on_the_snapshot_index_stops_no_start() {
         let replica = launch.start().await;
         replica.serving().await;
         assert_eq!(
-            passing_under_lease(&replica, &keys).await,
+            replica.passing_under_lease("users", &keys).await,
             keys.len(),
             "replica {}",
             replica.id
@@ -1471,7 +1419,10 @@ async fn a_membership_read_from_a_copy_holding_another_hello_is_refused() {
     let started = late.start().await;
     started.serving().await;
     let keys = named("before", 10);
-    assert_eq!(passing_under_lease(&started, &keys).await, keys.len());
+    assert_eq!(
+        started.passing_under_lease("users", &keys).await,
+        keys.len()
+    );
 }
 
 /// The newest shared snapshot's object missing from the bucket (deleted by hand, lost with a server): a
@@ -1510,7 +1461,7 @@ async fn a_missing_snapshot_object_falls_back_to_the_older_one() {
     let restarted = launches[2].start().await;
     restarted.serving().await;
     assert_eq!(
-        passing_under_lease(&restarted, &keys).await,
+        restarted.passing_under_lease("users", &keys).await,
         keys.len(),
         "every key, from the older snapshot and the stream after it"
     );

@@ -26,6 +26,8 @@ pub struct Nats {
 pub struct Cluster {
     /// The servers, by name: `n0`, `n1`, `n2`.
     servers: Vec<(String, Child)>,
+    /// How each server was started — the binary and its arguments — which starts it again.
+    commands: Vec<(PathBuf, Vec<String>)>,
     /// Their client URLs, comma-separated (as `--nats` takes them).
     pub urls: String,
     /// Their client URLs, one each.
@@ -328,6 +330,13 @@ impl ProxiedCluster {
         panic!("twenty stream leader elections never landed on the meta leader's server");
     }
 
+    /// Kills servers `servers` at once and starts them again (see [`Cluster::restart`]).
+    pub async fn restart(&mut self, servers: &[usize]) {
+        let names: Vec<String> = servers.iter().map(|i| format!("n{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.cluster.restart(&names).await;
+    }
+
     /// A JetStream context on server `i`, directly (not through its proxy).
     pub async fn jetstream(&self, i: usize) -> async_nats::jetstream::Context {
         let client = async_nats::connect(self.cluster.client_urls[i].as_str())
@@ -375,35 +384,39 @@ impl Cluster {
                 store.path().display()
             );
         }
+        let commands: Vec<(PathBuf, Vec<String>)> = (0..3)
+            .map(|i| {
+                let name = format!("n{i}");
+                let path = |p: PathBuf| p.to_string_lossy().into_owned();
+                let args = [
+                    "-c".to_string(),
+                    path(synced_config(store.path())),
+                    "-a".to_string(),
+                    "127.0.0.1".to_string(),
+                    "-p".to_string(),
+                    clients[i].to_string(),
+                    "-js".to_string(),
+                    "-sd".to_string(),
+                    path(store.path().join(&name)),
+                    "--server_name".to_string(),
+                    name,
+                    "--cluster_name".to_string(),
+                    "existence-test".to_string(),
+                    "--cluster".to_string(),
+                    format!("nats://127.0.0.1:{}", routes[i]),
+                    "--routes".to_string(),
+                    dialed(i).join(","),
+                ];
+                (
+                    binary.to_path_buf(),
+                    args.into_iter().chain(more(i)).collect(),
+                )
+            })
+            .collect();
         let servers = (0..3)
             .map(|i| {
                 let name = format!("n{i}");
-                let log = std::fs::File::create(store.path().join(format!("{name}.log")))
-                    .expect("a server log file");
-                let child = Command::new(binary)
-                    .arg("-c")
-                    .arg(synced_config(store.path()))
-                    .args([
-                        "-a",
-                        "127.0.0.1",
-                        "-p",
-                        &clients[i].to_string(),
-                        "-js",
-                        "-sd",
-                    ])
-                    .arg(store.path().join(&name))
-                    .args(["--server_name", &name, "--cluster_name", "existence-test"])
-                    .args([
-                        "--cluster",
-                        &format!("nats://127.0.0.1:{}", routes[i]),
-                        "--routes",
-                        &dialed(i).join(","),
-                    ])
-                    .args(more(i))
-                    .stdout(Stdio::null())
-                    .stderr(log)
-                    .spawn()
-                    .expect("starting nats-server");
+                let child = spawn_member(store.path(), &name, &commands[i]);
                 (name, child)
             })
             .collect();
@@ -413,6 +426,7 @@ impl Cluster {
             .collect();
         let mut cluster = Self {
             servers,
+            commands,
             urls: urls.join(","),
             client_urls: urls.clone(),
             store,
@@ -453,6 +467,37 @@ impl Cluster {
         let _ = child.kill();
         let _ = child.wait();
     }
+
+    /// Kills the servers called `names` at once (SIGKILL: a power loss of their hosts, what `sync_interval:
+    /// always` is for), starts them again on their ports and stores, and waits until JetStream answers.
+    pub async fn restart(&mut self, names: &[&str]) {
+        names.iter().for_each(|name| self.kill(name));
+        for (i, (name, child)) in self.servers.iter_mut().enumerate() {
+            if names.contains(&name.as_str()) {
+                *child = spawn_member(self.store.path(), name, &self.commands[i]);
+            }
+        }
+        let urls = self.client_urls.clone();
+        if let Err(why) = jetstream_ready(&urls[0], || self.exited()).await {
+            panic!("the cluster did not come back: {why}\n{}", self.logs());
+        }
+    }
+}
+
+/// Starts cluster member `name` as `command` says, logging to `<store>/<name>.log` (appended to across
+/// restarts).
+fn spawn_member(store: &std::path::Path, name: &str, command: &(PathBuf, Vec<String>)) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(store.join(format!("{name}.log")))
+        .expect("a server log file");
+    Command::new(&command.0)
+        .args(&command.1)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("starting nats-server")
 }
 
 /// The server that the one monitored on `port` names as the meta group's leader (`None` if it names none

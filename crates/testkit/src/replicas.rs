@@ -7,7 +7,9 @@ use std::process::Stdio;
 
 use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
-use existence_gate::proto::{self, Answer, Basis, MayExistRequest, StatsRequest};
+use existence_gate::proto::{
+    self, Answer, Basis, BatchMayExistRequest, MayExistRequest, StatsRequest,
+};
 use existence_gate::replication::stream::{Framing, Record};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -233,6 +235,34 @@ impl Replica {
         .await
     }
 
+    /// How many of `keys` answer `MAY_EXIST` in `namespace` (one `BatchMayExist`), and whether the replica
+    /// said so failing open (`warming`).
+    pub async fn passing(&self, namespace: &str, keys: &[String]) -> (usize, bool) {
+        let reply = self
+            .client()
+            .batch_may_exist(BatchMayExistRequest {
+                namespace: namespace.to_string(),
+                keys: keys.iter().map(|k| k.as_bytes().to_vec().into()).collect(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let passing = reply.answers().filter(|a| *a == Answer::MayExist).count();
+        (passing, reply.warming)
+    }
+
+    /// [`passing`](Self::passing) under this replica's read lease: retried while it fails open (see
+    /// [`leased_lookup`](Self::leased_lookup)), for a count of keys that must answer `ABSENT`.
+    pub async fn passing_under_lease(&self, namespace: &str, keys: &[String]) -> usize {
+        let what = format!("replica {} to answer under its read lease", self.id);
+        wait_until(PATIENCE, &what, async || {
+            let (passing, warming) = self.passing(namespace, keys).await;
+            (!warming).then_some(passing)
+        })
+        .await
+    }
+
     /// Each namespace's (name, digest seq, digest) from `Admin.Stats`.
     pub async fn digests(&self) -> Vec<(String, u64, u64)> {
         let stats = self
@@ -293,6 +323,36 @@ pub async fn start_serving(nats: &str, config: &Path, n: usize, args: &[&str]) -
         replica.serving().await;
     }
     started
+}
+
+/// The digests of every replica once they all cover the same seqs, which must be equal.
+pub async fn agreed_digests(replicas: &[Replica]) -> Vec<(String, u64, u64)> {
+    wait_until(
+        PATIENCE,
+        "the replicas to reach the same seqs",
+        async || {
+            let mut all = Vec::new();
+            for replica in replicas {
+                all.push(replica.digests().await);
+            }
+            let seqs = |d: &Vec<(String, u64, u64)>| {
+                d.iter()
+                    .map(|(n, s, _)| (n.clone(), *s))
+                    .collect::<Vec<_>>()
+            };
+            all.iter().all(|d| seqs(d) == seqs(&all[0])).then_some(all)
+        },
+    )
+    .await
+    .into_iter()
+    .reduce(|first, other| {
+        assert_eq!(
+            first, other,
+            "replicas at the same seqs hold the same state"
+        );
+        first
+    })
+    .unwrap()
 }
 
 /// The stream seqs the shared snapshots cover, oldest first, as the stream's index record names them.
