@@ -137,7 +137,7 @@ pub async fn run() {
     let started = Instant::now();
     let binary = procs::gate_binary();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let module = root.join("benches/redisbloom/redisbloom.so");
+    let module = procs::redisbloom_module();
     // `-- clients rust go`: only the callers whose names start with these words.
     let only: Vec<String> = std::env::args()
         .skip_while(|a| a != "clients")
@@ -167,7 +167,9 @@ pub async fn run() {
                     command,
                     lookups,
                 } => script(root, dir, command, &binary, *lookups),
-                How::RedisBenchmark { pipeline } => redis_benchmark(&module, *pipeline),
+                How::RedisBenchmark { pipeline } => module
+                    .clone()
+                    .and_then(|module| redis_benchmark(&module, *pipeline)),
             };
             match measured {
                 Ok(figure) => caller.rounds.push(figure),
@@ -312,12 +314,6 @@ fn number_before(text: &str, marker: &str) -> Option<f64> {
 /// `redis-benchmark` from 64 connections, `pipeline` commands deep, against RedisBloom holding nothing
 /// (every `BF.EXISTS` answers 0, as the gates answer `ABSENT`): its own CPU per command.
 fn redis_benchmark(module: &Path, pipeline: u32) -> Result<Figure, String> {
-    if !module.exists() {
-        return Err(format!(
-            "{} is missing (benches/redisbloom/build.sh builds it)",
-            module.display()
-        ));
-    }
     let module = module.to_str().expect("a UTF-8 path");
     let redis = procs::start_redis_with(&["--loadmodule", module])
         .ok_or("redis-server is not installed")?;

@@ -1,7 +1,7 @@
 //! The gate's memory after 10M keys, part by part, beside RedisBloom's holding the same keys.
 //!
 //! Both servers get the same 10M keys at 1% (`default` in the gate, `BF.RESERVE default 0.01 10000000` in
-//! Redis with RedisBloom 2.6.9 loaded: `benches/redisbloom/build.sh` builds it; without it RedisBloom's
+//! Redis with the RedisBloom module `EXISTENCE_GATE_REDISBLOOM_MODULE` names loaded; without it RedisBloom's
 //! column is left out), through `BF.MADD`s of 1,000 keys on each one's RESP port. Two gates: one with the
 //! default replay buffer (half the filter) and one with `replay_buffer_bytes = 16777216`, the fixed default
 //! before it. After the fill settles (1 s), each process's `VmRSS`, `RssAnon` and `RssFile` are read from
@@ -66,14 +66,9 @@ async fn gate(name: &str, extra_config: &str) -> (Resident, MemoryStats) {
 
 /// RedisBloom filled with the keys: its resident figures and `BF.INFO`'s size of the filter.
 async fn redisbloom() -> Option<(Resident, u64)> {
-    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/redisbloom/redisbloom.so");
-    if !module.exists() {
-        eprintln!(
-            "{} is missing: build RedisBloom 2.6.9 with benches/redisbloom/build.sh; RedisBloom is left out",
-            module.display()
-        );
-        return None;
-    }
+    let module = procs::redisbloom_module()
+        .map_err(|why| eprintln!("{why}"))
+        .ok()?;
     let module_path = module.to_string_lossy().to_string();
     let server = procs::start_redis_with(&["--loadmodule", &module_path])?;
     let mut connection = resp::connect(&server).await;

@@ -1,6 +1,6 @@
 //! The RESP port beside RedisBloom, both driven by `redis-benchmark`: the gate's bench-profile binary and
-//! Debian's `redis-server` with RedisBloom 2.6.9 loaded (`benches/redisbloom/build.sh` builds the module;
-//! without it this mode says how and stops). Each holds the same 10M keys in a filter sized for them at 1%
+//! Debian's `redis-server` with the RedisBloom module `EXISTENCE_GATE_REDISBLOOM_MODULE` names loaded
+//! (without it this mode says so and stops). Each holds the same 10M keys in a filter sized for them at 1%
 //! (`default` in the gate, `BF.RESERVE default 0.01 10000000` in Redis), the keys `redis-benchmark` draws
 //! for `__rand_int__` (12 digits) below 10M, so that lookups drawn below 20M are half present.
 //!
@@ -165,14 +165,13 @@ pub async fn fill(server: &Server) {
 }
 
 pub async fn run() {
-    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/redisbloom/redisbloom.so");
-    if !module.exists() {
-        eprintln!(
-            "{} is missing: build RedisBloom 2.6.9 with benches/redisbloom/build.sh (it says how)",
-            module.display()
-        );
-        return;
-    }
+    let module = match procs::redisbloom_module() {
+        Ok(module) => module,
+        Err(why) => {
+            eprintln!("{why}; the RESP bench needs it");
+            return;
+        }
+    };
     let config = tempfile::NamedTempFile::new().expect("a temporary file");
     std::fs::write(
         config.path(),
@@ -245,7 +244,7 @@ fn report(rows: &[(Workload, [Vec<Stretch>; 2])], load: &str, seconds: f64) -> S
         out,
         "# The RESP port beside RedisBloom\n\n`cargo bench --bench load -- resp`, {} on {}; load average {load} at \
          the start; {seconds:.0} s of stretches. The gate's bench-profile binary (`--in-memory`) and `{}` with \
-         RedisBloom 2.6.9 (`benches/redisbloom/build.sh`), each holding the same {FILLED} keys at 1%, driven by \
+         RedisBloom (the module `EXISTENCE_GATE_REDISBLOOM_MODULE` names), each holding the same {FILLED} keys at 1%, driven by \
          `redis-benchmark` on the same machine (2 cores shared by client and server). Lookups draw keys below \
          {} (half present). {ROUNDS} alternating stretches per side; figures are medians over the stretches; \
          server CPU is user + system time of the server process per command (per key for `BF.MEXISTS`), \

@@ -264,6 +264,26 @@ pub fn start_redis() -> Option<Server> {
     start_redis_with(&[])
 }
 
+/// The RedisBloom module the benchmarks compare against: the `redisbloom.so` that
+/// `EXISTENCE_GATE_REDISBLOOM_MODULE` names (RedisBloom is in no registry these machines reach, so the
+/// project ships no copy of it and no way to build it). `Err` says why it is left out.
+pub fn redisbloom_module() -> Result<std::path::PathBuf, String> {
+    const VARIABLE: &str = "EXISTENCE_GATE_REDISBLOOM_MODULE";
+    let path = std::env::var_os(VARIABLE).ok_or_else(|| {
+        format!(
+            "{VARIABLE} is not set to a RedisBloom module (redisbloom.so): RedisBloom is left out"
+        )
+    })?;
+    let path = std::path::PathBuf::from(path);
+    if !path.is_file() {
+        return Err(format!(
+            "{VARIABLE} names {}, which is not a file: RedisBloom is left out",
+            path.display()
+        ));
+    }
+    Ok(path)
+}
+
 /// [`start_redis`] with more arguments (`--loadmodule PATH`).
 pub fn start_redis_with(extra: &[&str]) -> Option<Server> {
     let port = free_port();
