@@ -42,8 +42,10 @@ mod grpc;
 mod operations;
 mod security;
 
-// The RESP port with Redis clients: RedisBloom's commands on the gate's rules.
+// The RESP port with Redis clients: RedisBloom's commands on the gate's rules, and its replies byte for
+// byte beside RedisBloom's.
 mod resp;
+mod resp_compat;
 
 // The replicated mode against real nats-servers: the stream, replicas, failover under partitions, a
 // nemesis run mixing every fault.

@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 
-use super::reply::{Outcome, Refusal, Replies};
+use super::reply::{Outcome, Protocol, Refusal, Replies};
 use super::Port;
 use crate::core::answer::{Answer, Basis};
 use crate::core::gate::GateError;
@@ -109,41 +109,44 @@ pub async fn add(
 }
 
 /// `BF.INSERT namespace [CAPACITY n] [ERROR rate] [EXPANSION n] [NOCREATE] [NONSCALING] ITEMS item ...`:
-/// `BF.MADD` of the items. The creation options are checked as RedisBloom checks them and then left to
-/// the namespace's configuration, as RedisBloom ignores them for a filter that exists.
+/// `BF.MADD` of the items. The creation options are checked as RedisBloom 2.6 checks them, with its
+/// replies (`Bad capacity`, `Bad argument received`, ...), and then left to the namespace's configuration,
+/// as RedisBloom ignores them for a filter that exists.
 pub async fn insert(
     port: &Port,
     namespace: &str,
     args: &[Bytes],
     replies: &mut Replies<'_>,
 ) -> Outcome {
+    let wrong_arity = || Refusal::err("wrong number of arguments for 'bf.insert' command");
     let mut options = args.iter();
-    let mut nocreate = false;
+    let (mut nocreate, mut rate, mut capacity, mut expansion) = (false, 0.01, 100, 2);
     let items = loop {
-        let Some(option) = options.next() else {
-            return Err(Refusal::err(
-                "syntax error: BF.INSERT needs ITEMS followed by at least one item",
-            ));
-        };
+        let option = options.next().ok_or_else(wrong_arity)?;
         match option.to_ascii_uppercase().as_slice() {
             b"ITEMS" => break options.as_slice(),
             b"NOCREATE" => nocreate = true,
             b"NONSCALING" => {}
-            b"CAPACITY" => positive(options.next(), "bad capacity")?,
-            b"EXPANSION" => positive(options.next(), "bad expansion")?,
-            b"ERROR" => error_rate(options.next())?,
-            _ => {
-                return Err(Refusal::err(format!(
-                    "syntax error: unknown BF.INSERT option '{}'",
-                    String::from_utf8_lossy(option)
-                )))
+            b"CAPACITY" => {
+                let given = options.next().ok_or_else(wrong_arity)?;
+                capacity = parse_integer(given).ok_or_else(|| Refusal::bare("Bad capacity"))?;
             }
+            b"EXPANSION" => {
+                let given = options.next().ok_or_else(wrong_arity)?;
+                expansion = parse_integer(given).ok_or_else(|| Refusal::bare("Bad expansion"))?;
+            }
+            b"ERROR" => {
+                let given = options.next().ok_or_else(wrong_arity)?;
+                rate = parse_rate(given).ok_or_else(|| Refusal::bare("Bad error rate"))?;
+            }
+            _ => return Err(Refusal::bare("Unknown argument received")),
         }
     };
     if items.is_empty() {
-        return Err(Refusal::err(
-            "syntax error: BF.INSERT needs at least one item after ITEMS",
-        ));
+        return Err(wrong_arity());
+    }
+    if !(rate > 0.0 && rate < 1.0) || capacity < 1 || expansion < 1 {
+        return Err(Refusal::bare("Bad argument received"));
     }
     if nocreate && port.gate.namespace(namespace).is_err() {
         return Err(Refusal::err("not found"));
@@ -153,46 +156,52 @@ pub async fn insert(
 
 /// `BF.RESERVE namespace error_rate capacity [EXPANSION n] [NONSCALING]`: a configured namespace exists
 /// already (`item exists`, RedisBloom's answer for a key that exists); any other is refused with how to
-/// configure it.
+/// configure it. Its arguments are checked first, in RedisBloom 2.6's order and with its replies; like it,
+/// words other than `EXPANSION n` and `NONSCALING` are passed over.
 pub fn reserve(port: &Port, namespace: &str, args: &[Bytes]) -> Outcome {
-    error_rate(args.first())?;
-    positive(args.get(1), "bad capacity")?;
-    // Its options are checked as RedisBloom checks them, before the filter's existence.
-    let (mut options, mut expands, mut nonscaling) = (args[2..].iter(), false, false);
-    while let Some(option) = options.next() {
-        match option.to_ascii_uppercase().as_slice() {
-            b"EXPANSION" => {
-                positive(options.next(), "bad expansion")?;
-                expands = true;
-            }
-            b"NONSCALING" => nonscaling = true,
-            _ => {
-                return Err(Refusal::err(format!(
-                    "syntax error: unknown BF.RESERVE option '{}'",
-                    String::from_utf8_lossy(option)
-                )))
-            }
-        }
+    if args.len() > 5 {
+        return Err(Refusal::err(
+            "wrong number of arguments for 'bf.reserve' command",
+        ));
     }
-    if expands && nonscaling {
-        return Err(Refusal::err("nonscaling filters cannot expand"));
+    let rate = parse_rate(&args[0]).ok_or_else(|| Refusal::err("bad error rate"))?;
+    if !(rate > 0.0 && rate < 1.0) {
+        return Err(Refusal::err("(0 < error rate range < 1) "));
+    }
+    let capacity = parse_integer(&args[1]).ok_or_else(|| Refusal::err("bad capacity"))?;
+    if capacity <= 0 {
+        return Err(Refusal::err("(capacity should be larger than 0)"));
+    }
+    let named = |word: &str| {
+        args.iter()
+            .position(|a| a.eq_ignore_ascii_case(word.as_bytes()))
+    };
+    let nonscaling = named("NONSCALING").is_some();
+    if let Some(at) = named("EXPANSION") {
+        let value = args
+            .get(at + 1)
+            .ok_or_else(|| Refusal::err("no expansion"))?;
+        if nonscaling {
+            return Err(Refusal::bare("Nonscaling filters cannot expand"));
+        }
+        let expansion = parse_integer(value).ok_or_else(|| Refusal::err("bad expansion"))?;
+        if expansion < 1 {
+            return Err(Refusal::err("expansion should be greater or equal to 1"));
+        }
     }
     port.gate.namespace(namespace).map_err(refusal)?;
     Err(Refusal::err("item exists"))
 }
 
-fn positive(value: Option<&Bytes>, error: &str) -> Outcome {
-    match value.and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok()) {
-        Some(n) if n > 0 => Ok(()),
-        _ => Err(Refusal::err(error)),
-    }
+/// An integer argument, as Redis parses one (`None`: not one).
+fn parse_integer(value: &Bytes) -> Option<i64> {
+    std::str::from_utf8(value).ok()?.parse().ok()
 }
 
-fn error_rate(value: Option<&Bytes>) -> Outcome {
-    match value.and_then(|v| std::str::from_utf8(v).ok()?.parse::<f64>().ok()) {
-        Some(rate) if rate > 0.0 && rate < 1.0 => Ok(()),
-        _ => Err(Refusal::err("bad error rate")),
-    }
+/// An error rate argument, as Redis parses a double (`None`: not one; NaN is not one either).
+fn parse_rate(value: &Bytes) -> Option<f64> {
+    let rate: f64 = std::str::from_utf8(value).ok()?.parse().ok()?;
+    (!rate.is_nan()).then_some(rate)
 }
 
 /// `BF.INFO namespace [CAPACITY | SIZE | FILTERS | ITEMS | EXPANSION]`: RedisBloom's fields from the
@@ -228,11 +237,17 @@ pub fn info(port: &Port, namespace: &str, field: &[Bytes], replies: &mut Replies
             }
         }
         [name] => {
-            let (_, _, n) = fields
+            let (_, label, n) = fields
                 .iter()
                 .find(|(key, _, _)| name.eq_ignore_ascii_case(key.as_bytes()))
-                .ok_or_else(|| Refusal::err("Invalid information value"))?;
-            replies.array(1);
+                .ok_or_else(|| Refusal::bare("Invalid information value"))?;
+            // One value; in RESP3 a map of one, named, as RedisBloom answers there.
+            if replies.protocol == Protocol::Resp3 {
+                replies.map(1);
+                replies.simple(label);
+            } else {
+                replies.array(1);
+            }
             value(replies, *n);
         }
         _ => {

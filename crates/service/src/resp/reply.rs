@@ -26,6 +26,14 @@ impl Refusal {
             message: message.into(),
         }
     }
+
+    /// An error with no prefix, as RedisBloom answers some (`-Bad capacity`): a client sees the text alone.
+    pub fn bare(message: impl Into<String>) -> Self {
+        Self {
+            kind: "",
+            message: message.into(),
+        }
+    }
 }
 
 pub type Outcome = Result<(), Refusal>;
@@ -43,13 +51,15 @@ impl Replies<'_> {
         self.line(b'+', status.as_bytes());
     }
 
-    /// An error: `kind` is Redis's prefix (`ERR`, `WRONGPASS`, `NOAUTH`, `NOPERM`, ...). Line breaks in the
-    /// message would end the reply early, so they become spaces.
+    /// An error: `kind` is Redis's prefix (`ERR`, `WRONGPASS`, `NOAUTH`, `NOPERM`, ...; empty for none).
+    /// Line breaks in the message would end the reply early, so they become spaces.
     pub fn error(&mut self, kind: &str, message: &str) {
         self.out.reserve(kind.len() + message.len() + 4);
         self.out.put_u8(b'-');
-        self.out.put_slice(kind.as_bytes());
-        self.out.put_u8(b' ');
+        if !kind.is_empty() {
+            self.out.put_slice(kind.as_bytes());
+            self.out.put_u8(b' ');
+        }
         for &b in message.as_bytes() {
             self.out
                 .put_u8(if b == b'\r' || b == b'\n' { b' ' } else { b });
