@@ -1,5 +1,5 @@
 //! The RESP port's replies, byte for byte, for every `BF.*` command and argument shape a RedisBloom user
-//! sends: pinned here, and compared with RedisBloom's where it is available. Each case says whether
+//! sends (and `AUTH` without tokens, `PING`, `SELECT`): pinned here, and compared with RedisBloom's where it is available. Each case says whether
 //! RedisBloom answers the same bytes or, where the gate means to differ (namespaces are configured, not
 //! created; a filter of windows has no expansion rate; its size is its own), what RedisBloom 2.6.28 answers
 //! instead and why — the table in docs/resp.md, checked.
@@ -181,6 +181,17 @@ const CASES: &[Case] = &[
         WINDOWS,
     ),
     same("BF.INFO users BOGUS", b"-Invalid information value\r\n"),
+    // No tokens configured, as a Redis without passwords: its `default` user takes any password.
+    same(
+        "AUTH x",
+        b"-ERR AUTH <password> called without any password configured for the default user. Are you sure \
+          your configuration is correct?\r\n",
+    ),
+    same(
+        "AUTH someone x",
+        b"-WRONGPASS invalid username-password pair or user is disabled.\r\n",
+    ),
+    same("AUTH default x", b"+OK\r\n"),
     same("PING", b"+PONG\r\n"),
     same("PING x", b"$1\r\nx\r\n"),
     same(

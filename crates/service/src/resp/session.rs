@@ -326,24 +326,30 @@ impl Session {
     }
 
     /// `AUTH token` or `AUTH name token`: the token must be one of the gate's `[[tokens]]`; a name, when
-    /// given, must be that token's `name` (or `default`, what clients send for a password alone).
+    /// given, must be that token's `name` (or `default`, what clients send for a password alone). Without
+    /// tokens, as Redis without passwords: `AUTH token` is refused, `AUTH default anything` accepted.
     fn auth(&mut self, args: &[Bytes]) -> Outcome {
         let (user, token) = match args {
             [token] => (None, token),
             [user, token] => (Some(user), token),
             _ => return Err(Refusal::err("syntax error")),
         };
-        let authorizer = self.port.access.authorizer();
-        if !authorizer.is_enabled() {
-            return Err(Refusal::err(
-                "AUTH <password> called without any password configured for the default user. Are you sure \
-                 your configuration is correct?",
-            ));
-        }
         let wrong = || Refusal {
             kind: "WRONGPASS",
             message: "invalid username-password pair or user is disabled.".to_string(),
         };
+        let authorizer = self.port.access.authorizer();
+        if !authorizer.is_enabled() {
+            // As Redis without passwords: its `default` user takes any password, and no other user exists.
+            return match user {
+                None => Err(Refusal::err(
+                    "AUTH <password> called without any password configured for the default user. Are you \
+                     sure your configuration is correct?",
+                )),
+                Some(user) if &user[..] == b"default" => Ok(()),
+                Some(_) => Err(wrong()),
+            };
+        }
         let token = std::str::from_utf8(token).map_err(|_| wrong())?;
         let authorization = format!("Bearer {token}");
         let name = authorizer
