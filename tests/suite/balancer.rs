@@ -13,11 +13,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::nats::Nats;
 use common::ports::free_port;
+use common::proxy::{Mode, Proxy};
 use common::replicas::{config_file, Launch, Replica};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
@@ -26,6 +27,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 
 const CONFIG: &str = "[namespaces.users]\nexpected_keys = 100000\n";
+/// The load's callers.
+const CALLERS: usize = 4;
+/// Each call's deadline, as a client sets one: what a call held by a paused replica costs.
+const CALL_DEADLINE: Duration = Duration::from_secs(2);
 
 /// How long a leaving replica serves on: the default, well past HAProxy's detection (2 failed checks 250 ms
 /// apart), with a margin for a loaded machine.
@@ -97,17 +102,46 @@ async fn until_status(socket: &Path, server: &str, wanted: &str) {
     .await;
 }
 
+/// One call the load made: when it started, how long it took, and why it failed, if it did.
+#[derive(Debug, Clone)]
+struct Call {
+    at: Instant,
+    took: Duration,
+    failed: Option<String>,
+}
+
 /// What the load saw.
 #[derive(Debug, Default)]
 struct Seen {
     adds: AtomicU64,
-    lookups: AtomicU64,
-    failed: Mutex<Vec<String>>,
+    calls: Mutex<Vec<Call>>,
     false_absent: Mutex<Vec<String>>,
 }
 
-/// One caller through HAProxy until `stop`: an `Add` of a new key, then a lookup of it (it must not be
-/// `ABSENT`), then a lookup of a key nobody adds.
+impl Seen {
+    fn record(&self, at: Instant, failed: Option<String>) {
+        let took = at.elapsed();
+        self.calls.lock().unwrap().push(Call { at, took, failed });
+    }
+
+    /// The calls that started in `window`.
+    fn during(&self, window: std::ops::Range<Instant>) -> Vec<Call> {
+        let calls = self.calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|c| window.contains(&c.at))
+            .cloned()
+            .collect()
+    }
+
+    fn failed(&self) -> Vec<String> {
+        let calls = self.calls.lock().unwrap();
+        calls.iter().filter_map(|c| c.failed.clone()).collect()
+    }
+}
+
+/// One caller through HAProxy until `stop`, each call with `CALL_DEADLINE` (as a client sets one): an `Add`
+/// of a new key, then a lookup of it (it must not be `ABSENT`), then a lookup of a key nobody adds.
 async fn caller(
     mut gate: ExistenceGateClient<Channel>,
     name: usize,
@@ -118,42 +152,174 @@ async fn caller(
     while !stop.load(Ordering::Relaxed) {
         i += 1;
         let key = Bytes::from(format!("c{name}-{i}"));
-        let added = gate
-            .add(AddRequest {
-                namespace: "users".into(),
-                keys: vec![key.clone()],
-                ..Default::default()
-            })
-            .await;
-        if let Err(status) = added {
-            seen.failed.lock().unwrap().push(format!("Add: {status:?}"));
+        let mut request = tonic::Request::new(AddRequest {
+            namespace: "users".into(),
+            keys: vec![key.clone()],
+            ..Default::default()
+        });
+        request.set_timeout(CALL_DEADLINE);
+        let at = Instant::now();
+        if let Err(status) = gate.add(request).await {
+            seen.record(at, Some(format!("Add: {status:?}")));
             continue;
         }
+        seen.record(at, None);
         seen.adds.fetch_add(1, Ordering::Relaxed);
         for (key, acknowledged) in [
             (key, true),
             (Bytes::from(format!("none-{name}-{i}")), false),
         ] {
-            let looked = gate
-                .may_exist(MayExistRequest {
-                    namespace: "users".into(),
-                    key: key.clone(),
-                })
-                .await;
-            match looked {
-                Err(status) => seen
-                    .failed
-                    .lock()
-                    .unwrap()
-                    .push(format!("MayExist: {status:?}")),
-                Ok(reply) if acknowledged && reply.get_ref().answer() == Answer::Absent => {
-                    seen.false_absent.lock().unwrap().push(format!("{key:?}"))
-                }
-                Ok(_) => {
-                    seen.lookups.fetch_add(1, Ordering::Relaxed);
+            let mut request = tonic::Request::new(MayExistRequest {
+                namespace: "users".into(),
+                key: key.clone(),
+            });
+            request.set_timeout(CALL_DEADLINE);
+            let at = Instant::now();
+            match gate.may_exist(request).await {
+                Err(status) => seen.record(at, Some(format!("MayExist: {status:?}"))),
+                Ok(reply) => {
+                    seen.record(at, None);
+                    if acknowledged && reply.get_ref().answer() == Answer::Absent {
+                        seen.false_absent.lock().unwrap().push(format!("{key:?}"));
+                    }
                 }
             }
         }
+    }
+}
+
+/// Three replicas on NATS, each reaching it through a proxy of its own (so that one can be cut off), on
+/// fixed ports a restart keeps, behind HAProxy running `deploy/haproxy.cfg`; every server `UP`.
+struct Balanced {
+    _nats: Nats,
+    _haproxy: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    launches: Vec<Launch>,
+    replicas: Vec<Replica>,
+    /// Each replica's link to NATS.
+    links: Vec<Proxy>,
+    /// HAProxy's runtime API.
+    socket: PathBuf,
+    /// HAProxy's gRPC front.
+    channel: Channel,
+}
+
+impl Balanced {
+    async fn start() -> Option<Self> {
+        let haproxy = haproxy()?;
+        let nats = Nats::start().await?;
+        let dir = tempfile::tempdir().unwrap();
+        let config = config_file(dir.path(), CONFIG);
+        let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let nats_addr: SocketAddr = nats.url.trim_start_matches("nats://").parse().unwrap();
+        let mut links = Vec::new();
+        let mut launches = Vec::new();
+        for i in 0..3 {
+            let link = Proxy::start(nats_addr).await;
+            let mut launch = Launch::new(&link.url(), &config, &format!("r{i}"));
+            launch.args = vec!["--drain-delay".into(), DRAIN_DELAY.into()];
+            launch.addresses = Some([free_port(), free_port(), free_port()].map(loopback));
+            links.push(link);
+            launches.push(launch);
+        }
+        let mut replicas: Vec<Replica> = Vec::new();
+        for launch in &launches {
+            replicas.push(launch.start().await);
+        }
+        for replica in &replicas {
+            replica.serving().await;
+        }
+        let (front, socket) = (free_port(), dir.path().join("haproxy.sock"));
+        let addresses: Vec<[SocketAddr; 3]> =
+            launches.iter().map(|l| l.addresses.unwrap()).collect();
+        let haproxy_cfg = dir.path().join("haproxy.cfg");
+        std::fs::write(&haproxy_cfg, haproxy_config(front, &socket, &addresses)).unwrap();
+        let balancer = tokio::process::Command::new(haproxy)
+            .arg("-db")
+            .arg("-f")
+            .arg(&haproxy_cfg)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("haproxy starts");
+        for i in 1..=3 {
+            until_status(&socket, &format!("gate-{i}"), "UP").await;
+        }
+        let channel = Channel::from_shared(format!("http://127.0.0.1:{front}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        Some(Self {
+            _nats: nats,
+            _haproxy: balancer,
+            _dir: dir,
+            launches,
+            replicas,
+            links,
+            socket,
+            channel,
+        })
+    }
+
+    /// Starts `CALLERS` callers through HAProxy, and waits until they have Adds acknowledged.
+    async fn load(&self) -> Load {
+        let (seen, stop) = (Arc::new(Seen::default()), Arc::new(AtomicBool::new(false)));
+        let callers = (0..CALLERS)
+            .map(|name| {
+                let gate = ExistenceGateClient::new(self.channel.clone());
+                tokio::spawn(caller(gate, name, Arc::clone(&seen), Arc::clone(&stop)))
+            })
+            .collect();
+        wait_until(PATIENCE, "the load to run", async || {
+            (seen.adds.load(Ordering::Relaxed) > 20).then_some(())
+        })
+        .await;
+        Load {
+            seen,
+            stop,
+            callers,
+        }
+    }
+
+    /// Starts replica `i` again on its ports and data, and waits until HAProxy sends it calls.
+    async fn restart(&mut self, i: usize) {
+        self.replicas.insert(i, self.launches[i].start().await);
+        self.replicas[i].serving().await;
+        until_status(&self.socket, &format!("gate-{}", i + 1), "UP").await;
+    }
+
+    /// How long after `since` HAProxy took server `i` out (polled from `since`).
+    async fn taken_out(&self, i: usize, since: Instant) -> Duration {
+        let server = format!("gate-{}", i + 1);
+        wait_until(
+            PATIENCE,
+            &format!("HAProxy to take {server} out"),
+            async || {
+                let status = server_status(&self.socket, &server).await?;
+                status.starts_with("DOWN").then(|| since.elapsed())
+            },
+        )
+        .await
+    }
+}
+
+/// The load's callers, running until [`finish`](Load::finish).
+struct Load {
+    seen: Arc<Seen>,
+    stop: Arc<AtomicBool>,
+    callers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Stops the callers; what they saw.
+    async fn finish(self) -> Arc<Seen> {
+        self.stop.store(true, Ordering::Relaxed);
+        for caller in self.callers {
+            caller.await.unwrap();
+        }
+        self.seen
     }
 }
 
@@ -161,93 +327,33 @@ async fn caller(
 /// replicas under a steady load through HAProxy: no call fails, no acknowledged key answers `ABSENT`.
 #[tokio::test]
 async fn a_rolling_restart_behind_haproxy_fails_no_call() {
-    let Some(haproxy) = haproxy() else {
+    let Some(mut balanced) = Balanced::start().await else {
         return;
     };
-    let Some(nats) = Nats::start().await else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), CONFIG);
-    let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
-    let launches: Vec<Launch> = (0..3)
-        .map(|i| {
-            let mut launch = Launch::new(&nats.url, &config, &format!("r{i}"));
-            launch.args = vec!["--drain-delay".into(), DRAIN_DELAY.into()];
-            launch.addresses = Some([free_port(), free_port(), free_port()].map(loopback));
-            launch
-        })
-        .collect();
-    let mut replicas: Vec<Replica> = Vec::new();
-    for launch in &launches {
-        replicas.push(launch.start().await);
-    }
-    for replica in &replicas {
-        replica.serving().await;
-    }
-    let (front, socket) = (free_port(), dir.path().join("haproxy.sock"));
-    let addresses: Vec<[SocketAddr; 3]> = launches.iter().map(|l| l.addresses.unwrap()).collect();
-    let haproxy_cfg = dir.path().join("haproxy.cfg");
-    std::fs::write(&haproxy_cfg, haproxy_config(front, &socket, &addresses)).unwrap();
-    let _balancer = tokio::process::Command::new(haproxy)
-        .arg("-db")
-        .arg("-f")
-        .arg(&haproxy_cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("haproxy starts");
-    for i in 1..=3 {
-        until_status(&socket, &format!("gate-{i}"), "UP").await;
-    }
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{front}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let (seen, stop) = (Arc::new(Seen::default()), Arc::new(AtomicBool::new(false)));
-    let callers: Vec<_> = (0..4)
-        .map(|name| {
-            let gate = ExistenceGateClient::new(channel.clone());
-            tokio::spawn(caller(gate, name, Arc::clone(&seen), Arc::clone(&stop)))
-        })
-        .collect();
-    wait_until(PATIENCE, "the load to run", async || {
-        (seen.adds.load(Ordering::Relaxed) > 20).then_some(())
-    })
-    .await;
-    for (i, launch) in launches.iter().enumerate() {
+    let load = balanced.load().await;
+    for i in 0..3 {
         let server = format!("gate-{}", i + 1);
-        let (adds_before, started) = (seen.adds.load(Ordering::Relaxed), Instant::now());
+        let (adds_before, started) = (load.seen.adds.load(Ordering::Relaxed), Instant::now());
         // As a service manager restarts it: SIGTERM, and a new process as soon as the old one exits, without
         // waiting for the balancer — which must not send the new one calls before it is ready either.
-        let leaving = replicas.remove(i);
+        let leaving = balanced.replicas.remove(i);
         leaving.signal("TERM");
         assert!(leaving.exited().await.success(), "{server} exits 0");
         let exited = started.elapsed();
-        replicas.insert(i, launch.start().await);
-        replicas[i].serving().await;
-        until_status(&socket, &server, "UP").await;
+        balanced.restart(i).await;
         eprintln!(
             "rolling restart of {server}: exited {exited:?} after SIGTERM, back UP in HAProxy after {:?}; {} \
              Adds acknowledged meanwhile",
             started.elapsed(),
-            seen.adds.load(Ordering::Relaxed) - adds_before
+            load.seen.adds.load(Ordering::Relaxed) - adds_before
         );
     }
-    stop.store(true, Ordering::Relaxed);
-    for caller in callers {
-        caller.await.unwrap();
-    }
-    let (adds, lookups) = (
-        seen.adds.load(Ordering::Relaxed),
-        seen.lookups.load(Ordering::Relaxed),
-    );
-    let failed = seen.failed.lock().unwrap();
+    let seen = load.finish().await;
+    let failed = seen.failed();
     let false_absent = seen.false_absent.lock().unwrap();
     eprintln!(
-        "through HAProxy: {adds} Adds and {lookups} lookups, {} failed, {} false ABSENT",
+        "through HAProxy: {} calls, {} failed, {} false ABSENT",
+        seen.calls.lock().unwrap().len(),
         failed.len(),
         false_absent.len()
     );
@@ -256,4 +362,71 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
         false_absent.is_empty(),
         "acknowledged keys answered ABSENT: {false_absent:?}"
     );
+}
+
+/// A replica lost without warning, under a steady load through HAProxy: (b) killed (kill -9) and
+/// restarted, (c) paused (SIGSTOP) for 10 s, (d) cut off from NATS for 6 s. Each costs at most the calls in
+/// flight on it when it went, and those HAProxy sent it before its checks took it out (one per caller per
+/// deadline): at most two per caller, where a balancer that kept sending to it would fail every caller's
+/// calls for the whole event. No acknowledged key answers `ABSENT`. Per event: failed calls, p99 latency,
+/// and how long HAProxy took to take the replica out.
+#[tokio::test]
+async fn losing_a_replica_behind_haproxy_fails_only_the_calls_it_held() {
+    let Some(mut balanced) = Balanced::start().await else {
+        return;
+    };
+    let load = balanced.load().await;
+    let mut report = Vec::new();
+    for event in [
+        "kill -9 and restart",
+        "SIGSTOP for 10 s",
+        "cut off from NATS for 6 s",
+    ] {
+        let i = report.len();
+        let started = Instant::now();
+        match i {
+            0 => balanced.replicas.remove(i).kill().await,
+            1 => balanced.replicas[i].signal("STOP"),
+            _ => balanced.links[i].set(Mode::Silent),
+        }
+        let out_after = balanced.taken_out(i, started).await;
+        match i {
+            0 => balanced.restart(i).await,
+            1 => {
+                tokio::time::sleep(Duration::from_secs(10).saturating_sub(started.elapsed())).await;
+                balanced.replicas[i].signal("CONT");
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_secs(6).saturating_sub(started.elapsed())).await;
+                balanced.links[i].set(Mode::Pass);
+            }
+        }
+        until_status(&balanced.socket, &format!("gate-{}", i + 1), "UP").await;
+        let calls = load.seen.during(started..Instant::now());
+        let failed: Vec<String> = calls.iter().filter_map(|c| c.failed.clone()).collect();
+        let mut took: Vec<Duration> = calls.iter().map(|c| c.took).collect();
+        took.sort();
+        let p99 = took.get(took.len() * 99 / 100).copied().unwrap_or_default();
+        eprintln!(
+            "{event} (gate-{}): {} calls, {} failed, p99 {p99:?}, out of HAProxy after {out_after:?}",
+            i + 1,
+            calls.len(),
+            failed.len()
+        );
+        report.push((event, failed));
+    }
+    let seen = load.finish().await;
+    let false_absent = seen.false_absent.lock().unwrap();
+    assert!(
+        false_absent.is_empty(),
+        "acknowledged keys answered ABSENT: {false_absent:?}"
+    );
+    for (event, failed) in report {
+        assert!(
+            failed.len() <= 2 * CALLERS,
+            "{event}: {} calls failed, more than the {CALLERS} callers' calls in flight and sent before \
+             HAProxy took the replica out: {failed:#?}",
+            failed.len()
+        );
+    }
 }
