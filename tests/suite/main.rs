@@ -24,7 +24,7 @@ mod durability;
 mod faults;
 mod fuzz_harnesses;
 mod model;
-mod prometheus_rules;
+mod monitoring;
 mod replay;
 
 // The tree itself: which layer may use which, documentation whose links resolve, and a configuration
