@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::{self, consumer};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -36,6 +37,9 @@ const SUBJECT_READ: Duration = Duration::from_secs(10);
 /// Junk messages read past, at most, before the first valid sizing of a namespace: beyond, the start is
 /// refused with the remedy (purge the subject) rather than read for ever.
 const MAX_JUNK_BEFORE_SIZING: usize = 1_000;
+/// How long a write waits before trying again when the stream's leader cannot check its expected sequence
+/// yet (it was just elected).
+const NOT_READY_PAUSE: Duration = Duration::from_millis(50);
 /// How every sizing record starts ([`FilterSpec::describe`]).
 const SIZING_START: &str = "expected_keys = ";
 
@@ -311,7 +315,7 @@ impl MutationStream {
         };
         match acked {
             Ok(ack) => Ok(Some(ack.sequence)),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(None),
+            Err(e) if expectation_failed(&e).await => Ok(None),
             Err(e) => Err(StreamError::Publish(format!(
                 "cannot write {subject} into the JetStream stream {:?}: {e}",
                 self.name
@@ -422,12 +426,35 @@ impl MutationStream {
         };
         match acked {
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(()),
+            Err(e) if expectation_failed(&e).await => Ok(()),
             Err(e) => Err(StreamError::Setup(format!(
                 "cannot write {subject} into the JetStream stream {:?}: {e}",
                 self.name
             ))),
         }
+    }
+}
+
+/// Whether a publish with an expected last sequence was refused for it: another write came first (read
+/// again: the caller's loop does), or — on a cluster whose stream leader just changed — the leader cannot
+/// check the expectation yet, which is waited out a moment before the caller reads and tries again. Besides
+/// the error async-nats names (code 10071), nats-server 2.15 answers a clustered stream's lost race with
+/// code 10164, which the client passes on as any other error: taken for a failure, it stopped a replica
+/// starting beside others ("wrong last sequence (code 400, error code 10164)" writing a sizing).
+async fn expectation_failed(error: &PublishError) -> bool {
+    if error.kind() == PublishErrorKind::WrongLastSequence {
+        return true;
+    }
+    let code = std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<jetstream::Error>())
+        .map(jetstream::Error::error_code);
+    match code {
+        Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT) => true,
+        Some(ErrorCode::STREAM_EXPECTED_LAST_SEQ_PER_SUBJECT_NOT_READY) => {
+            tokio::time::sleep(NOT_READY_PAUSE).await;
+            true
+        }
+        _ => false,
     }
 }
 
@@ -470,8 +497,35 @@ fn parse_timing(body: &[u8]) -> Option<(u64, u64)> {
 }
 
 #[cfg(test)]
-mod timing_tests {
+mod tests {
     use super::*;
+
+    /// A publish refused by the server with JetStream error code `code`, as the client reports it.
+    fn refused(code: u64) -> PublishError {
+        let error: jetstream::Error = serde_json::from_str(&format!(
+            r#"{{"code": 400, "err_code": {code}, "description": "wrong last sequence"}}"#
+        ))
+        .unwrap();
+        PublishError::with_source(PublishErrorKind::Other, error)
+    }
+
+    #[tokio::test]
+    async fn a_lost_race_is_one_whichever_code_the_server_gives_it() {
+        assert!(expectation_failed(&PublishError::new(PublishErrorKind::WrongLastSequence)).await);
+        assert!(
+            expectation_failed(&refused(10164)).await,
+            "nats-server 2.15, clustered"
+        );
+        assert!(
+            expectation_failed(&refused(10163)).await,
+            "the leader not ready to check"
+        );
+        assert!(
+            !expectation_failed(&refused(10077)).await,
+            "another refusal is an error"
+        );
+        assert!(!expectation_failed(&PublishError::new(PublishErrorKind::TimedOut)).await);
+    }
 
     #[test]
     fn a_timing_record_reads_back_and_junk_does_not() {
