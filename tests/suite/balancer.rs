@@ -54,43 +54,59 @@ fn haproxy() -> Option<PathBuf> {
     found
 }
 
-/// The shipped configuration (`deploy/haproxy.cfg`) with this test's addresses: gRPC in on `front`, the
-/// runtime API on `socket`, server `gate-N` at the replica's gRPC address and checked on its HTTP port.
-fn haproxy_config(front: u16, socket: &Path, replicas: &[[SocketAddr; 3]]) -> String {
+/// The shipped configuration (`deploy/haproxy.cfg`) with this test's addresses: gRPC in on `fronts.0` and
+/// RESP on `fronts.1`, the runtime API on `socket`, server `gate-N` at the replica's gRPC and RESP addresses
+/// and checked on its HTTP port.
+fn haproxy_config(fronts: (u16, u16), socket: &Path, replicas: &[[SocketAddr; 3]]) -> String {
     let shipped =
         std::fs::read_to_string(common::workspace_root().join("deploy/haproxy.cfg")).unwrap();
     let mut config = shipped
-        .replace("bind :50051", &format!("bind 127.0.0.1:{front}"))
+        .replace("bind :50051", &format!("bind 127.0.0.1:{}", fronts.0))
+        .replace("bind :6380", &format!("bind 127.0.0.1:{}", fronts.1))
         .replace("/run/haproxy/admin.sock", &socket.display().to_string());
-    for (i, [grpc, http, _]) in replicas.iter().enumerate() {
-        let server = format!(
-            "server gate-{n} gate-{n}:50051 proto h2 check port 9464",
-            n = i + 1
-        );
-        assert!(
-            config.contains(&server),
-            "deploy/haproxy.cfg has no line `{server}`"
-        );
-        let here = format!(
-            "server gate-{} {grpc} proto h2 check port {}",
-            i + 1,
-            http.port()
-        );
-        config = config.replace(&server, &here);
+    for (i, [grpc, http, resp]) in replicas.iter().enumerate() {
+        let n = i + 1;
+        for (shipped, here) in [
+            (
+                format!("server gate-{n} gate-{n}:50051 proto h2 check port 9464"),
+                format!("server gate-{n} {grpc} proto h2 check port {}", http.port()),
+            ),
+            (
+                format!("server gate-{n} gate-{n}:6380 check port 9464"),
+                format!("server gate-{n} {resp} check port {}", http.port()),
+            ),
+        ] {
+            assert!(
+                config.contains(&shipped),
+                "deploy/haproxy.cfg has no line `{shipped}`"
+            );
+            config = config.replace(&shipped, &here);
+        }
     }
     config
 }
 
-/// What HAProxy's runtime API says of server `server` of the backend: `UP`, `DOWN`, ...
+/// What HAProxy's runtime API says of server `server` of both backends (gRPC and RESP: each checks the same
+/// `/readyz`): `UP`, `DOWN`, ..., or the two statuses joined by `/` while they differ.
 async fn server_status(socket: &Path, server: &str) -> Option<String> {
     let mut stream = tokio::net::UnixStream::connect(socket).await.ok()?;
     stream.write_all(b"show stat\n").await.ok()?;
     let mut csv = String::new();
     stream.read_to_string(&mut csv).await.ok()?;
-    csv.lines()
-        .map(|line| line.split(',').collect::<Vec<_>>())
-        .find(|fields| fields.first() == Some(&"replicas") && fields.get(1) == Some(&server))
-        .and_then(|fields| fields.get(17).map(|status| status.to_string()))
+    let statuses: Vec<String> = ["replicas", "resp_replicas"]
+        .iter()
+        .filter_map(|backend| {
+            csv.lines()
+                .map(|line| line.split(',').collect::<Vec<_>>())
+                .find(|fields| fields.first() == Some(backend) && fields.get(1) == Some(&server))
+                .and_then(|fields| fields.get(17).map(|status| status.to_string()))
+        })
+        .collect();
+    match statuses.as_slice() {
+        [grpc, resp] if grpc == resp => Some(grpc.clone()),
+        [grpc, resp] => Some(format!("{grpc}/{resp}")),
+        _ => None,
+    }
 }
 
 async fn until_status(socket: &Path, server: &str, wanted: &str) {
@@ -188,6 +204,73 @@ async fn caller(
     }
 }
 
+/// What the RESP caller saw.
+#[derive(Debug, Default)]
+struct RespSeen {
+    /// Keys added and then found.
+    checked: AtomicU64,
+    /// Commands sent again on a new connection (the old one closed, or the server said `TRYAGAIN`).
+    retried: AtomicU64,
+    /// Commands that failed even so, or a key not found after its `BF.ADD`.
+    failed: Mutex<Vec<String>>,
+}
+
+/// A Redis client through HAProxy's RESP front until `stop`: `BF.ADD` of a new key, then `BF.EXISTS` of it
+/// (it must be 1). A command that fails in a way redis-rs says may be retried (its connection closed, or
+/// `TRYAGAIN`) is sent again on a new connection, twice at most — what redis-py and go-redis do by default.
+async fn resp_caller(front: SocketAddr, seen: Arc<RespSeen>, stop: Arc<AtomicBool>) {
+    let client = redis::Client::open(format!("redis://{front}/")).unwrap();
+    let mut connection = None;
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let key = format!("resp-{i}");
+        for command in ["BF.ADD", "BF.EXISTS"] {
+            let mut attempts = 0;
+            let answer = loop {
+                attempts += 1;
+                if connection.is_none() {
+                    connection = client.get_multiplexed_async_connection().await.ok();
+                }
+                let Some(open) = &mut connection else {
+                    continue;
+                };
+                let sent = redis::cmd(command)
+                    .arg("users")
+                    .arg(&key)
+                    .query_async::<i64>(open)
+                    .await;
+                match sent {
+                    Err(error)
+                        if attempts <= 2
+                            && !matches!(error.retry_method(), redis::RetryMethod::NoRetry) =>
+                    {
+                        seen.retried.fetch_add(1, Ordering::Relaxed);
+                        connection = None;
+                    }
+                    answered => break answered,
+                }
+            };
+            match (command, answer) {
+                (_, Err(error)) => seen
+                    .failed
+                    .lock()
+                    .unwrap()
+                    .push(format!("{command} {key}: {error}")),
+                ("BF.EXISTS", Ok(found)) if found != 1 => seen
+                    .failed
+                    .lock()
+                    .unwrap()
+                    .push(format!("{key} answered {found} after its BF.ADD")),
+                ("BF.EXISTS", Ok(_)) => {
+                    seen.checked.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Three replicas on NATS, each reaching it through a proxy of its own (so that one can be cut off), on
 /// fixed ports a restart keeps, behind HAProxy running `deploy/haproxy.cfg`; every server `UP`.
 struct Balanced {
@@ -202,6 +285,8 @@ struct Balanced {
     socket: PathBuf,
     /// HAProxy's gRPC front.
     channel: Channel,
+    /// HAProxy's RESP front.
+    resp_front: SocketAddr,
 }
 
 impl Balanced {
@@ -229,11 +314,16 @@ impl Balanced {
         for replica in &replicas {
             replica.serving().await;
         }
-        let (front, socket) = (free_port(), dir.path().join("haproxy.sock"));
+        let (front, resp_front) = (free_port(), free_port());
+        let socket = dir.path().join("haproxy.sock");
         let addresses: Vec<[SocketAddr; 3]> =
             launches.iter().map(|l| l.addresses.unwrap()).collect();
         let haproxy_cfg = dir.path().join("haproxy.cfg");
-        std::fs::write(&haproxy_cfg, haproxy_config(front, &socket, &addresses)).unwrap();
+        std::fs::write(
+            &haproxy_cfg,
+            haproxy_config((front, resp_front), &socket, &addresses),
+        )
+        .unwrap();
         let balancer = tokio::process::Command::new(haproxy)
             .arg("-db")
             .arg("-f")
@@ -260,6 +350,7 @@ impl Balanced {
             links,
             socket,
             channel,
+            resp_front: loopback(resp_front),
         })
     }
 
@@ -324,13 +415,20 @@ impl Load {
 }
 
 /// A rolling restart (SIGTERM, restart on the same ports and data, back in HAProxy) of each of three
-/// replicas under a steady load through HAProxy: no call fails, no acknowledged key answers `ABSENT`.
+/// replicas under a steady load through HAProxy, gRPC and RESP: no gRPC call fails, no Redis command fails
+/// once retried as Redis clients retry, no acknowledged key answers `ABSENT`.
 #[tokio::test]
 async fn a_rolling_restart_behind_haproxy_fails_no_call() {
     let Some(mut balanced) = Balanced::start().await else {
         return;
     };
     let load = balanced.load().await;
+    let resp_seen = Arc::new(RespSeen::default());
+    let resp = tokio::spawn(resp_caller(
+        balanced.resp_front,
+        Arc::clone(&resp_seen),
+        Arc::clone(&load.stop),
+    ));
     for i in 0..3 {
         let server = format!("gate-{}", i + 1);
         let (adds_before, started) = (load.seen.adds.load(Ordering::Relaxed), Instant::now());
@@ -349,13 +447,24 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
         );
     }
     let seen = load.finish().await;
+    resp.await.unwrap();
     let failed = seen.failed();
     let false_absent = seen.false_absent.lock().unwrap();
     eprintln!(
-        "through HAProxy: {} calls, {} failed, {} false ABSENT",
+        "through HAProxy: {} calls, {} failed, {} false ABSENT; RESP: {} keys added and found, {} commands \
+         sent again on a new connection, {} failed",
         seen.calls.lock().unwrap().len(),
         failed.len(),
-        false_absent.len()
+        false_absent.len(),
+        resp_seen.checked.load(Ordering::Relaxed),
+        resp_seen.retried.load(Ordering::Relaxed),
+        resp_seen.failed.lock().unwrap().len()
+    );
+    let resp_failed = resp_seen.failed.lock().unwrap();
+    assert!(resp_failed.is_empty(), "RESP: {resp_failed:#?}");
+    assert!(
+        resp_seen.checked.load(Ordering::Relaxed) > 100,
+        "the RESP caller checked too little"
     );
     assert!(failed.is_empty(), "failed calls: {failed:#?}");
     assert!(
