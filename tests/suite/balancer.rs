@@ -19,7 +19,7 @@ use bytes::Bytes;
 use common::nats::Nats;
 use common::ports::free_port;
 use common::proxy::{Mode, Proxy};
-use common::replicas::{config_file, Launch, Replica};
+use common::replicas::{config_file, start_in_turn, Launch, Replica};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{AddRequest, Answer, MayExistRequest};
@@ -307,13 +307,7 @@ impl Balanced {
             links.push(link);
             launches.push(launch);
         }
-        let mut replicas: Vec<Replica> = Vec::new();
-        for launch in &launches {
-            replicas.push(launch.start().await);
-        }
-        for replica in &replicas {
-            replica.serving().await;
-        }
+        let replicas = start_in_turn(&launches).await;
         let (front, resp_front) = (free_port(), free_port());
         let socket = dir.path().join("haproxy.sock");
         let addresses: Vec<[SocketAddr; 3]> =

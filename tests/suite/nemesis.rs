@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use common::faketime::SteppedClock;
 use common::nats::ProxiedCluster;
 use common::proxy::Mode;
-use common::replicas::{agreed_digests, config_file, Launch, Replica};
+use common::replicas::{agreed_digests, config_file, start_in_turn, Launch, Replica};
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{AddRequest, Answer, MayExistRequest};
@@ -93,13 +93,7 @@ async fn a_nemesis_run_finds_no_false_absent_and_replicas_agree() {
             launch
         })
         .collect();
-    let mut replicas = Vec::new();
-    for launch in &launches {
-        replicas.push(launch.start().await);
-    }
-    for replica in &replicas {
-        replica.serving().await;
-    }
+    let mut replicas = start_in_turn(&launches).await;
     let endpoints: Endpoints = Arc::new(Mutex::new(
         replicas
             .iter()

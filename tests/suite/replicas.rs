@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::nats::Nats;
 use common::proxy::Proxy;
 use common::replicas::{
-    agreed_digests, config_file, shared_snapshots, start_serving, Launch, Replica,
+    agreed_digests, config_file, shared_snapshots, start_in_turn, start_serving, Launch, Replica,
 };
 use common::{wait_until, PATIENCE};
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
@@ -726,13 +726,7 @@ async fn snapshotting(nats: &Nats, dir: &std::path::Path) -> (Vec<Launch>, Vec<R
             launch
         })
         .collect();
-    let mut replicas = Vec::new();
-    for launch in &launches {
-        replicas.push(launch.start().await);
-    }
-    for replica in &replicas {
-        replica.serving().await;
-    }
+    let replicas = start_in_turn(&launches).await;
     (launches, replicas)
 }
 

@@ -325,6 +325,19 @@ pub async fn start_serving(nats: &str, config: &Path, n: usize, args: &[&str]) -
     started
 }
 
+/// Starts `launches` one after another (the first creates what the others find), then waits until each
+/// serves.
+pub async fn start_in_turn(launches: &[Launch]) -> Vec<Replica> {
+    let mut started = Vec::with_capacity(launches.len());
+    for launch in launches {
+        started.push(launch.start().await);
+    }
+    for replica in &started {
+        replica.serving().await;
+    }
+    started
+}
+
 /// The digests of every replica once they all cover the same seqs, which must be equal.
 pub async fn agreed_digests(replicas: &[Replica]) -> Vec<(String, u64, u64)> {
     wait_until(
