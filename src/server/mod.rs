@@ -314,7 +314,10 @@ fn open_data_dir(
         let new = !DataDir::holds_state(path);
         if new && durability.require_existing {
             return Err(ServerError::Config(format!(
-                "the data directory {} holds no state (missing, or never started on), and                  --require-existing-data was given: if this server held state before, it is gone — restore                  the directory (or mount its volume) and start again; to start a new, empty server, start                  once without the flag",
+                "the data directory {} holds no state (missing, or never started on), and \
+                 --require-existing-data was given: if this server held state before, it is gone — restore \
+                 the directory (or mount its volume) and start again; to start a new, empty server, start \
+                 once without the flag",
                 path.display()
             )));
         }
@@ -322,7 +325,9 @@ fn open_data_dir(
         if new {
             tracing::warn!(
                 data_dir = %path.display(),
-                "a new data directory: starting with no state. If this server held state before, its data                  directory is gone and every key added before answers ABSENT: stop, restore it, and start                  again (--require-existing-data refuses to start on an empty directory)"
+                "a new data directory: starting with no state. If this server held state before, its data \
+                 directory is gone and every key added before answers ABSENT: stop, restore it, and start \
+                 again (--require-existing-data refuses to start on an empty directory)"
             );
         }
         return Ok(Some(dir));

@@ -182,6 +182,7 @@ async fn a_server_required_to_find_its_state_refuses_an_empty_data_directory() {
             error.contains("holds no state") && error.contains("--require-existing-data"),
             "{error}"
         );
+        assert!(!error.contains("  "), "one space between words: {error:?}");
     };
     refused(server::start(required(), Arc::new(SystemClock)).await);
     assert!(!data.exists(), "a refused start creates nothing");
