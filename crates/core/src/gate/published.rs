@@ -32,7 +32,7 @@ impl Gate {
     }
 
     /// A reported absence decided against this replica's state: the answer when nothing is to be published
-    /// (`REDUNDANT`, `SUPERSEDED`, `THROTTLED`), else the tombstone to publish. `latest_known` is the newest
+    /// (`REDUNDANT` — only under the read lease —, `SUPERSEDED`, `THROTTLED`), else the tombstone to publish. `latest_known` is the newest
     /// seq the shared log is known to hold: an `observed_seq` above it was never observed anywhere.
     pub fn prepare_absence(
         &self,
@@ -50,8 +50,10 @@ impl Gate {
                 report.observed_seq
             )));
         }
+        // `REDUNDANT` says the gate answers `ABSENT` for the key: only while this replica's answers hold.
+        let filter_answers = self.absent_allowed();
         namespace
-            .prepare_absence(report, self.clock.now_ms())
+            .prepare_absence(report, self.clock.now_ms(), filter_answers)
             .map_err(|stopped| WriteError::from(stopped).into())
     }
 
@@ -120,5 +122,50 @@ impl Gate {
             )),
             None => Err(still_loading()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::clock::{ManualClock, MonotonicClock};
+    use crate::config::GateConfig;
+    use crate::gate::Gate;
+    use crate::hashing::KeyHasher;
+    use crate::lease::ReadLease;
+    use crate::namespace::{Absence, AbsenceReport, RecordOutcome};
+    use crate::tombstones::AbsenceKind;
+
+    /// `REDUNDANT` tells the caller the gate already answers `ABSENT` for the key: a replica without its read
+    /// lease may lack an `Add` acknowledged through another one, so it publishes the tombstone instead (its
+    /// outcome decided in stream order), and says `REDUNDANT` only while the lease holds.
+    #[test]
+    fn only_a_replica_holding_its_lease_answers_redundant() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let lease = Arc::new(ReadLease::new(clock.clone()));
+        let config = GateConfig::from_toml("[namespaces.users]\nexpected_keys = 1000\n").unwrap();
+        let gate = Gate::new(&config, KeyHasher::from_seed([1; 32]), clock.clone())
+            .with_read_lease(Arc::clone(&lease));
+        gate.open_published();
+        let report = || AbsenceReport {
+            key: "never-added".into(),
+            kind: AbsenceKind::Missing,
+            observed_seq: 0,
+            ttl_seconds: 0,
+        };
+        lease.set_until(clock.now_ns() + 1_000_000_000);
+        match gate.prepare_absence("users", report(), 0).unwrap() {
+            Absence::Answered(recorded) => assert_eq!(recorded.outcome, RecordOutcome::Redundant),
+            other => panic!("under the lease: {other:?}"),
+        }
+        lease.set_until(0);
+        assert!(
+            matches!(
+                gate.prepare_absence("users", report(), 0).unwrap(),
+                Absence::Store { .. }
+            ),
+            "without the lease the tombstone is published"
+        );
     }
 }

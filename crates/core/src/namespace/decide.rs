@@ -95,7 +95,8 @@ impl Namespace {
     ) -> Result<Recorded, WriteError> {
         let mut writer = self.writer()?;
         let seq = self.latest_seq() + 1;
-        let (mutation, recorded) = match self.decide_absence(&mut writer, report, now_ms, seq) {
+        let (mutation, recorded) = match self.decide_absence(&mut writer, report, now_ms, seq, true)
+        {
             Absence::Answered(recorded) => return Ok(recorded),
             Absence::Store { mutation, recorded } => (mutation, recorded),
         };
@@ -111,24 +112,30 @@ impl Namespace {
     /// Decides a reported absence against this replica's state, for a log that assigns seqs itself: either
     /// the answer (`REDUNDANT`, `SUPERSEDED`, `THROTTLED` — nothing to log), or the mutation to publish (seq
     /// 0 until the log assigns it), whose outcome is decided again when it is applied, in log order.
+    /// `REDUNDANT` only if `filter_answers`: the replica answers `ABSENT` from its filter now (it holds its
+    /// read lease); a replica without one may lack an `Add` acknowledged elsewhere, and must not tell the
+    /// caller the gate already answers `ABSENT` for the key.
     pub fn prepare_absence(
         &self,
         report: AbsenceReport,
         now_ms: u64,
+        filter_answers: bool,
     ) -> Result<Absence, WritesStopped> {
         let mut writer = self.writer()?;
-        Ok(self.decide_absence(&mut writer, report, now_ms, 0))
+        Ok(self.decide_absence(&mut writer, report, now_ms, 0, filter_answers))
     }
 
-    /// The decisions of `RecordAbsent` before anything is logged: the filter already answers absent, the
-    /// key may have been added after the caller's observation, or the namespace is over its tombstone rate —
-    /// else a tombstone at `seq` with its jittered TTL.
+    /// The decisions of `RecordAbsent` before anything is logged: the filter already answers absent (when
+    /// `filter_answers`: its answers are current), the key may have been added after the caller's
+    /// observation, or the namespace is over its tombstone rate — else a tombstone at `seq` with its
+    /// jittered TTL.
     fn decide_absence(
         &self,
         writer: &mut Writer,
         report: AbsenceReport,
         now_ms: u64,
         seq: u64,
+        filter_answers: bool,
     ) -> Absence {
         let hash = self.hasher.hash(&report.key);
         let not_stored = |outcome| {
@@ -138,7 +145,7 @@ impl Namespace {
                 expires_in_ms: 0,
             })
         };
-        if !self.filter.load().contains(hash, now_ms) {
+        if filter_answers && !self.filter.load().contains(hash, now_ms) {
             return not_stored(RecordOutcome::Redundant);
         }
         if report.observed_seq != 0
