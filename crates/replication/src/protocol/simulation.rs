@@ -19,7 +19,10 @@
 //! message id (stored once and answered with the first seq within the stream's duplicate window, stored
 //! again past it), processes started mid-run (empty, or from the shared snapshot) with a new
 //! replica id or with the id of one still running or paused (a twin, which displaces it), and monotonic
-//! clocks whose rates differ by up to ρ. And gaps in what a replica's consumer delivers —
+//! clocks whose rates differ by up to ρ. Pauses inside sequences too, of the whole process or of the one
+//! task: a lookup in two steps, the lease checked and then the filter read (it must find every `Add`
+//! acknowledged before it started), the lease keeper's clock read for a barrier and then the barrier
+//! published, and a barrier's acknowledgement received and then acted on. And gaps in what a replica's consumer delivers —
 //! junk an operator deleted (gone for good), messages purged below a shared snapshot (named first in the
 //! snapshots' index), or messages the consumer lost (still held) — judged, as the applier does, from the
 //! answers of servers that may be the stale one, the index proved current before a gap counts as deleted
@@ -50,6 +53,13 @@ const PUBLISH_TIMEOUT: u64 = 20 * MS;
 /// by the next quarter-lease report, up to 2.5 ms later, and the check fails (tried: reporting to nobody
 /// after an apply fails it in the first fault-free seed).
 const PROMPT_ACK: u64 = 2 * MS;
+/// How often, in faulty runs, a lease renewal pauses between its steps: a renewal each quarter lease at each
+/// replica, so a few such pauses a run (more take its leases away most of the time, and the other faults
+/// with them).
+const RENEWAL_PAUSES: f64 = 0.01;
+/// How often, in faulty runs, a lookup pauses between its lease check and its filter read: a couple of its
+/// forty lookups a run.
+const LOOKUP_PAUSES: f64 = 0.05;
 
 /// A key, named by the `Add` that added it: its writer's nonce and counter.
 type Key = (u64, u64);
@@ -167,6 +177,34 @@ enum Event {
     Share,
     /// The purge of the mutations and barriers at or below this seq.
     Purge(u64),
+    /// A client's lookup reaches some replica.
+    NewLookup,
+    /// A lookup's first step at replica `r`: it checks the lease, as [`ReadLease::holds`] does, before it
+    /// reads the filter.
+    ///
+    /// [`ReadLease::holds`]: existence_gate_core::lease::ReadLease::holds
+    Lookup(usize),
+    /// A lookup's second step, maybe after a pause: it reads the filter. `leased`: what the first step found;
+    /// `before`: how many `Add`s had been acknowledged when the lookup started, the ones it must find.
+    LookupRead {
+        r: usize,
+        epoch: u64,
+        leased: bool,
+        before: usize,
+    },
+    /// The lease keeper, having read its clock for a barrier's send time (maybe a pause ago), publishes it.
+    PublishBarrier {
+        r: usize,
+        epoch: u64,
+        sent_at: Nanos,
+    },
+    /// The lease keeper acts on a barrier's acknowledgement that reached it (maybe a pause ago).
+    BarrierAcked {
+        r: usize,
+        epoch: u64,
+        sent_at: Nanos,
+        seq: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -373,6 +411,10 @@ impl Sim {
             let r = sim.rng.random_range(0..replicas);
             sim.at(when, Event::NewAdd(r));
         }
+        for _ in 0..40 {
+            let when = sim.rng.random_range(0..RUN_FOR);
+            sim.at(when, Event::NewLookup);
+        }
         if faults {
             for _ in 0..sim.rng.random_range(1..6) {
                 let when = sim.rng.random_range(0..150 * MS);
@@ -514,6 +556,10 @@ impl Sim {
                 self.remove(seq);
             }
             Event::Share => self.share(),
+            Event::NewLookup => {
+                let r = self.rng.random_range(0..self.procs.len());
+                self.at(self.now, Event::Lookup(r));
+            }
             Event::Purge(below) => {
                 self.note(|| format!("the stream is purged at and below seq {below}"));
                 for seq in 1..=below {
@@ -537,8 +583,12 @@ impl Sim {
                     | Event::Tick(r)
                     | Event::WriteCheck(r)
                     | Event::NewAdd(r) => *r,
-                    Event::Retry { r, .. } => *r,
-                    Event::Acked { r, .. } => *r,
+                    Event::Retry { r, .. }
+                    | Event::Acked { r, .. }
+                    | Event::LookupRead { r, .. }
+                    | Event::PublishBarrier { r, .. }
+                    | Event::BarrierAcked { r, .. } => *r,
+                    Event::Lookup(r) => *r,
                     Event::Report { to, .. } => *to,
                     _ => unreachable!("handled above"),
                 };
@@ -557,7 +607,7 @@ impl Sim {
         match event {
             Event::Deliver(_) => self.deliver(r, local),
             Event::Tick(_) => {
-                self.tick(r, local);
+                self.tick(r, local)?;
                 let next = self.procs[r].real(local + self.timing.lease / 4);
                 self.at(next, Event::Tick(r));
             }
@@ -569,9 +619,19 @@ impl Sim {
                 ..
             } if epoch == self.procs[r].epoch => match entry {
                 Entry::Barrier { .. } => {
-                    self.procs[r].barrier_sent = None;
-                    self.procs[r].proto.barrier_acked(sent_at, seq, local);
-                    self.note(|| format!("r{r} barrier acked at seq {seq}"));
+                    // The lease keeper acts on it, maybe after a pause: the lease runs from `sent_at`, read
+                    // before the publish, whenever it is granted, so a pause anywhere in the renewal only
+                    // shortens the lease. (From the clock read as the acknowledgement reaches the keeper
+                    // instead, seed 15 breaks P1 with no pause at all: r1's barrier at seq 19, stored at 7.7 ms,
+                    // is acknowledged to it 17 ms later, and the lease from then outlasts the fallback of the
+                    // `Add` at seq 32.)
+                    let act = Event::BarrierAcked {
+                        r,
+                        epoch,
+                        sent_at,
+                        seq,
+                    };
+                    self.maybe_pause(r, act, "the barrier's acknowledgement", RENEWAL_PAUSES)?;
                 }
                 // The first acknowledgement of any attempt (the others' are dropped).
                 Entry::Add { writer, counter } if self.procs[r].unacked.contains_key(&counter) => {
@@ -609,6 +669,47 @@ impl Sim {
                 self.check_writes(r, local);
             }
             Event::WriteCheck(_) => self.check_writes(r, local),
+            Event::Lookup(_) => {
+                // As `Gate::may_exist`: the lease first, then the filter — maybe a pause later. (Reading the
+                // filter first and checking the lease after fails seed 3: r2, resuming from a 25 ms pause
+                // during which Adds were acknowledged by the fallback, reads its filter without them, its task
+                // waits 19.7 ms, meanwhile it applies them and its barrier at seq 162 grants a lease, and the
+                // lease check finds it held.)
+                let p = &self.procs[r];
+                let (leased, epoch) = (p.proto.may_answer_absent(local), p.epoch);
+                let before = self.acked.len();
+                let read = Event::LookupRead {
+                    r,
+                    epoch,
+                    leased,
+                    before,
+                };
+                self.maybe_pause(r, read, "a lookup's lease check", LOOKUP_PAUSES)?;
+            }
+            Event::LookupRead {
+                epoch,
+                leased,
+                before,
+                ..
+            } => self.read_filter(r, epoch, leased, before)?,
+            Event::PublishBarrier { epoch, sent_at, .. } => {
+                if epoch == self.procs[r].epoch {
+                    let nonce = self.procs[r].proto.me().nonce;
+                    self.publish(r, Entry::Barrier { nonce, sent_at }, sent_at);
+                }
+            }
+            Event::BarrierAcked {
+                epoch,
+                sent_at,
+                seq,
+                ..
+            } => {
+                if epoch == self.procs[r].epoch {
+                    self.procs[r].barrier_sent = None;
+                    self.procs[r].proto.barrier_acked(sent_at, seq, local);
+                    self.note(|| format!("r{r} barrier acked at seq {seq}"));
+                }
+            }
             Event::NewAdd(_) => {
                 let p = &mut self.procs[r];
                 let (writer, counter, epoch) = (p.proto.me().nonce, p.counter, p.epoch);
@@ -660,23 +761,97 @@ impl Sim {
         Ok(())
     }
 
-    fn tick(&mut self, r: usize, local: Nanos) {
+    fn tick(&mut self, r: usize, local: Nanos) -> Result<(), String> {
         let p = &self.procs[r];
         let (nonce, applied, barrier_sent) =
             (p.proto.me().nonce, p.proto.applied(), p.barrier_sent);
         self.report(r, nonce, applied, Vec::new(), Recipients::Everyone);
         let stuck = barrier_sent.is_some_and(|at| local > at + PUBLISH_TIMEOUT);
         if barrier_sent.is_none() || stuck {
+            // As `renew`: the clock is read for the barrier's send time, then the barrier is published —
+            // maybe a pause later.
             self.procs[r].barrier_sent = Some(local);
-            self.publish(
+            let epoch = self.procs[r].epoch;
+            let publish = Event::PublishBarrier {
                 r,
-                Entry::Barrier {
-                    nonce,
-                    sent_at: local,
-                },
-                local,
-            );
+                epoch,
+                sent_at: local,
+            };
+            self.maybe_pause(
+                r,
+                publish,
+                "reading the clock for a barrier",
+                RENEWAL_PAUSES,
+            )?;
         }
+        Ok(())
+    }
+
+    /// Runs `next`, the next step of a sequence replica `r` is in the middle of: at once, or (in faulty runs,
+    /// with probability `chance`) after a pause — of the whole process, or of the one task while the others
+    /// run on.
+    fn maybe_pause(
+        &mut self,
+        r: usize,
+        next: Event,
+        after: &str,
+        chance: f64,
+    ) -> Result<(), String> {
+        if !self.faults || !self.rng.random_bool(chance) {
+            return self.step_running(r, next);
+        }
+        let d = self.rng.random_range(0..20 * MS);
+        if self.rng.random_bool(0.5) {
+            self.note(|| {
+                format!(
+                    "r{r} pauses for {:.3} ms after {after}",
+                    d as f64 / MS as f64
+                )
+            });
+            self.procs[r].paused_until = self.procs[r].paused_until.max(self.now + d);
+            self.at(self.now, next);
+        } else {
+            self.note(|| {
+                format!(
+                    "r{r}'s task waits {:.3} ms after {after}",
+                    d as f64 / MS as f64
+                )
+            });
+            self.at(self.now + d, next);
+        }
+        Ok(())
+    }
+
+    /// A lookup's second step: it reads the filter. Under the lease its first step found, it must find every
+    /// `Add` acknowledged before the lookup started (the first `before`), or it answers `ABSENT` for one. A
+    /// lookup whose process crashed in between died with it.
+    fn read_filter(
+        &mut self,
+        r: usize,
+        epoch: u64,
+        leased: bool,
+        before: usize,
+    ) -> Result<(), String> {
+        let p = &self.procs[r];
+        if epoch != p.epoch || !leased {
+            return Ok(());
+        }
+        let held: HashSet<Key> = p.holds.values().copied().collect();
+        if let Some((_, seq, acked_at)) = self.acked[..before]
+            .iter()
+            .find(|(key, ..)| !held.contains(key))
+        {
+            return Err(format!(
+                "P1 violated: a lookup at r{r} started after the Add at seq {seq} was acknowledged (at \
+                 {:.3} ms) found the lease held, then read a filter without it at {:.3} ms (applied through \
+                 {}, {:?})",
+                *acked_at as f64 / MS as f64,
+                self.now as f64 / MS as f64,
+                p.proto.applied(),
+                p.proto.standing()
+            ));
+        }
+        Ok(())
     }
 
     fn publish(&mut self, r: usize, entry: Entry, sent_at: Nanos) {
