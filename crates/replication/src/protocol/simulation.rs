@@ -22,11 +22,21 @@
 //! clocks whose rates differ by up to ρ. Pauses inside sequences too, of the whole process or of the one
 //! task: a lookup in two steps, the lease checked and then the filter read (it must find every `Add`
 //! acknowledged before it started), the lease keeper's clock read for a barrier and then the barrier
-//! published, and a barrier's acknowledgement received and then acted on. And gaps in what a replica's consumer delivers —
-//! junk an operator deleted (gone for good), messages purged below a shared snapshot (named first in the
-//! snapshots' index), or messages the consumer lost (still held) — judged, as the applier does, from the
-//! answers of servers that may be the stale one, the index proved current before a gap counts as deleted
-//! ([`gap`](super::gap)); a replica that finds a purge stops, and restarts from the newest snapshot.
+//! published, and a barrier's acknowledgement received and then acted on. And gaps in what a replica's
+//! consumer delivers — junk an operator deleted (gone for good), messages purged below a shared snapshot
+//! (named first in the snapshots' index), or messages the consumer lost (still held) — judged, as the
+//! applier does, from the answers of servers that may be the stale one, the index proved current before a
+//! gap counts as deleted ([`gap`](super::gap)); a replica that finds a purge stops, and restarts from the
+//! newest snapshot. And
+//! each process's history digest ([`history`](super::history)), fed what it applies and passes over, carried
+//! by its own and shared snapshots, its reports once a second (on its history's clock, sped up
+//! [`HISTORY_SPEEDUP`] times) on the same lossy bus, heard from members only; one that gives its history up
+//! stops and is restarted. Checked of the histories: a replica whose state holds the quorum's messages through
+//! a seq has the quorum's digest there; in a run where every replica's state held the quorum's messages, none
+//! gives its history up; and at the end, after a quiet spell in which every live member hears every other's
+//! report at the latest seq both applied, one whose history differs from every other's it is compared with
+//! has given it up. (A report carrying the digest of the seq before the one it names fails seed 0: a
+//! replica in a run without faults gives its history up.)
 //!
 //! `cargo test` runs `EXISTENCE_GATE_SIM_SEEDS` seeds (10,000 by default) over two threads;
 //! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
@@ -38,6 +48,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::copy::{self, CopyCheck, MessageDigest};
+use super::history::{self, History, HistoryDigest, HistoryReport, Verdict};
 use super::*;
 
 const US: u64 = 1_000;
@@ -60,6 +71,14 @@ const RENEWAL_PAUSES: f64 = 0.01;
 /// How often, in faulty runs, a lookup pauses between its lease check and its filter read: a couple of its
 /// forty lookups a run.
 const LOOKUP_PAUSES: f64 = 0.05;
+/// How much faster than its process's clock each [`History`] runs: its listening first
+/// ([`LISTEN_FIRST`](history::LISTEN_FIRST), 5 s) takes 50 ms of a run, its forgetting
+/// ([`FORGET`](history::FORGET), 30 s) longer than a run, and its reports, once a second as in production,
+/// go out each lease (10 ms).
+const HISTORY_SPEEDUP: u64 = 100;
+/// How often a replica sends its history report, at most, on its history's clock (production's
+/// `HISTORY_EVERY`).
+const HISTORY_EVERY: Nanos = 1_000_000_000;
 
 /// A key, named by the `Add` that added it: its writer's nonce and counter.
 type Key = (u64, u64);
@@ -143,12 +162,14 @@ enum Event {
         seq: u64,
         sent_at: Nanos,
     },
-    /// A report reaches replica `to`.
+    /// A report reaches replica `to`, with the sender's history report if it sent one.
     Report {
         to: usize,
         nonce: u64,
         applied: u64,
         reads: Vec<WriteRead>,
+        /// Boxed: most reports carry none, and every event is as large as the largest.
+        history: Option<Box<HistoryReport>>,
     },
     /// A writer looks at its waiting writes again.
     WriteCheck(usize),
@@ -249,12 +270,24 @@ struct Process {
     read: BTreeMap<u64, MessageDigest>,
     /// Incarnations seen so far: new ones draw nonces from this.
     nonces: u64,
+    /// Its history digest ([`history`]), fed what it applies, on its clock sped up by [`HISTORY_SPEEDUP`].
+    history: History,
+    /// The digest through each seq it applied (or passed over, or started from), its snapshots' included: what
+    /// a snapshot of it carries, and what it reported or could have reported at each seq.
+    digests: BTreeMap<u64, HistoryDigest>,
+    /// The seq its incarnation's history starts at: it compares reports at this seq and later only.
+    history_from: u64,
+    /// When it last sent its history report (its history's clock; 0: not yet).
+    history_sent: Nanos,
+    /// The first seq at which what its state holds is not what the quorum stored there: another message
+    /// read, or an `Add` passed over (its snapshots' state included).
+    wrong_from: Option<u64>,
 }
 
 /// A process in slot `slot` of the simulation, running as replica `id`, reading `server`'s copy, with a
 /// clock of its own; its first incarnation's nonce is `slot << 32`.
 fn process(id: String, slot: usize, server: usize, timing: Timing, rng: &mut StdRng) -> Process {
-    Process {
+    let mut p = Process {
         proto: Protocol::new(
             Incarnation {
                 id: id.clone(),
@@ -274,7 +307,7 @@ fn process(id: String, slot: usize, server: usize, timing: Timing, rng: &mut Std
                 1 => timing.drift_ppm,
                 _ => rng.random_range(0..=timing.drift_ppm),
             },
-        offset: rng.random_range(0..1_000 * MS),
+        offset: 0,
         writes: Vec::new(),
         barrier_sent: None,
         join_sent: None,
@@ -287,12 +320,52 @@ fn process(id: String, slot: usize, server: usize, timing: Timing, rng: &mut Std
         verifying: None,
         read: BTreeMap::new(),
         nonces: 0,
-    }
+        history: History::start(0, Some(history::EMPTY), 0),
+        digests: BTreeMap::from([(0, history::EMPTY)]),
+        history_from: 0,
+        history_sent: 0,
+        wrong_from: None,
+    };
+    p.offset = rng.random_range(0..1_000 * MS);
+    p.history = History::start(0, Some(history::EMPTY), p.history_now(p.local(0)));
+    p
 }
 
 impl Process {
     fn local(&self, real: u64) -> Nanos {
         self.offset + (u128::from(real) * u128::from(self.rate_ppm) / 1_000_000) as u64
+    }
+
+    /// Its history's clock at `local` on its own.
+    fn history_now(&self, local: Nanos) -> Nanos {
+        local * HISTORY_SPEEDUP
+    }
+
+    /// Whether its applier has stopped: it found its copy diverged, or gave up its history. It reports no
+    /// history then (production's reports go out after each batch applied).
+    fn stopped(&self) -> bool {
+        self.proto.diverged().is_some()
+    }
+
+    /// Its history digest through `seq`: what a snapshot of its state covering `seq` carries.
+    fn digest_through(&self, seq: u64) -> HistoryDigest {
+        let (_, digest) = self
+            .digests
+            .range(..=seq)
+            .next_back()
+            .expect("seq 0 is recorded");
+        *digest
+    }
+
+    /// Its history report at `seq`, one of the seqs it applied through in this incarnation: what it reported
+    /// (or would have) when it got there.
+    fn history_report(&self, seq: u64) -> HistoryReport {
+        HistoryReport {
+            replica: self.id.clone(),
+            nonce: self.proto.me().nonce,
+            seq,
+            digest: self.digests.get(&seq).copied(),
+        }
     }
 
     fn real(&self, local: Nanos) -> u64 {
@@ -317,6 +390,19 @@ struct Sim {
     /// Each shared snapshot's state, by the seq it covers: the acknowledgeable `Add`s its sharer held then
     /// (the quorum's seq of each, by the seq it read it at).
     shared_states: BTreeMap<u64, BTreeMap<u64, Key>>,
+    /// The history digest each shared snapshot carries, by the seq it covers (its sharer's there), and the
+    /// first seq its state is wrong at, if it is.
+    shared_digests: BTreeMap<u64, (HistoryDigest, Option<u64>)>,
+    /// The quorum's history: what a replica that applied the quorum's messages digests to through each seq
+    /// (index: the seq; 0, the empty history). A history that differs from it at a seq applied something
+    /// else than the quorum stored, or missed something.
+    reference: Vec<HistoryDigest>,
+    /// The same, as a [`History`] fed each message the quorum stores.
+    quorum_history: History,
+    /// Whether any process's state has held something other than the quorum's messages.
+    wrong: bool,
+    /// Processes that gave up their history.
+    gave_up: u64,
     /// For each seq (index seq - 1), the how-manieth removal (deletion or purge) removed it, if one did.
     removed: Vec<Option<usize>>,
     /// Seqs removed so far.
@@ -351,6 +437,10 @@ struct Outcome {
     by_fallback: u64,
     lookups: u64,
     leased: u64,
+    /// Runs in which a replica's state held something other than the quorum's messages.
+    wrong: u64,
+    /// Histories given up.
+    gave_up: u64,
 }
 
 impl Sim {
@@ -382,6 +472,11 @@ impl Sim {
             lagging: None,
             divergent: None,
             shared_states: BTreeMap::new(),
+            shared_digests: BTreeMap::new(),
+            reference: vec![history::EMPTY],
+            quorum_history: History::start(0, Some(history::EMPTY), 0),
+            wrong: false,
+            gave_up: 0,
             removed: Vec::new(),
             removals: 0,
             silent: HashSet::new(),
@@ -458,6 +553,7 @@ impl Sim {
             let event = self.events[index].take().expect("each event runs once");
             self.step(event)?;
         }
+        self.settle_histories()?;
         if !self.faults {
             self.check_liveness()?;
         }
@@ -466,6 +562,8 @@ impl Sim {
             by_fallback: self.by_fallback,
             lookups: self.lookups,
             leased: self.leased_lookups,
+            wrong: u64::from(self.wrong),
+            gave_up: self.gave_up,
         })
     }
 
@@ -605,7 +703,7 @@ impl Sim {
     fn step_running(&mut self, r: usize, event: Event) -> Result<(), String> {
         let local = self.procs[r].local(self.now);
         match event {
-            Event::Deliver(_) => self.deliver(r, local),
+            Event::Deliver(_) => self.deliver(r, local)?,
             Event::Tick(_) => {
                 self.tick(r, local)?;
                 let next = self.procs[r].real(local + self.timing.lease / 4);
@@ -662,10 +760,14 @@ impl Sim {
                 nonce,
                 applied,
                 reads,
+                history,
                 ..
             } => {
                 self.procs[r].proto.heard(nonce, applied);
                 self.procs[r].proto.heard_reads(nonce, &reads);
+                if let Some(report) = history {
+                    self.heard_history(r, &report, local)?;
+                }
                 self.check_writes(r, local);
             }
             Event::WriteCheck(_) => self.check_writes(r, local),
@@ -765,7 +867,15 @@ impl Sim {
         let p = &self.procs[r];
         let (nonce, applied, barrier_sent) =
             (p.proto.me().nonce, p.proto.applied(), p.barrier_sent);
-        self.report(r, nonce, applied, Vec::new(), Recipients::Everyone);
+        // Its history report goes out with it once a second of its history's clock, unless its applier has
+        // stopped.
+        let now = p.history_now(local);
+        let due = p.history_sent == 0 || now.saturating_sub(p.history_sent) >= HISTORY_EVERY;
+        let history = (due && !p.stopped()).then(|| Box::new(p.history_report(applied)));
+        if history.is_some() {
+            self.procs[r].history_sent = now.max(1);
+        }
+        self.report(r, nonce, applied, Vec::new(), Recipients::Everyone, history);
         let stuck = barrier_sent.is_some_and(|at| local > at + PUBLISH_TIMEOUT);
         if barrier_sent.is_none() || stuck {
             // As `renew`: the clock is read for the barrier's send time, then the barrier is published —
@@ -1052,9 +1162,165 @@ impl Sim {
 
     /// Stores `entry` on the quorum; its seq.
     fn append(&mut self, entry: Entry) -> u64 {
+        let seq = self.log.len() as u64 + 1;
+        // An `Add`'s message digest is its quorum seq (see [`digest`](Self::digest)).
+        let mutation = matches!(entry, Entry::Add { .. }).then_some(seq);
+        self.quorum_history.applied(seq, mutation);
+        let digest = self
+            .quorum_history
+            .digest()
+            .expect("from the empty history");
+        self.reference.push(digest);
         self.log.push(entry);
         self.removed.push(None);
-        self.log.len() as u64
+        seq
+    }
+
+    /// Whether `digest` through `seq` is the quorum's history through it.
+    fn sound(&self, seq: u64, digest: HistoryDigest) -> bool {
+        self.reference.get(seq as usize) == Some(&digest)
+    }
+
+    /// Records replica `r`'s digest through `seq`, just applied or passed over (`wrong`: what it applied
+    /// there is not the quorum's). A replica whose state holds the quorum's messages through `seq` has the
+    /// quorum's digest there.
+    fn record_history(&mut self, r: usize, seq: u64, wrong: bool) -> Result<(), String> {
+        let p = &mut self.procs[r];
+        if wrong {
+            p.wrong_from.get_or_insert(seq);
+            self.wrong = true;
+        }
+        let digest = p.history.digest().expect("every history has a digest here");
+        p.digests.insert(seq, digest);
+        if p.wrong_from.is_none() && !self.sound(seq, digest) {
+            return Err(format!(
+                "r{r} applied the quorum's messages through seq {seq} but its history digests otherwise"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Replica `r` hears `report`, as `heard_history` does: only a member's counts (its id and nonce in
+    /// the membership as `r` applied it).
+    fn heard_history(
+        &mut self,
+        r: usize,
+        report: &HistoryReport,
+        local: Nanos,
+    ) -> Result<(), String> {
+        let p = &mut self.procs[r];
+        let member = p
+            .proto
+            .members()
+            .iter()
+            .any(|(id, m)| *id == report.replica && m.nonce == report.nonce);
+        if !member {
+            return Ok(());
+        }
+        let (me, now) = (p.proto.me().nonce, p.history_now(local));
+        p.history.heard(report, me, now);
+        self.judge_history(r, local)
+    }
+
+    /// Replica `r` judges its history ([`History::judge`]) at `local`, as production does after each batch
+    /// and each report heard: if every replica heard from differs from it, it gives up its history. In a run
+    /// where every replica's state held the quorum's messages, none ever does.
+    fn judge_history(&mut self, r: usize, local: Nanos) -> Result<(), String> {
+        let p = &self.procs[r];
+        if p.stopped() {
+            return Ok(());
+        }
+        let Some(differing) = p.history.judge(p.history_now(local)) else {
+            return Ok(());
+        };
+        let mut seq = u64::MAX;
+        for (id, verdict) in &differing {
+            let Verdict::Differs {
+                seq: at,
+                mine,
+                theirs: _,
+            } = *verdict
+            else {
+                unreachable!("judge names only differing replicas");
+            };
+            seq = seq.min(at);
+            if self.procs[r].digests.get(&at) != Some(&mine) {
+                return Err(format!(
+                    "r{r} judges {id} by another digest than its own at seq {at}"
+                ));
+            }
+        }
+        if !self.wrong {
+            return Err(format!(
+                "r{r} gives up its history at seq {seq} in a run where every replica applied the quorum's"
+            ));
+        }
+        self.note(|| {
+            format!("r{r} gives up its history at seq {seq}, differing from {differing:?}")
+        });
+        self.gave_up += 1;
+        let p = &mut self.procs[r].proto;
+        p.history_differs(seq);
+        p.settle(local);
+        // Its applier stops; an operator restarts it (from the shared snapshot, its own discarded).
+        self.at(self.now, Event::Exit(r));
+        Ok(())
+    }
+
+    /// At the end of a run: every live replica hears every other live member's history report at the latest
+    /// seq both applied through, long enough after the run that what it heard during the run is forgotten,
+    /// and judges. One whose history differs from every other one compared with must give it up: a history
+    /// read off a diverged copy is not kept for ever unnoticed. (Replicas that found their copy diverged by
+    /// the protocol's checks have stopped already, and report nothing.)
+    fn settle_histories(&mut self) -> Result<(), String> {
+        let live: Vec<usize> = (0..self.procs.len())
+            .filter(|r| self.procs[*r].alive && !self.procs[*r].stopped())
+            .collect();
+        let mut alone = Vec::new();
+        for &a in &live {
+            let mut compared = 0;
+            let mut differing = 0;
+            let local = self.procs[a].local(self.now)
+                + (history::FORGET + history::LISTEN_FIRST) / HISTORY_SPEEDUP;
+            for &b in &live {
+                let (pa, pb) = (&self.procs[a], &self.procs[b]);
+                let member = pa
+                    .proto
+                    .members()
+                    .iter()
+                    .any(|(id, m)| *id == pb.id && m.nonce == pb.proto.me().nonce);
+                if a == b || !member {
+                    continue;
+                }
+                let from = pa.history_from.max(pb.history_from);
+                let through = pa.proto.applied().min(pb.proto.applied());
+                let common = (from <= through)
+                    .then(|| pb.digests.range(from..=through).rev())
+                    .into_iter()
+                    .flatten()
+                    .find(|(seq, _)| pa.digests.contains_key(seq));
+                let Some((&seq, theirs)) = common else {
+                    continue;
+                };
+                compared += 1;
+                differing += usize::from(pa.digests[&seq] != *theirs);
+                let report = pb.history_report(seq);
+                let (me, now) = (pa.proto.me().nonce, pa.history_now(local));
+                self.procs[a].history.heard(&report, me, now);
+            }
+            self.judge_history(a, local)?;
+            if compared > 0 && compared == differing {
+                alone.push(a);
+            }
+        }
+        for a in alone {
+            if !self.procs[a].stopped() {
+                return Err(format!(
+                    "r{a}'s history differs from every other replica's, and it does not give it up"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Removes `seq` from the quorum's copy (once).
@@ -1129,7 +1395,10 @@ impl Sim {
         }
         let covered = self.rng.random_range(from..=newest);
         let state = p.holds.range(..=covered).map(|(at, key)| (*at, *key));
+        let digest = p.digest_through(covered);
+        let wrong = p.wrong_from.filter(|seq| *seq <= covered);
         self.shared_states.insert(covered, state.collect());
+        self.shared_digests.insert(covered, (digest, wrong));
         let seq = self.append(Entry::Index {
             oldest: Some(covered),
         });
@@ -1197,19 +1466,21 @@ impl Sim {
         (seqs, None)
     }
 
-    fn deliver(&mut self, r: usize, local: Nanos) {
+    fn deliver(&mut self, r: usize, local: Nanos) -> Result<(), String> {
         if !self.verified(r, local) {
-            return;
+            return Ok(());
         }
         let (seqs, gap) = self.delivery(r);
         if seqs.is_empty() && gap.is_none() {
-            return;
+            return Ok(());
         }
         let server = self.procs[r].server;
         let mut reads = Vec::new();
         for seq in seqs {
-            let entry = self.entry_at(server, seq).0.clone();
+            let (entry, quorum_seq) = self.entry_at(server, seq);
+            let (entry, wrong) = (entry.clone(), quorum_seq != Some(seq));
             let digest = self.digest(server, seq);
+            let mutation = matches!(entry, Entry::Add { .. }).then_some(digest);
             let p = &mut self.procs[r];
             p.last_read = Some((seq, digest));
             p.read.insert(seq, digest);
@@ -1236,8 +1507,11 @@ impl Sim {
                 Entry::Junk | Entry::Index { .. } => None,
             };
             p.proto.apply(seq, record.as_ref(), local);
+            p.history.applied(seq, mutation);
+            self.record_history(r, seq, wrong)?;
         }
         self.procs[r].proto.settle(local);
+        self.judge_history(r, local)?;
         let applied = self.procs[r].proto.applied();
         self.note(|| format!("r{r} applied through {applied}"));
         let p = &self.procs[r];
@@ -1245,12 +1519,13 @@ impl Sim {
         let recipients = p
             .proto
             .recipients(reads.iter().map(|read| read.write.writer));
-        self.report(r, nonce, applied, reads, recipients);
+        self.report(r, nonce, applied, reads, recipients, None);
         if let Some(gap) = gap {
-            self.explain_gap(r, gap, local);
+            self.explain_gap(r, gap, local)?;
         }
         self.join_if_caught_up(r, local);
         self.check_writes(r, local);
+        Ok(())
     }
 
     /// As the applier checks a new consumer ([`copy::check`]): whether replica `r`, moved to another
@@ -1296,7 +1571,12 @@ impl Sim {
     /// As the applier does: asks the server that believes it leads (the stale one, at times) for the first
     /// message at or after the gap and, again, for the snapshots' index; stops at a purge, passes over a gap
     /// proven deleted once the index is proved current, and follows again a while later.
-    fn explain_gap(&mut self, r: usize, (first, last): (u64, u64), local: Nanos) {
+    fn explain_gap(
+        &mut self,
+        r: usize,
+        (first, last): (u64, u64),
+        local: Nanos,
+    ) -> Result<(), String> {
         let asked = self.answering_server();
         let next_held = self.next_held(asked, first);
         let indexer = self.answering_server();
@@ -1317,17 +1597,25 @@ impl Sim {
                 self.crash(r);
                 let when = self.now + self.rng.random_range(MS..40 * MS);
                 self.at(when, Event::Restart(r));
-                return;
+                return Ok(());
             }
             gap::Gap::Deleted => {
+                // Passing over an `Add` the quorum stored loses its key: that state is not the quorum's.
+                let from = self.procs[r].proto.applied() + 1;
+                let wrong = (from..=last)
+                    .any(|seq| matches!(self.log.get(seq as usize - 1), Some(Entry::Add { .. })));
                 let p = &mut self.procs[r];
                 p.proto.pass_over(last);
                 p.proto.settle(local);
+                p.history.passed_over(last);
+                self.record_history(r, last, wrong)?;
+                self.judge_history(r, local)?;
             }
             gap::Gap::ReadAgain => {}
         }
         let when = self.now + self.rng.random_range(100 * US..2 * MS);
         self.at(when, Event::Deliver(r));
+        Ok(())
     }
 
     /// The server a request about the stream reaches: while one is cut off, often that stale one.
@@ -1365,6 +1653,7 @@ impl Sim {
         applied: u64,
         reads: Vec<WriteRead>,
         recipients: Recipients,
+        history: Option<Box<HistoryReport>>,
     ) {
         for to in 0..self.procs.len() {
             let addressed = match recipients {
@@ -1385,7 +1674,7 @@ impl Sim {
             };
             for _ in 0..copies {
                 let when = self.now + self.delay();
-                let reads = reads.clone();
+                let (reads, history) = (reads.clone(), history.clone());
                 self.at(
                     when,
                     Event::Report {
@@ -1393,6 +1682,7 @@ impl Sim {
                         nonce,
                         applied,
                         reads,
+                        history,
                     },
                 );
             }
@@ -1698,6 +1988,18 @@ impl Sim {
         } else {
             self.shared_states[&shared].clone()
         };
+        // Its history goes on from the digest the snapshot carries.
+        let (digest, wrong_from) = if own >= shared {
+            let wrong = p.wrong_from.filter(|seq| *seq <= own);
+            let digest = if own == 0 {
+                history::EMPTY
+            } else {
+                p.digest_through(own)
+            };
+            (digest, wrong)
+        } else {
+            self.shared_digests[&shared]
+        };
         let mut members = Membership::default();
         for (index, entry) in self.log.iter().enumerate().take(covered as usize) {
             if let Entry::Record(record) = entry {
@@ -1718,6 +2020,12 @@ impl Sim {
         p.proto.start_after(covered, members, local);
         p.holds = holds;
         p.checked = 0;
+        p.history = History::start(covered, Some(digest), p.history_now(local));
+        p.digests.retain(|seq, _| *seq < covered && own >= shared);
+        p.digests.insert(covered, digest);
+        p.history_from = covered;
+        p.history_sent = 0;
+        p.wrong_from = wrong_from;
         // From its own snapshot, its first consumer must deliver the message read last that the snapshot
         // records; a shared one, vouched for by its sharer's barrier, records none.
         if own >= shared {
@@ -1771,6 +2079,8 @@ fn run_seeds(first: u64, seeds: u64) -> Result<Outcome, String> {
                         total.by_fallback += outcome.by_fallback;
                         total.lookups += outcome.lookups;
                         total.leased += outcome.leased;
+                        total.wrong += outcome.wrong;
+                        total.gave_up += outcome.gave_up;
                     }
                     Ok(total)
                 })
@@ -1789,6 +2099,8 @@ fn run_seeds(first: u64, seeds: u64) -> Result<Outcome, String> {
             total.by_fallback += outcome.by_fallback;
             total.lookups += outcome.lookups;
             total.leased += outcome.leased;
+            total.wrong += outcome.wrong;
+            total.gave_up += outcome.gave_up;
             Ok(total)
         })
 }
@@ -1806,8 +2118,9 @@ fn no_seed_breaks_the_safety_rule_and_runs_without_faults_stay_fast() {
     let first = env_u64("EXISTENCE_GATE_SIM_FIRST_SEED").unwrap_or(0);
     let total = run_seeds(first, seeds).unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "{seeds} seeds: {} Adds acknowledged ({} by the fallback), {} lookups ({} under a lease)",
-        total.acked, total.by_fallback, total.lookups, total.leased
+        "{seeds} seeds: {} Adds acknowledged ({} by the fallback), {} lookups ({} under a lease), {} runs \
+         with a replica's state other than the quorum's, {} histories given up",
+        total.acked, total.by_fallback, total.lookups, total.leased, total.wrong, total.gave_up
     );
     assert!(
         total.acked > seeds * 10,
