@@ -943,11 +943,12 @@ impl Sim {
         before: usize,
     ) -> Result<(), String> {
         let p = &self.procs[r];
-        if epoch != p.epoch || !leased {
+        // The first `checked` were found held in this incarnation already, and its filter only grows.
+        if epoch != p.epoch || !leased || p.checked >= before {
             return Ok(());
         }
         let held: HashSet<Key> = p.holds.values().copied().collect();
-        if let Some((_, seq, acked_at)) = self.acked[..before]
+        if let Some((_, seq, acked_at)) = self.acked[p.checked..before]
             .iter()
             .find(|(key, ..)| !held.contains(key))
         {
