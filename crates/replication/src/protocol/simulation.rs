@@ -814,21 +814,10 @@ impl Sim {
             }
             Event::NewAdd(_) => {
                 let p = &mut self.procs[r];
-                let (writer, counter, epoch) = (p.proto.me().nonce, p.counter, p.epoch);
+                let (counter, epoch) = (p.counter, p.epoch);
                 p.counter += 1;
                 p.unacked.insert(counter, local);
-                self.publish(r, Entry::Add { writer, counter }, local);
-                let when = self.procs[r].real(local + PUBLISH_TIMEOUT);
-                let left = 3;
-                self.at(
-                    when,
-                    Event::Retry {
-                        r,
-                        epoch,
-                        counter,
-                        left,
-                    },
-                );
+                self.publish_add(r, (epoch, counter), local, Some(3));
             }
             Event::Retry {
                 epoch,
@@ -841,26 +830,37 @@ impl Sim {
                 if epoch != p.epoch || !p.unacked.contains_key(&counter) {
                     return Ok(());
                 }
-                let writer = p.proto.me().nonce;
                 self.note(|| format!("r{r} publishes its Add {counter} again"));
-                self.publish(r, Entry::Add { writer, counter }, local);
-                if left > 0 {
-                    let when = self.procs[r].real(local + PUBLISH_TIMEOUT);
-                    let left = left - 1;
-                    self.at(
-                        when,
-                        Event::Retry {
-                            r,
-                            epoch,
-                            counter,
-                            left,
-                        },
-                    );
-                }
+                self.publish_add(r, (epoch, counter), local, left.checked_sub(1));
             }
             _ => unreachable!("not a replica's event"),
         }
         Ok(())
+    }
+
+    /// Publishes replica `r`'s `Add` `counter` of incarnation `epoch` at `local`, and if `retries` are left
+    /// (`None`: none), its next retry should no acknowledgement come within the publish timeout.
+    fn publish_add(
+        &mut self,
+        r: usize,
+        (epoch, counter): (u64, u64),
+        local: Nanos,
+        retries: Option<u32>,
+    ) {
+        let writer = self.procs[r].proto.me().nonce;
+        self.publish(r, Entry::Add { writer, counter }, local);
+        if let Some(left) = retries {
+            let when = self.procs[r].real(local + PUBLISH_TIMEOUT);
+            self.at(
+                when,
+                Event::Retry {
+                    r,
+                    epoch,
+                    counter,
+                    left,
+                },
+            );
+        }
     }
 
     fn tick(&mut self, r: usize, local: Nanos) -> Result<(), String> {
