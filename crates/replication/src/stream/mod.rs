@@ -440,7 +440,10 @@ mod version_tests {
                 .to_string();
             assert!(refused.contains("sync_interval: always"), "{refused}");
             assert!(refused.contains("--nats-allow-unsynced"), "{refused}");
-            assert!(!refused.contains("  "), "one space between words: {refused:?}");
+            assert!(
+                !refused.contains("  "),
+                "one space between words: {refused:?}"
+            );
             assert!(check_server_version(unsynced, "n0", true).is_ok());
         }
     }
