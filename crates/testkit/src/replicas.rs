@@ -1,9 +1,11 @@
 //! Replicas as real `existence-gate` processes sharing one JetStream stream: started with `--nats` on free
 //! loopback ports, stopped (SIGSTOP), continued, killed (-9) and restarted the way an operator would.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 
 use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
@@ -32,7 +34,12 @@ pub struct Replica {
     /// Where it serves RESP.
     pub resp_addr: SocketAddr,
     channel: Channel,
+    /// Its last [`KEPT_LINES`] lines of log, for a failure's message.
+    recent: Arc<Mutex<VecDeque<String>>>,
 }
+
+/// Log lines a [`Replica`] keeps for a failure's message.
+const KEPT_LINES: usize = 40;
 
 /// How to start a replica.
 #[derive(Debug, Clone)]
@@ -124,11 +131,18 @@ impl Launch {
             self.id.clone(),
             std::env::var_os("EXISTENCE_GATE_TEST_LOGS").is_some(),
         );
+        let recent = Arc::new(Mutex::new(VecDeque::with_capacity(KEPT_LINES)));
+        let kept = Arc::clone(&recent);
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
                 if show {
                     eprintln!("[{id}] {line}");
                 }
+                let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+                if kept.len() == KEPT_LINES {
+                    kept.pop_front();
+                }
+                kept.push_back(line);
             }
         });
         let channel = Channel::from_shared(format!("http://{}", addresses.0))
@@ -141,6 +155,7 @@ impl Launch {
             http_addr: addresses.1,
             resp_addr: addresses.2,
             channel,
+            recent,
         }
     }
 
@@ -184,14 +199,25 @@ impl Replica {
         Some(reply.into_inner().status())
     }
 
-    /// Waits until it reports `SERVING` (caught up, with a read lease).
+    /// Waits until it reports `SERVING` (caught up, with a read lease); past [`PATIENCE`], fails with its
+    /// `/readyz` and its last lines of log.
     pub async fn serving(&self) {
-        wait_until(
-            PATIENCE,
-            &format!("replica {} to serve", self.id),
-            async || (self.health().await == Some(ServingStatus::Serving)).then_some(()),
-        )
+        let served = tokio::time::timeout(PATIENCE, async {
+            while self.health().await != Some(ServingStatus::Serving) {
+                tokio::time::sleep(crate::POLL_PAUSE).await;
+            }
+        })
         .await;
+        if served.is_err() {
+            let readiness = try_http_get(self.http_addr, "/readyz").await;
+            let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            panic!(
+                "gave up after {PATIENCE:?} waiting for replica {} to serve; /readyz: {readiness:?}; its last \
+                 lines of log:\n{}",
+                self.id,
+                recent.iter().cloned().collect::<Vec<_>>().join("\n")
+            );
+        }
     }
 
     /// `/readyz`: status and body.
