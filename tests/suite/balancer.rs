@@ -121,6 +121,7 @@ async fn until_status(socket: &Path, server: &str, wanted: &str) {
 /// One call the load made: when it started, how long it took, and why it failed, if it did.
 #[derive(Debug, Clone)]
 struct Call {
+    add: bool,
     at: Instant,
     took: Duration,
     failed: Option<String>,
@@ -135,9 +136,27 @@ struct Seen {
 }
 
 impl Seen {
-    fn record(&self, at: Instant, failed: Option<String>) {
+    fn record(&self, add: bool, at: Instant, failed: Option<String>) {
         let took = at.elapsed();
-        self.calls.lock().unwrap().push(Call { at, took, failed });
+        let call = Call {
+            add,
+            at,
+            took,
+            failed,
+        };
+        self.calls.lock().unwrap().push(call);
+    }
+
+    /// The 99th percentile latency of the `Add`s (or, `!adds`, the lookups) that started in `window`.
+    fn p99(&self, window: std::ops::Range<Instant>, adds: bool) -> Duration {
+        let mut took: Vec<Duration> = self
+            .during(window)
+            .iter()
+            .filter(|c| c.add == adds)
+            .map(|c| c.took)
+            .collect();
+        took.sort();
+        took.get(took.len() * 99 / 100).copied().unwrap_or_default()
     }
 
     /// The calls that started in `window`.
@@ -176,10 +195,10 @@ async fn caller(
         request.set_timeout(CALL_DEADLINE);
         let at = Instant::now();
         if let Err(status) = gate.add(request).await {
-            seen.record(at, Some(format!("Add: {status:?}")));
+            seen.record(true, at, Some(format!("Add: {status:?}")));
             continue;
         }
-        seen.record(at, None);
+        seen.record(true, at, None);
         seen.adds.fetch_add(1, Ordering::Relaxed);
         for (key, acknowledged) in [
             (key, true),
@@ -192,9 +211,9 @@ async fn caller(
             request.set_timeout(CALL_DEADLINE);
             let at = Instant::now();
             match gate.may_exist(request).await {
-                Err(status) => seen.record(at, Some(format!("MayExist: {status:?}"))),
+                Err(status) => seen.record(false, at, Some(format!("MayExist: {status:?}"))),
                 Ok(reply) => {
-                    seen.record(at, None);
+                    seen.record(false, at, None);
                     if acknowledged && reply.get_ref().answer() == Answer::Absent {
                         seen.false_absent.lock().unwrap().push(format!("{key:?}"));
                     }
@@ -423,6 +442,13 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
         Arc::clone(&resp_seen),
         Arc::clone(&load.stop),
     ));
+    // Steady state first, 200 Adds of it: what each restart's Add latency is compared with.
+    let (steady_from, adds_then) = (Instant::now(), load.seen.adds.load(Ordering::Relaxed));
+    wait_until(PATIENCE, "a steady stretch of load", async || {
+        (load.seen.adds.load(Ordering::Relaxed) >= adds_then + 200).then_some(())
+    })
+    .await;
+    let steady = load.seen.p99(steady_from..Instant::now(), true);
     for i in 0..3 {
         let server = format!("gate-{}", i + 1);
         let (adds_before, started) = (load.seen.adds.load(Ordering::Relaxed), Instant::now());
@@ -435,9 +461,10 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
         balanced.restart(i).await;
         eprintln!(
             "rolling restart of {server}: exited {exited:?} after SIGTERM, back UP in HAProxy after {:?}; {} \
-             Adds acknowledged meanwhile",
+             Adds acknowledged meanwhile, Add p99 {:?} (steady: {steady:?})",
             started.elapsed(),
-            load.seen.adds.load(Ordering::Relaxed) - adds_before
+            load.seen.adds.load(Ordering::Relaxed) - adds_before,
+            load.seen.p99(started..Instant::now(), true)
         );
     }
     let seen = load.finish().await;
