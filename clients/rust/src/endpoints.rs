@@ -2,8 +2,10 @@
 //! next one within the call's deadline.
 //!
 //! One lazily connected channel per address. An address that answered `UNAVAILABLE` (tonic's status for a
-//! refused or broken connection too) is skipped for `down_for`; when every address is down, the calls go
-//! to the one that went down longest ago, so a recovered deployment is found without a health probe.
+//! refused or broken connection too), or that did not answer within half of what was left of the call's
+//! deadline while another address was left to try (a stopped process), is skipped for `down_for`; when every
+//! address is down, the calls go to the one that went down longest ago, so a recovered deployment is found
+//! without a health probe.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -140,6 +142,7 @@ impl Endpoints {
             order.insert(0, first);
         }
         let mut last = None;
+        let attempts = order.len();
         for (attempt, index) in order.into_iter().enumerate() {
             let remaining = give_up.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
@@ -148,8 +151,27 @@ impl Endpoints {
             if attempt > 0 {
                 retried();
             }
+            // An address that accepts and never answers (a stopped process) would hold the call to its
+            // deadline: with another address left, it gets half of what remains, then the call moves on and
+            // the address is skipped while down.
+            let last_attempt = attempt + 1 == attempts;
+            let budget = if last_attempt {
+                remaining
+            } else {
+                remaining / 2
+            };
+            let attempt_ends = Instant::now() + budget;
             let client = self.addresses[index].client.clone();
-            match tokio::time::timeout(remaining, call(client, remaining)).await {
+            let answered = tokio::time::timeout(budget, call(client, budget)).await;
+            // tonic's own timer, set from the request's `grpc-timeout`, ends the call as CANCELLED.
+            let timed_out = match &answered {
+                Err(_) => true,
+                Ok(Err(status)) => {
+                    status.code() == Code::Cancelled && Instant::now() >= attempt_ends
+                }
+                Ok(Ok(_)) => false,
+            };
+            match answered {
                 Ok(Ok(answer)) => {
                     self.mark(index, false);
                     return Ok((answer, index));
@@ -158,12 +180,11 @@ impl Endpoints {
                     self.mark(index, true);
                     last = Some(status);
                 }
-                // tonic's own timer, set from the request's `grpc-timeout`, ends the call as CANCELLED.
-                Ok(Err(status))
-                    if status.code() == Code::Cancelled && Instant::now() >= give_up =>
-                {
-                    break
+                _ if timed_out && !last_attempt => {
+                    self.mark(index, true);
+                    last = Some(deadline_exceeded(deadline));
                 }
+                _ if timed_out => break,
                 Ok(Err(status)) => return Err(status),
                 Err(_) => break,
             }

@@ -332,6 +332,34 @@ async fn a_dead_address_is_skipped_and_counted_as_a_retry() {
     server.stop().await.unwrap();
 }
 
+/// A replica that accepts connections and never answers (SIGSTOPped) beside a live one: a call sent to it
+/// moves on to the live one after half its deadline instead of failing at the deadline, and the silent
+/// address is then skipped while down: every call is answered, one retry in all.
+#[tokio::test]
+async fn a_silent_address_costs_a_call_half_its_deadline_and_is_then_skipped() {
+    let server = serve().await;
+    client(&server, unary())
+        .add([key("present")])
+        .await
+        .unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let options = ClientOptions {
+        deadline: Duration::from_millis(400),
+        down_for: Duration::from_secs(600),
+        ..users()
+    };
+    let addresses = [
+        silent.local_addr().unwrap().to_string(),
+        server.grpc_addr.to_string(),
+    ];
+    let client = GateClient::new(addresses, options).unwrap();
+    for _ in 0..4 {
+        assert!(client.may_exist(key("present")).await.unwrap().may_exist);
+    }
+    assert_eq!(client.stats().retries, 1, "the silent address tried once");
+    server.stop().await.unwrap();
+}
+
 /// A source over a map, counting its reads.
 #[derive(Clone, Default)]
 struct Database {
