@@ -324,8 +324,9 @@ func (c *GateClient) withToken(ctx context.Context) context.Context {
 }
 
 // invoke runs call on an address chosen by the policy (prefer first, if it is up and not negative),
-// within one deadline; an UNAVAILABLE answer marks the address down and the call moves to the next address
-// that is up. It returns the index of the address that answered last.
+// within one deadline; an UNAVAILABLE answer, or no answer within half of what is left of the deadline while
+// another address is left, marks the address down and the call moves to the next address that is up. It
+// returns the index of the address that answered last.
 func (c *GateClient) invoke(ctx context.Context, prefer int, call func(ctx context.Context, a *address) error) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.deadline)
 	defer cancel()
@@ -347,12 +348,20 @@ func (c *GateClient) invoke(ctx context.Context, prefer int, call func(ctx conte
 		}
 		tried[i] = true
 		a := c.addrs[i]
-		err := call(ctx, a)
+		// An address that accepts and never answers (a stopped replica) would hold the call to its deadline:
+		// with another address left, it gets half of what remains, then the call moves on.
+		attemptCtx, attemptCancel := ctx, context.CancelFunc(func() {})
+		if deadline, ok := ctx.Deadline(); ok && attempt+1 < n {
+			attemptCtx, attemptCancel = context.WithTimeout(ctx, time.Until(deadline)/2)
+		}
+		err := call(attemptCtx, a)
+		attemptCancel()
 		if err == nil {
 			a.markUp()
 			return i, nil
 		}
-		if status.Code(err) != codes.Unavailable {
+		silent := status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil
+		if status.Code(err) != codes.Unavailable && !silent {
 			return i, err
 		}
 		a.markDown(time.Now())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -652,25 +651,7 @@ func TestMayExistManySplitsAtTheServersLimit(t *testing.T) {
 // A coalesced lookup of a gate that accepts connections and never answers ends with DEADLINE_EXCEEDED at the
 // client's deadline: the batch gives up at its oldest waiter's deadline (no timer per lookup).
 func TestAGateThatNeverAnswersIsADeadlineExceededWithinTheDeadline(t *testing.T) {
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	go func() {
-		var held []net.Conn // accepted (so the client's connection is up) and never answered
-		for {
-			conn, err := silent.Accept()
-			if err != nil {
-				for _, c := range held {
-					c.Close()
-				}
-				return
-			}
-			held = append(held, conn)
-		}
-	}()
-	c := newClient(t, []string{silent.Addr().String()}, "silent", WithDeadline(300*time.Millisecond))
+	c := newClient(t, []string{silentAddress(t)}, "silent", WithDeadline(300*time.Millisecond))
 	answered := make(chan error, 1)
 	go func() {
 		_, err := c.MayExist(context.Background(), "k")
@@ -703,6 +684,28 @@ func TestGateDownIsUnavailable(t *testing.T) {
 	_, err = c.MayExist(context.Background(), "k")
 	if status.Code(err) != codes.Unavailable || c.Stats().Retries != 1 {
 		t.Errorf("with every address down: %v, stats %+v", err, c.Stats())
+	}
+}
+
+// A replica that accepts connections and never answers (SIGSTOPped) beside a live one: a call sent to it
+// moves on to the live one after half its deadline instead of failing at the deadline, and the silent
+// address is then avoided: every lookup is answered, one retry in all.
+func TestASilentAddressCostsACallHalfItsDeadlineAndIsThenAvoided(t *testing.T) {
+	ns, key := "multi", uniq()+"present"
+	waitReady(t, shared.addr, ns)
+	c := newClient(t, []string{silentAddress(t), shared.addr}, ns, WithDeadline(400*time.Millisecond),
+		WithCoalesceWindow(0))
+	if _, err := c.Add(context.Background(), []string{key}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		a, err := c.MayExist(context.Background(), key)
+		if err != nil || !a.MayExist {
+			t.Fatalf("lookup %d: %+v %v", i, a, err)
+		}
+	}
+	if s := c.Stats(); s.Retries != 1 {
+		t.Errorf("stats %+v: want the silent address tried once", s)
 	}
 }
 

@@ -226,6 +226,30 @@ func eventually(t *testing.T, what string, condition func() bool) {
 }
 
 // deadAddress is a loopback address nothing listens on.
+// silentAddress is an address that accepts connections (so a client's connection is up) and never answers,
+// as a stopped process's: closed when the test ends.
+func silentAddress(t *testing.T) string {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		var held []net.Conn
+		for {
+			conn, err := silent.Accept()
+			if err != nil {
+				for _, c := range held {
+					c.Close()
+				}
+				return
+			}
+			held = append(held, conn)
+		}
+	}()
+	return silent.Addr().String()
+}
+
 func deadAddress(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
