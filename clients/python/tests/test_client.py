@@ -310,17 +310,6 @@ def test_a_dead_address_is_skipped_round_robin(gate, namespace):
     assert stats.retries <= 2  # the dead address is skipped for a second once it failed
 
 
-def test_a_silent_address_costs_a_call_half_its_deadline_and_is_then_skipped(gate, namespace, black_hole):
-    """A replica that accepts connections and never answers (SIGSTOPped) beside a live one: a call sent to it
-    moves on to the live one after half its deadline instead of failing at the deadline, and the silent
-    address is then skipped: every lookup is answered, one retry in all."""
-    with GateClient([black_hole, gate.grpc_addr], namespace, coalesce_window=0, deadline=0.4) as client:
-        answers = [client.may_exist("silent-beside-live") for _ in range(4)]
-        stats = client.stats()
-    assert all(a.address == gate.grpc_addr for a in answers)
-    assert stats.retries == 1
-
-
 def test_pick_first_sticks_to_the_first_healthy_address(gate, namespace):
     dead = closed_port_address()
     unary_before = gate.requests("MayExist")

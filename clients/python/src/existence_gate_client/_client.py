@@ -476,9 +476,8 @@ class GateClient:
         return self._metadata
 
     def _call(self, method: str, request, deadline: float, on_done, preferred: Optional[int] = None) -> None:
-        """Starts `method` on an address; on UNAVAILABLE, or no answer within half of what is left of
-        `deadline` while another address is up, marks it down and retries on the next one that is up, within
-        `deadline`. Calls on_done(response, error, address) exactly once, from any thread."""
+        """Starts `method` on an address; on UNAVAILABLE marks it down and retries on the next one that is up,
+        within `deadline`. Calls on_done(response, error, address) exactly once, from any thread."""
         tried: List[int] = []
 
         def attempt(i: int) -> None:
@@ -487,12 +486,9 @@ class GateClient:
                 on_done(None, _deadline_error(method), self.addresses[i])
                 return
             tried.append(i)
-            # An address that accepts and never answers (a stopped replica) would hold the call to its
-            # deadline: with another address left, it gets half of what remains, then the call moves on.
-            budget = remaining / 2 if self._pool.next_up(tried) is not None else remaining
             try:
                 stub_method = getattr(self._pool.addresses[i].stub, method)
-                call = stub_method.future(request, timeout=budget, metadata=self._metadata)
+                call = stub_method.future(request, timeout=remaining, metadata=self._metadata)
             except Exception as error:  # e.g. a closed channel
                 on_done(None, GateError.of(error), self.addresses[i])
                 return
@@ -502,13 +498,12 @@ class GateClient:
             try:
                 response = call.result()
             except grpc.RpcError as error:
-                silent = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and deadline > time.monotonic()
-                if error.code() == grpc.StatusCode.UNAVAILABLE or silent:
+                if error.code() == grpc.StatusCode.UNAVAILABLE:
                     self._pool.mark_down(i)
                     following = self._pool.next_up(tried)
                     if following is not None and deadline > time.monotonic():
                         self._counters.add("retries")
-                        log.debug("%s on %s: %s; retrying on %s", method, self.addresses[i], error.code(), self.addresses[following])
+                        log.debug("%s on %s: UNAVAILABLE; retrying on %s", method, self.addresses[i], self.addresses[following])
                         attempt(following)
                         return
                 on_done(None, GateError.of(error), self.addresses[i])
