@@ -325,7 +325,7 @@ func (c *GateClient) withToken(ctx context.Context) context.Context {
 
 // invoke runs call on an address chosen by the policy (prefer first, if it is up and not negative),
 // within one deadline; an UNAVAILABLE answer, or no answer within half of what is left of the deadline while
-// another address is left, marks the address down and the call moves to the next address that is up. It
+// another address is up, marks the address down and the call moves to the next address that is up. It
 // returns the index of the address that answered last.
 func (c *GateClient) invoke(ctx context.Context, prefer int, call func(ctx context.Context, a *address) error) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opts.deadline)
@@ -349,9 +349,10 @@ func (c *GateClient) invoke(ctx context.Context, prefer int, call func(ctx conte
 		tried[i] = true
 		a := c.addrs[i]
 		// An address that accepts and never answers (a stopped replica) would hold the call to its deadline:
-		// with another address left, it gets half of what remains, then the call moves on.
+		// while another untried address is up, it gets half of what remains, then the call moves on. With
+		// none up, it gets all of it: a slow replica alone still answers within the deadline.
 		attemptCtx, attemptCancel := ctx, context.CancelFunc(func() {})
-		if deadline, ok := ctx.Deadline(); ok && attempt+1 < n {
+		if deadline, ok := ctx.Deadline(); ok && c.anotherUp(tried) {
 			attemptCtx, attemptCancel = context.WithTimeout(ctx, time.Until(deadline)/2)
 		}
 		err := call(attemptCtx, a)
@@ -370,6 +371,17 @@ func (c *GateClient) invoke(ctx context.Context, prefer int, call func(ctx conte
 			return i, err
 		}
 	}
+}
+
+// anotherUp reports whether an address not yet tried by a call is up.
+func (c *GateClient) anotherUp(tried []bool) bool {
+	now := time.Now()
+	for i, a := range c.addrs {
+		if up, _ := a.state(now); up && !tried[i] {
+			return true
+		}
+	}
+	return false
 }
 
 // pick chooses the next address of a call: prefer if up, else the first up and untried one from start

@@ -709,6 +709,25 @@ func TestASilentAddressCostsACallHalfItsDeadlineAndIsThenAvoided(t *testing.T) {
 	}
 }
 
+// With every other address down, the one left gets the whole deadline: a replica that is slow but alone must
+// still be able to answer. (Here it never answers, so each call ends at its deadline, not at half of it; a
+// lower bound on the time, which a loaded machine only lengthens.)
+func TestTheOnlyAddressUpGetsTheWholeDeadline(t *testing.T) {
+	deadline := 300 * time.Millisecond
+	c := newClient(t, []string{deadAddress(t), silentAddress(t)}, "multi", WithDeadline(deadline),
+		WithCoalesceWindow(0))
+	for i := 0; i < 2; i++ {
+		started := time.Now()
+		_, err := c.MayExist(context.Background(), "k")
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if waited := time.Since(started); waited < deadline*9/10 {
+			t.Errorf("call %d gave up after %v, before its deadline of %v", i, waited, deadline)
+		}
+	}
+}
+
 func TestMultiAddressRetriesOnTheLiveOne(t *testing.T) {
 	ns := "multi"
 	waitReady(t, shared.addr, ns)

@@ -3,7 +3,7 @@
 //!
 //! One lazily connected channel per address. An address that answered `UNAVAILABLE` (tonic's status for a
 //! refused or broken connection too), or that did not answer within half of what was left of the call's
-//! deadline while another address was left to try (a stopped process), is skipped for `down_for`; when every
+//! deadline while another address was up (a stopped process), is skipped for `down_for`; when every
 //! address is down, the calls go to the one that went down longest ago, so a recovered deployment is found
 //! without a health probe.
 
@@ -142,8 +142,7 @@ impl Endpoints {
             order.insert(0, first);
         }
         let mut last = None;
-        let attempts = order.len();
-        for (attempt, index) in order.into_iter().enumerate() {
+        for (attempt, &index) in order.iter().enumerate() {
             let remaining = give_up.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 break;
@@ -152,9 +151,13 @@ impl Endpoints {
                 retried();
             }
             // An address that accepts and never answers (a stopped process) would hold the call to its
-            // deadline: with another address left, it gets half of what remains, then the call moves on and
-            // the address is skipped while down.
-            let last_attempt = attempt + 1 == attempts;
+            // deadline: while another address is up, it gets half of what remains, then the call moves on and
+            // the address is skipped while down. With none up, it gets all of it: a slow replica alone still
+            // answers within the deadline.
+            let now = Instant::now();
+            let last_attempt = !order[attempt + 1..]
+                .iter()
+                .any(|&other| self.down_since(other, now).is_none());
             let budget = if last_attempt {
                 remaining
             } else {
@@ -184,7 +187,8 @@ impl Endpoints {
                     self.mark(index, true);
                     last = Some(deadline_exceeded(deadline));
                 }
-                _ if timed_out => break,
+                // The deadline itself passed: that is the answer, whatever an earlier address said.
+                _ if timed_out => return Err(deadline_exceeded(deadline)),
                 Ok(Err(status)) => return Err(status),
                 Err(_) => break,
             }

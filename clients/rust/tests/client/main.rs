@@ -360,6 +360,29 @@ async fn a_silent_address_costs_a_call_half_its_deadline_and_is_then_skipped() {
     server.stop().await.unwrap();
 }
 
+/// With every other address down, the one left gets the whole deadline: a replica that is slow but alone
+/// must still be able to answer. (Here it never answers, so the call ends at its deadline, not at half of it
+/// with the down address's `UNAVAILABLE`.)
+#[tokio::test]
+async fn the_only_address_up_gets_the_whole_deadline() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let options = ClientOptions {
+        deadline: Duration::from_millis(300),
+        down_for: Duration::from_secs(600),
+        coalesce_window: Duration::ZERO,
+        ..users()
+    };
+    let client = GateClient::new(
+        [closed_address(), silent.local_addr().unwrap().to_string()],
+        options,
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let status = client.may_exist(key("k")).await.unwrap_err();
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    }
+}
+
 /// A source over a map, counting its reads.
 #[derive(Clone, Default)]
 struct Database {
