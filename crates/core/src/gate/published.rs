@@ -32,8 +32,9 @@ impl Gate {
     }
 
     /// A reported absence decided against this replica's state: the answer when nothing is to be published
-    /// (`REDUNDANT` — only under the read lease —, `SUPERSEDED`, `THROTTLED`), else the tombstone to publish. `latest_known` is the newest
-    /// seq the shared log is known to hold: an `observed_seq` above it was never observed anywhere.
+    /// (`REDUNDANT` — only under the read lease —, `SUPERSEDED`, `THROTTLED`), else the tombstone to publish.
+    /// `latest_known` is the newest seq the shared log is known to hold: an `observed_seq` above it was never
+    /// observed anywhere.
     pub fn prepare_absence(
         &self,
         namespace: &str,
