@@ -25,7 +25,8 @@
 //!   the publish acknowledgement at `p` on its clock, acknowledges once every incarnation that joined
 //!   before N and is a member, or was removed or displaced less than `lease × (1 + ρ) + margin` ago on W's
 //!   clock, has reported reading that very `Add` (its message id) at N; and in any case at
-//!   `p + lease × (1 + ρ) + margin` (the fallback). An incarnation that left by its own record is no longer
+//!   `p + lease × (1 + ρ) + margin` (the fallback); a write published more than once (a retry under its
+//!   message id) only by the fallback (see "What JetStream is trusted with"). An incarnation that left by its own record is no longer
 //!   waited for once W has applied it: it published it only after giving up its lease. A process that started from a snapshot acknowledges only by the fallback until a
 //!   fallback has passed since it started ([`start_after`](Protocol::start_after)): the snapshot records
 //!   the members, not the graces.
@@ -67,6 +68,11 @@
 //! to a lease, so the writer's rule does not count a report of how far a process applied — seqs of *its*
 //! copy — but only a report that it read the writer's very message at its seq ([`WriteRead`]): a diverged
 //! copy holds something else there, and the writer waits the fallback, by which that lease has ended.
+//! The writer's own copy is checked the same way, by its write read at the seq it was acknowledged at: the
+//! members it waits for are read from that copy. That check vouches only for a write published once. A
+//! retried one may have been stored by a cut-off server alone on its first attempt, at the very seq where
+//! the quorum stored the retry; the writer's copy then holds its write there and differs before, so it is
+//! acknowledged only by the fallback ([`Acked`]).
 //!
 //! Restarted and wiped replicas are new incarnations: they hold no lease until they have joined and applied
 //! a barrier, both after anything acknowledged before they started. No step trusts a report's timing, the
@@ -183,6 +189,24 @@ pub struct WriteId {
     pub writer: u64,
     /// Its number among that process's writes.
     pub counter: u64,
+}
+
+/// When and how the stream acknowledged a write of this process, as its writer saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acked {
+    /// When the publish acknowledgement arrived, on the writer's clock: the fallback runs from here.
+    pub at: Nanos,
+    /// How many times the write was published (under its one message id) until the stream acknowledged
+    /// it: more than once, the writer's own copy may hold an earlier attempt at the seq the quorum stored a
+    /// later one at, so reading its write there vouches for nothing ([`Protocol::ack`]).
+    pub attempts: u32,
+}
+
+impl Acked {
+    /// A write acknowledged at `at` on its first publish.
+    pub fn first_time(at: Nanos) -> Self {
+        Self { at, attempts: 1 }
+    }
 }
 
 /// What a process read at a seq of its copy of the stream: the write stored there.
@@ -605,16 +629,25 @@ impl Protocol {
         *reported = (*reported).max(applied);
     }
 
-    /// Whether `write`, stored at `seq`, whose publish this process saw acknowledged at `published_at`,
-    /// may be acknowledged at `now`. The caller has applied `seq`.
-    pub fn ack(&self, seq: u64, write: WriteId, published_at: Nanos, now: Nanos) -> Ack {
-        let fallback = published_at.saturating_add(self.timing.fallback());
+    /// Whether `write`, stored at `seq`, whose publish this process saw `acked`, may be acknowledged at
+    /// `now`. The caller has applied `seq`.
+    pub fn ack(&self, seq: u64, write: WriteId, acked: Acked, now: Nanos) -> Ack {
+        let fallback = acked.at.saturating_add(self.timing.fallback());
         if now >= fallback {
             return Ack::ByFallback;
         }
         if self.diverged.is_some() {
             // Its membership, read from a copy that is not the quorum's, may miss members (their joins at
             // other seqs): only the fallback, which needs no membership, is sound.
+            return Ack::Wait(fallback);
+        }
+        if acked.attempts > 1 {
+            // Published more than once, the write may sit in this process's copy at `seq` as an attempt a
+            // cut-off server stored alone, while the quorum stored a later attempt there by coincidence: the
+            // copy then passes the check of `write_acked` yet differs before `seq`, and the membership read
+            // from it may place a member's join after `seq` (the simulation at `LOOKUP_PAUSES` 0.2, seed
+            // 179: a member holding a lease was not waited for and answered `ABSENT`). A write published
+            // once is stored by one leader: read at its seq, it vouches for the copy as a barrier does.
             return Ack::Wait(fallback);
         }
         if now < self.early_from {

@@ -68,9 +68,10 @@ const PROMPT_ACK: u64 = 2 * MS;
 /// replica, so a few such pauses a run (more take its leases away most of the time, and the other faults
 /// with them).
 const RENEWAL_PAUSES: f64 = 0.01;
-/// How often, in faulty runs, a lookup pauses between its lease check and its filter read: a couple of its
-/// forty lookups a run.
-const LOOKUP_PAUSES: f64 = 0.05;
+/// How often, in faulty runs, a lookup pauses between its lease check and its filter read: several of its
+/// forty lookups a run. (At 0.05, seed 179's run took no such pause, and a writer that acknowledged a
+/// retried `Add` early off a diverged copy went unnoticed in seeds 0–69,999.)
+const LOOKUP_PAUSES: f64 = 0.2;
 /// How much faster than its process's clock each [`History`] runs: its listening first
 /// ([`LISTEN_FIRST`](history::LISTEN_FIRST), 5 s) takes 50 ms of a run, its forgetting
 /// ([`FORGET`](history::FORGET), 30 s) longer than a run, and its reports, once a second as in production,
@@ -232,7 +233,7 @@ enum Event {
 struct Write {
     seq: u64,
     write: WriteId,
-    published_at: Nanos,
+    acked: Acked,
 }
 
 #[derive(Debug)]
@@ -257,9 +258,9 @@ struct Process {
     checked: usize,
     /// Its writes so far.
     counter: u64,
-    /// Its `Add`s published and not acknowledged yet, by counter, with when each was first sent: retried
-    /// under the same message id.
-    unacked: HashMap<u64, Nanos>,
+    /// Its `Add`s published and not acknowledged yet, by counter, with how many times each was published:
+    /// retried under the same message id.
+    unacked: HashMap<u64, u32>,
     /// The last message this incarnation read: the seq it read it at, and the message's digest.
     last_read: Option<(u64, MessageDigest)>,
     /// Set when it moves to another server's copy: the message it must find there first, as the applier
@@ -737,13 +738,16 @@ impl Sim {
                     // counted from the send, seed 3 breaks P1 (seed 0 fails first, on promptness): an
                     // `Add` whose first publish was lost stored by its retry 20 ms later and acknowledged
                     // at once by the fallback.
-                    self.procs[r].unacked.remove(&counter);
+                    let attempts = self.procs[r].unacked.remove(&counter).unwrap_or(1);
                     let write = WriteId { writer, counter };
                     self.procs[r].proto.write_acked(seq, write);
                     self.procs[r].writes.push(Write {
                         seq,
                         write,
-                        published_at: local,
+                        acked: Acked {
+                            at: local,
+                            attempts,
+                        },
                     });
                     self.note(|| format!("r{r} add published at seq {seq}"));
                     self.check_writes(r, local);
@@ -816,7 +820,7 @@ impl Sim {
                 let p = &mut self.procs[r];
                 let (counter, epoch) = (p.counter, p.epoch);
                 p.counter += 1;
-                p.unacked.insert(counter, local);
+                p.unacked.insert(counter, 1);
                 self.publish_add(r, (epoch, counter), local, Some(3));
             }
             Event::Retry {
@@ -826,10 +830,11 @@ impl Sim {
                 ..
             } => {
                 // As `publish_retrying` does, once a publish failed (here: no acknowledgement in time).
-                let p = &self.procs[r];
-                if epoch != p.epoch || !p.unacked.contains_key(&counter) {
+                let p = &mut self.procs[r];
+                let Some(attempts) = p.unacked.get_mut(&counter).filter(|_| epoch == p.epoch) else {
                     return Ok(());
-                }
+                };
+                *attempts += 1;
                 self.note(|| format!("r{r} publishes its Add {counter} again"));
                 self.publish_add(r, (epoch, counter), local, left.checked_sub(1));
             }
@@ -1700,7 +1705,7 @@ impl Sim {
             }
             match p
                 .proto
-                .ack(write.seq, write.write, write.published_at, local)
+                .ack(write.seq, write.write, write.acked, local)
             {
                 Ack::Wait(until) => {
                     next_check = Some(next_check.map_or(until, |n| n.min(until)));
@@ -1711,7 +1716,7 @@ impl Sim {
                     self.acked.push((key, write.seq, self.now));
                     if ack == Ack::ByFallback {
                         self.by_fallback += 1;
-                    } else if local > write.published_at + PROMPT_ACK {
+                    } else if local > write.acked.at + PROMPT_ACK {
                         self.slow_acks += 1;
                     }
                     if let Some(trace) = &mut self.trace {

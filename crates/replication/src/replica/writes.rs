@@ -18,7 +18,7 @@ use crate::core::namespace::{
     Absence, AbsenceReport, Added, Applied, NewKeys, RecordOutcome, Recorded,
 };
 use crate::core::writes::{Pending, Writes};
-use crate::protocol::{Ack, WriteId};
+use crate::protocol::{Ack, Acked, WriteId};
 use crate::stream::StreamError;
 
 /// How long a publish is retried (with the same message id, so it is stored once) before the write is
@@ -152,9 +152,12 @@ impl Replica {
         let waiting = Waiting::register(&self.waiting, id.clone(), (applied_tx, new_keys));
         let published = self.publish_retrying(&mutation, &id).await;
         drop(held);
-        let published = published?;
+        let (published, attempts) = published?;
         self.acknowledged(published, write);
-        let acked = self.lease.now();
+        let acked = Acked {
+            at: self.lease.now(),
+            attempts,
+        };
         let stored_at = Instant::now();
         let applied = tokio::time::timeout(APPLY_WAIT, applied_rx)
             .await
@@ -216,19 +219,22 @@ impl Replica {
     }
 
     /// Publishes with retries under one message id (a retry of a publish that was stored is dropped as a
-    /// duplicate by the stream), for up to `PUBLISH_RETRY_FOR`.
-    async fn publish_retrying(&self, mutation: &Mutation, id: &str) -> Result<u64, GateError> {
+    /// duplicate by the stream), for up to `PUBLISH_RETRY_FOR`: the seq it was stored at, and how many
+    /// times it was published.
+    async fn publish_retrying(&self, mutation: &Mutation, id: &str) -> Result<(u64, u32), GateError> {
         let give_up = Instant::now() + PUBLISH_RETRY_FOR;
         let mut pause = FIRST_RETRY_PAUSE;
+        let mut attempts = 0;
         loop {
             let started = Instant::now();
+            attempts += 1;
             match self.stream.publish(mutation, id).await {
                 Ok(published) => {
                     self.stream_seq.fetch_max(published.seq, Ordering::AcqRel);
                     self.metrics
                         .publish_ack
                         .record(started.elapsed().as_secs_f64());
-                    return Ok(published.seq);
+                    return Ok((published.seq, attempts));
                 }
                 Err(StreamError::Publish(reason)) if Instant::now() + pause < give_up => {
                     tracing::debug!(%reason, "publish failed; retrying");
@@ -242,16 +248,16 @@ impl Replica {
     }
 
     /// Waits until the protocol lets `write`, stored at `seq`, be acknowledged: every member reported
-    /// reading it there, or the fallback passed since its publish was acknowledged at `published_at` (then
-    /// counted for the `calls` it answers).
-    async fn wait_for_replicas(&self, seq: u64, write: WriteId, published_at: u64, calls: usize) {
+    /// reading it there, or the fallback passed since its publish was `acked` (then counted for the `calls`
+    /// it answers).
+    async fn wait_for_replicas(&self, seq: u64, write: WriteId, acked: Acked, calls: usize) {
         let mut counted_grace = false;
         loop {
             let changed = self.progress.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
             let now = self.lease.now();
-            let until = match self.protocol().ack(seq, write, published_at, now) {
+            let until = match self.protocol().ack(seq, write, acked, now) {
                 Ack::Early => return,
                 Ack::ByFallback => {
                     self.metrics.acked_by_lease.increment(calls as u64);
