@@ -209,9 +209,11 @@ class _Pool:
             return min(range(len(self.addresses)), key=lambda i: self.addresses[i].down_since)
 
     def next_up(self, tried: List[int]) -> Optional[int]:
+        """An address not tried yet that is up, in address order: asking does not take a round-robin turn
+        (a call that asked whether it has somewhere to go next would shift where the following call goes)."""
         now = time.monotonic()
         with self._lock:
-            for i in self._order():
+            for i in range(len(self.addresses)):
                 if i not in tried and self.addresses[i].down_until <= now:
                     return i
         return None
@@ -476,8 +478,9 @@ class GateClient:
         return self._metadata
 
     def _call(self, method: str, request, deadline: float, on_done, preferred: Optional[int] = None) -> None:
-        """Starts `method` on an address; on UNAVAILABLE marks it down and retries on the next one that is up,
-        within `deadline`. Calls on_done(response, error, address) exactly once, from any thread."""
+        """Starts `method` on an address; on UNAVAILABLE, or no answer within half of what is left of
+        `deadline` while another address is up, marks it down and retries on the next one that is up, within
+        `deadline`. Calls on_done(response, error, address) exactly once, from any thread."""
         tried: List[int] = []
 
         def attempt(i: int) -> None:
@@ -486,9 +489,12 @@ class GateClient:
                 on_done(None, _deadline_error(method), self.addresses[i])
                 return
             tried.append(i)
+            # An address that accepts and never answers (a stopped replica) would hold the call to its
+            # deadline: with another address left, it gets half of what remains, then the call moves on.
+            budget = remaining / 2 if self._pool.next_up(tried) is not None else remaining
             try:
                 stub_method = getattr(self._pool.addresses[i].stub, method)
-                call = stub_method.future(request, timeout=remaining, metadata=self._metadata)
+                call = stub_method.future(request, timeout=budget, metadata=self._metadata)
             except Exception as error:  # e.g. a closed channel
                 on_done(None, GateError.of(error), self.addresses[i])
                 return
@@ -498,12 +504,13 @@ class GateClient:
             try:
                 response = call.result()
             except grpc.RpcError as error:
-                if error.code() == grpc.StatusCode.UNAVAILABLE:
+                silent = error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and deadline > time.monotonic()
+                if error.code() == grpc.StatusCode.UNAVAILABLE or silent:
                     self._pool.mark_down(i)
                     following = self._pool.next_up(tried)
                     if following is not None and deadline > time.monotonic():
                         self._counters.add("retries")
-                        log.debug("%s on %s: UNAVAILABLE; retrying on %s", method, self.addresses[i], self.addresses[following])
+                        log.debug("%s on %s: %s; retrying on %s", method, self.addresses[i], error.code(), self.addresses[following])
                         attempt(following)
                         return
                 on_done(None, GateError.of(error), self.addresses[i])
