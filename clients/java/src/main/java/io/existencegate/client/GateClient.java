@@ -815,8 +815,9 @@ public final class GateClient implements AutoCloseable {
 
   /**
    * Starts {@code rpc} on an address chosen by the policy ({@code preferred} first when it is up) and, when
-   * an address answers UNAVAILABLE, marks it down for 1 s and retries on the next address that is up and
-   * not tried yet, within {@code callDeadline}. Every other status ends the call as it is.
+   * an address answers UNAVAILABLE, or does not answer within half of what is left of {@code callDeadline}
+   * while another address not tried yet is up, marks it down for 1 s and retries on the next address that is
+   * up and not tried yet, within {@code callDeadline}. Every other status ends the call as it is.
    */
   <R> CompletableFuture<Answered<R>> invoke(Rpc<R> rpc, Deadline callDeadline, int preferred, Runnable onAttempt) {
     CompletableFuture<Answered<R>> result = new CompletableFuture<>();
@@ -836,6 +837,13 @@ public final class GateClient implements AutoCloseable {
     if (onAttempt != null) {
       onAttempt.run();
     }
+    // An address that accepts and never answers (a stopped replica, its connections open) would hold the call
+    // to its deadline: while another untried address is up, it gets half of what remains, then the call moves
+    // on. With none up, it gets all of it: a slow replica alone still answers within the deadline.
+    Deadline attemptDeadline =
+        anotherUp(tried)
+            ? Deadline.after(callDeadline.timeRemaining(TimeUnit.NANOSECONDS) / 2, TimeUnit.NANOSECONDS)
+            : callDeadline;
     StreamObserver<R> observer =
         new StreamObserver<>() {
           private R response;
@@ -848,7 +856,9 @@ public final class GateClient implements AutoCloseable {
           @Override
           public void onError(Throwable error) {
             Status status = Status.fromThrowable(error);
-            if (status.getCode() == Status.Code.UNAVAILABLE) {
+            boolean silent =
+                status.getCode() == Status.Code.DEADLINE_EXCEEDED && !callDeadline.isExpired();
+            if (status.getCode() == Status.Code.UNAVAILABLE || silent) {
               markDown(index);
               int next = callDeadline.isExpired() || closed ? -1 : pick(tried, -1, index);
               if (next >= 0) {
@@ -867,7 +877,7 @@ public final class GateClient implements AutoCloseable {
           }
         };
     try {
-      rpc.start(stubs.get(index).withDeadline(callDeadline), observer);
+      rpc.start(stubs.get(index).withDeadline(attemptDeadline), observer);
     } catch (RuntimeException e) {
       result.completeExceptionally(asStatusException(e));
     }
@@ -879,6 +889,17 @@ public final class GateClient implements AutoCloseable {
 
   private void markDown(int index) {
     downUntil.set(index, Math.max(1, now() + DOWN_NANOS));
+  }
+
+  /** Whether an address not tried yet is up: somewhere for the call to go if this attempt gets no answer. */
+  private boolean anotherUp(boolean[] tried) {
+    long now = now();
+    for (int i = 0; i < tried.length; i++) {
+      if (!tried[i] && downUntil.get(i) <= now) {
+        return true;
+      }
+    }
+    return false;
   }
 
   /**

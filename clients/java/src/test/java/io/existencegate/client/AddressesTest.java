@@ -7,6 +7,8 @@ import static org.junit.Assert.fail;
 
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
+import java.net.InetAddress;
+import java.net.ServerSocket;
 import java.time.Duration;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
@@ -48,6 +50,27 @@ public class AddressesTest {
         assertTrue("retries counted: " + stats, stats.retries() >= 1);
         assertTrue("the dead address is skipped while down: " + stats, stats.retries() <= 3);
       }
+    }
+  }
+
+  /**
+   * A replica that accepts connections and never answers (SIGSTOPped) beside a live one: a call sent to it
+   * moves on to the live one after half its deadline instead of failing at the deadline, and the silent
+   * address is then skipped: every lookup is answered, one retry in all.
+   */
+  @Test
+  public void aSilentAddressCostsACallHalfItsDeadlineAndIsThenSkipped() throws Exception {
+    try (ServerSocket silent = new ServerSocket(0, 64, InetAddress.getLoopbackAddress());
+        GateClient gate =
+            GateClient.builder("127.0.0.1:" + silent.getLocalPort(), server.address)
+                .namespace("multi")
+                .coalesceWindow(Duration.ZERO)
+                .deadline(Duration.ofMillis(400))
+                .build()) {
+      for (int i = 0; i < 4; i++) {
+        assertEquals(server.address, gate.mayExist("silent-beside-live").address());
+      }
+      assertEquals(1, gate.stats().retries());
     }
   }
 
