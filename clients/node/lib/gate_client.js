@@ -522,9 +522,16 @@ class GateClient {
     return oldest;
   }
 
+  /** Whether an address not tried yet in this call is up (asking takes no round-robin turn). */
+  _anotherUp(tried) {
+    const now = Date.now();
+    return this.endpoints.some((endpoint) => !tried.has(endpoint) && endpoint.downUntil <= now);
+  }
+
   /**
-   * One call with retries: UNAVAILABLE marks the address down for 1 s and the call goes on to the next address
-   * that is up, within the deadline. Resolves {reply, endpoint}.
+   * One call with retries: UNAVAILABLE, or no answer within half of what is left of the deadline while another
+   * address not tried yet is up, marks the address down for 1 s and the call goes on to the next address that
+   * is up, within the deadline. Resolves {reply, endpoint}.
    */
   async _call(method, request, { deadlineAt, signal, prefer }) {
     const tried = new Set();
@@ -536,12 +543,17 @@ class GateClient {
     for (;;) {
       tried.add(endpoint);
       if (method === 'MayExist' || method === 'BatchMayExist') this.counters.gate_calls++;
+      // An address that accepts and never answers (a stopped replica, its connections open) would hold the
+      // call to its deadline: while another untried address is up, it gets half of what remains, then the call
+      // moves on. With none up, it gets all of it: a slow replica alone still answers within the deadline.
+      const attemptEnds = this._anotherUp(tried) ? Date.now() + (deadlineAt - Date.now()) / 2 : deadlineAt;
       try {
-        const reply = await this._unary(endpoint, method, request, deadlineAt, signal);
+        const reply = await this._unary(endpoint, method, request, attemptEnds, signal);
         endpoint.downUntil = 0;
         return { reply, endpoint };
       } catch (error) {
-        if (error.code !== grpc.status.UNAVAILABLE) throw error;
+        const silent = error.code === grpc.status.DEADLINE_EXCEEDED && Date.now() < deadlineAt;
+        if (error.code !== grpc.status.UNAVAILABLE && !silent) throw error;
         const now = Date.now();
         if (endpoint.downUntil <= now) endpoint.downSince = now;
         endpoint.downUntil = now + DOWN_MS;

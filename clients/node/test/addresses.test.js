@@ -5,7 +5,7 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const grpc = require('@grpc/grpc-js');
 const { GateClient, GatedReader, Found, MISSING } = require('..');
-const { startServer, deadAddress, eventually, opened, usersClient } = require('./server');
+const { startServer, deadAddress, stalledAddress, eventually, opened, usersClient } = require('./server');
 
 let server;
 let dead;
@@ -38,6 +38,20 @@ test('round robin over a dead and a live address: every lookup succeeds, the dea
   assert.equal(stats.gate_calls, 6 + stats.retries);
   assert.ok((await c.add(['addr:c'])) > 0);
   assert.equal((await c.mayExistMany(['addr:c', 'addr:never']))[0].mayExist, true);
+});
+
+test('a silent address (a stopped replica) costs a call half its deadline, then is skipped', async () => {
+  const silent = await stalledAddress();
+  try {
+    const c = track(usersClient([silent.address, server.address], { deadlineMs: 400, coalesceWindowMs: 0 }));
+    for (let i = 0; i < 4; i++) {
+      assert.equal((await c.mayExist('addr:a')).address, server.address);
+    }
+    assert.equal(c.stats().retries, 1);
+    c.close();
+  } finally {
+    await silent.close();
+  }
 });
 
 test('pick_first: the first healthy address takes every call', async () => {

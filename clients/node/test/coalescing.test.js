@@ -102,8 +102,9 @@ test('a lone caller does not wait for the window: it leaves at once when no batc
 });
 
 /**
- * A client whose first address never answers: its first lookup stays in flight there for `blockerMs`, so
- * callers queued meanwhile leave by the window (or coalesceMaxKeys). Round robin sends them to the server.
+ * A client whose first address never answers: its first lookup stays in flight there for half of `blockerMs`
+ * (then it would move on to the live server; each test ends well before), so callers queued meanwhile leave by
+ * the window (or coalesceMaxKeys). Round robin sends them to the server.
  */
 async function withBatchInFlight(options, blockerMs) {
   const c = track(usersClient([stalled.address, server.address], options));
