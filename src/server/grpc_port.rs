@@ -21,6 +21,15 @@ use crate::service::grpc::GateService;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::listener::{Incoming, Plaintext};
 
+/// How many streams a client may reset before the server has accepted them, on one connection, before h2
+/// ends the connection with GOAWAY `ENHANCE_YOUR_CALM` (its default is 20, a defence against HTTP/2 rapid
+/// reset). A server that resumes after a pause (a starved VM, SIGSTOP) reads at once every call its clients
+/// gave up on meanwhile, each a request and its reset: the client libraries try a silent replica again once
+/// a second per caller, so 20 went in seconds, and the GOAWAY failed the calls still in flight on the
+/// connection (the balancer test's Java library lost five after a 10 s pause). 1,024 holds minutes of that
+/// and is h2's own bound on the streams a server resets: a rapid-reset attacker still queues no more than
+/// that many streams per connection (`tests/suite/connections.rs` sends 100 resets during a pause).
+const PENDING_ACCEPT_RESETS: usize = 1024;
 /// The gRPC serving task; it ends when shutdown is triggered and in-flight calls finished.
 pub(super) type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;
 
@@ -49,6 +58,7 @@ pub(super) fn serve(
     let limits = &options.config.limits;
     let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(PENDING_ACCEPT_RESETS))
         .timeout(limits.request_timeout)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))

@@ -45,6 +45,17 @@ async fn closed_by_server(mut stream: impl AsyncReadExt + Unpin, since: Instant)
     .expect("the server closes the connection")
 }
 
+/// A `grpc.health.v1.Health/Check` request to `addr` (its body is sent on the stream).
+fn health_request(addr: SocketAddr) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
 /// One `grpc.health.v1.Health/Check` of the whole server on an existing HTTP/2 connection: its status, or
 /// the error that ended the connection. A raw HTTP/2 client, because tonic's channel would reconnect and
 /// hide a closed connection.
@@ -52,15 +63,8 @@ async fn health_over(
     connection: &mut h2::client::SendRequest<Bytes>,
     addr: SocketAddr,
 ) -> Result<ServingStatus, h2::Error> {
-    let request = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{addr}/grpc.health.v1.Health/Check"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
     let mut ready = connection.clone().ready().await?;
-    let (response, mut body) = ready.send_request(request, false)?;
+    let (response, mut body) = ready.send_request(health_request(addr), false)?;
     // An empty HealthCheckRequest: uncompressed, zero bytes long.
     body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
     let mut response = response.await?.into_body();
@@ -445,4 +449,35 @@ async fn at_the_descriptor_limit_the_server_backs_off_and_keeps_serving() {
     .unwrap();
     assert_eq!(fresh.into_inner().status(), ServingStatus::Serving);
     server.child.kill().await.unwrap();
+}
+
+/// A client that gave up on its calls while the server was paused (SIGSTOP here; a long GC pause or a
+/// starved VM alike) reset each of them, and the server reads every reset at once when it resumes. h2
+/// counts resets of streams the server had not accepted yet and, past its default of 20 (a defence against
+/// HTTP/2 rapid reset), ends the connection with GOAWAY `ENHANCE_YOUR_CALM` "too_many_resets", failing the
+/// calls still in flight on it: the Java library lost five calls that way after a 10 s pause in the
+/// balancer test. The connection lives on after 100 such resets, and answers.
+#[tokio::test]
+async fn a_client_that_gave_up_on_calls_while_the_server_was_paused_keeps_its_connection() {
+    let served = binary::start(binary::serve()).await;
+    let addr: SocketAddr = served.grpc_addr.parse().unwrap();
+    let pid = served.child.id().unwrap();
+    let mut connection = h2_connection(addr).await;
+    assert_eq!(
+        health_over(&mut connection, addr).await.unwrap(),
+        ServingStatus::Serving
+    );
+    send_signal(pid, "STOP");
+    for _ in 0..100 {
+        let mut ready = connection.clone().ready().await.unwrap();
+        let (_response, mut body) = ready.send_request(health_request(addr), false).unwrap();
+        body.send_reset(h2::Reason::CANCEL);
+    }
+    send_signal(pid, "CONT");
+    assert_eq!(
+        health_over(&mut connection, addr).await.expect(
+            "the connection outlives the resets its client sent while the server was paused"
+        ),
+        ServingStatus::Serving
+    );
 }
