@@ -102,7 +102,7 @@ done
 echo "ok   existencepb/ is what proto/ generates"
 
 step "gofmt"
-unformatted=$(gofmt -l "$here"/*.go "$here"/testdata/consumer/*.go "$root/examples/go"/*.go)
+unformatted=$(gofmt -l "$here"/*.go "$here"/testdata/consumer/*.go "$here"/testdata/load/*.go "$root/examples/go"/*.go)
 if [ -n "$unformatted" ]; then
     echo "FAIL gofmt would reformat: $unformatted"
     exit 1

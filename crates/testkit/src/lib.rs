@@ -16,7 +16,8 @@
 //! - What the gate talks to, started for a test and stopped when dropped: [`nats`] (one JetStream server, a
 //!   cluster, a cluster behind proxies), [`postgres`] (a throwaway PostgreSQL 15), [`proxy`] (a TCP proxy
 //!   that delays, silences or cuts a link), [`faketime`] (a wall clock a test steps under a real process).
-//! - [`polyglot`]: the suites written in other languages, run as scripts within a time budget.
+//! - [`polyglot`]: the suites written in other languages, run as scripts within a time budget;
+//!   [`load_drivers`]: each client library under a steady load, for the balancer tests.
 //! - For the benches: [`procs`] (servers as processes, and their CPU and memory from `/proc`), [`drive`]
 //!   (closed- and open-loop load), [`keys`] (the load's keys), [`text`] (what reports share).
 //!
@@ -32,6 +33,7 @@ pub mod feed;
 pub mod http_port;
 pub mod in_process;
 pub mod keys;
+pub mod load_drivers;
 pub mod nats;
 pub mod pki;
 pub mod polyglot;
