@@ -831,7 +831,8 @@ impl Sim {
             } => {
                 // As `publish_retrying` does, once a publish failed (here: no acknowledgement in time).
                 let p = &mut self.procs[r];
-                let Some(attempts) = p.unacked.get_mut(&counter).filter(|_| epoch == p.epoch) else {
+                let Some(attempts) = p.unacked.get_mut(&counter).filter(|_| epoch == p.epoch)
+                else {
                     return Ok(());
                 };
                 *attempts += 1;
@@ -1703,10 +1704,7 @@ impl Sim {
             if p.proto.applied() < write.seq {
                 return true;
             }
-            match p
-                .proto
-                .ack(write.seq, write.write, write.acked, local)
-            {
+            match p.proto.ack(write.seq, write.write, write.acked, local) {
                 Ack::Wait(until) => {
                     next_check = Some(next_check.map_or(until, |n| n.min(until)));
                     true

@@ -243,9 +243,15 @@ fn a_writer_waits_for_every_member_and_departed_incarnations_through_their_grace
     w.apply(3, Some(&join("r", 2)), 0);
     w.read_write(4, write(0));
     w.apply(4, None, MS);
-    assert_eq!(w.ack(4, write(0), Acked::first_time(MS), 2 * MS), Ack::Wait(103 * MS));
+    assert_eq!(
+        w.ack(4, write(0), Acked::first_time(MS), 2 * MS),
+        Ack::Wait(103 * MS)
+    );
     w.heard_reads(2, &[read(4, write(0))]);
-    assert_eq!(w.ack(4, write(0), Acked::first_time(MS), 2 * MS), Ack::Early);
+    assert_eq!(
+        w.ack(4, write(0), Acked::first_time(MS), 2 * MS),
+        Ack::Early
+    );
     w.apply(5, Some(&MemberRecord::Remove { id: "r".into() }), 10 * MS);
     w.read_write(6, write(1));
     w.apply(6, None, 11 * MS);
@@ -256,14 +262,20 @@ fn a_writer_waits_for_every_member_and_departed_incarnations_through_their_grace
         Ack::Wait(112 * MS),
         "a removed member may hold a lease from before its removal for one more fallback"
     );
-    assert_eq!(w.ack(6, write(1), Acked::first_time(11 * MS), 112 * MS), Ack::Early);
+    assert_eq!(
+        w.ack(6, write(1), Acked::first_time(11 * MS), 112 * MS),
+        Ack::Early
+    );
     w.heard_reads(2, &[read(6, write(1))]);
     assert_eq!(
         w.ack(6, write(1), Acked::first_time(11 * MS), 12 * MS),
         Ack::Early,
         "or until it reports"
     );
-    assert_eq!(w.ack(6, write(1), Acked::first_time(11 * MS), 113 * MS), Ack::ByFallback);
+    assert_eq!(
+        w.ack(6, write(1), Acked::first_time(11 * MS), 113 * MS),
+        Ack::ByFallback
+    );
 }
 
 /// A write published more than once may be read at its seq off a copy that differs from the quorum's
@@ -310,7 +322,10 @@ fn a_writer_started_from_a_snapshot_acknowledges_early_only_a_fallback_after_it_
         Ack::Wait(1_102 * MS),
         "\"gone\" may hold a lease from before its removal, which the snapshot does not say"
     );
-    assert_eq!(w.ack(6, write(0), Acked::first_time(1_001 * MS), 1_102 * MS), Ack::Early);
+    assert_eq!(
+        w.ack(6, write(0), Acked::first_time(1_001 * MS), 1_102 * MS),
+        Ack::Early
+    );
 }
 
 #[test]
@@ -328,7 +343,10 @@ fn only_a_report_of_the_writers_very_message_at_its_seq_counts() {
     );
     // r's server's copy diverged: at 4 it holds another of w's writes, and w's is one seq later.
     w.heard_reads(2, &[read(4, write(6)), read(5, write(7))]);
-    assert_eq!(w.ack(4, write(7), Acked::first_time(MS), 2 * MS), Ack::Wait(103 * MS));
+    assert_eq!(
+        w.ack(4, write(7), Acked::first_time(MS), 2 * MS),
+        Ack::Wait(103 * MS)
+    );
     assert_eq!(w.missing_reports(4, write(7)), vec![("r".to_string(), 2)]);
     w.heard_reads(
         2,

@@ -221,7 +221,11 @@ impl Replica {
     /// Publishes with retries under one message id (a retry of a publish that was stored is dropped as a
     /// duplicate by the stream), for up to `PUBLISH_RETRY_FOR`: the seq it was stored at, and how many
     /// times it was published.
-    async fn publish_retrying(&self, mutation: &Mutation, id: &str) -> Result<(u64, u32), GateError> {
+    async fn publish_retrying(
+        &self,
+        mutation: &Mutation,
+        id: &str,
+    ) -> Result<(u64, u32), GateError> {
         let give_up = Instant::now() + PUBLISH_RETRY_FOR;
         let mut pause = FIRST_RETRY_PAUSE;
         let mut attempts = 0;
