@@ -25,6 +25,8 @@ pub const FILLED: u64 = 10_000_000;
 const FILL_BATCH: u64 = 1_000;
 /// Keys in a `BF.MEXISTS`.
 const MEXISTS_KEYS: usize = 100;
+/// Keys in a `BF.MADD`.
+const MADD_KEYS: usize = 100;
 
 /// One workload: `redis-benchmark` arguments besides host and port, commands per stretch, keys per command.
 #[derive(Clone)]
@@ -55,6 +57,11 @@ fn workloads() -> Vec<Workload> {
         "__rand_int__".to_string(),
         MEXISTS_KEYS,
     ));
+    let mut madd = vec!["-c", "8", "-P", "1", "BF.MADD", "default"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    madd.extend(std::iter::repeat_n("__rand_int__".to_string(), MADD_KEYS));
     vec![
         Workload {
             name: "BF.EXISTS, unpipelined, 8 connections",
@@ -83,6 +90,21 @@ fn workloads() -> Vec<Workload> {
             .concat(),
             commands: 2_000_000,
             keys_per_command: 1,
+        },
+        // Writes last: they grow both filters past the keys the lookups above are drawn against.
+        Workload {
+            name: "BF.ADD, pipelined 16 deep, 50 connections",
+            args: ["-c", "50", "-P", "16", "BF.ADD", "default", "__rand_int__"]
+                .map(String::from)
+                .to_vec(),
+            commands: 1_000_000,
+            keys_per_command: 1,
+        },
+        Workload {
+            name: "BF.MADD of 100 keys, 8 connections",
+            args: madd,
+            commands: 20_000,
+            keys_per_command: MADD_KEYS as u64,
         },
     ]
 }

@@ -976,3 +976,97 @@ fn redis_clients_in_other_languages() {
         &[],
     );
 }
+
+/// `args` as a RESP array of bulk strings.
+fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    out
+}
+
+/// Whether `reply` holds one whole RESP2 reply of a write: an integer, an error, or an array of integers.
+fn one_reply(reply: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(reply);
+    let lines = text.matches("\r\n").count();
+    match text.strip_prefix('*') {
+        Some(array) => array
+            .split("\r\n")
+            .next()
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| lines == n + 1),
+        None => lines == 1,
+    }
+}
+
+/// The namespace `users`'s latest seq, as a lookup reports it.
+async fn latest_seq(server: &RunningServer) -> u64 {
+    let request = existence_gate::proto::MayExistRequest {
+        namespace: "users".into(),
+        key: bytes::Bytes::from_static(b"anything"),
+    };
+    client(server)
+        .await
+        .may_exist(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .observed_seq
+}
+
+/// A pipelined run of `BF.ADD`s and `BF.MADD`s of one namespace is one `Add` (one seq for the run, one log
+/// record and one writer lock instead of one each), and every reply is what the same commands sent one at
+/// a time give a gate of their own: an item repeated across commands is new (1) in the first only, and an
+/// empty item fails its own command alone, not its neighbours'.
+#[tokio::test]
+async fn pipelined_adds_are_one_add_with_the_replies_of_adds_sent_one_at_a_time() {
+    let valid: &[&[&str]] = &[
+        &["BF.ADD", "users", "a"],
+        &["BF.MADD", "users", "b", "a", "c", "b"],
+        &["BF.ADD", "users", "c"],
+        &["BF.ADD", "users", "d"],
+    ];
+    let with_invalid: &[&[&str]] = &[
+        &["BF.ADD", "users", "e"],
+        &["BF.MADD", "users", "f", ""],
+        &["BF.ADD", "users", "e"],
+        &["BF.ADD", "users", "g"],
+    ];
+    // An empty request (`*0`) between them is nothing, and no reply (it once crashed the batching).
+    let with_empty: &[&[&str]] = &[
+        &["BF.ADD", "users", "h"],
+        &[],
+        &["BF.MADD", "users", "h", "i"],
+    ];
+    let (pipelined, one_by_one) = (
+        start_resp(NAMESPACES, |_| {}).await,
+        start_resp(NAMESPACES, |_| {}).await,
+    );
+    let mut one_stream = TcpStream::connect(one_by_one.resp_addr.unwrap())
+        .await
+        .unwrap();
+    let mut piped_stream = TcpStream::connect(pipelined.resp_addr.unwrap())
+        .await
+        .unwrap();
+    for (commands, added_seqs) in [(valid, 1), (with_invalid, 3), (with_empty, 2)] {
+        let mut expected = Vec::new();
+        for args in commands.iter().filter(|args| !args.is_empty()) {
+            let reply = raw(&mut one_stream, &encode(args), one_reply).await;
+            expected.extend(reply);
+        }
+        let before = latest_seq(&pipelined).await;
+        let request: Vec<u8> = commands.iter().flat_map(|args| encode(args)).collect();
+        let reply = raw(&mut piped_stream, &request, |r| r.len() >= expected.len()).await;
+        assert_eq!(
+            String::from_utf8_lossy(&reply),
+            String::from_utf8_lossy(&expected),
+            "pipelined {commands:?}"
+        );
+        assert_eq!(
+            latest_seq(&pipelined).await - before,
+            added_seqs,
+            "seqs the pipelined run took: {commands:?}"
+        );
+    }
+}

@@ -90,15 +90,7 @@ pub async fn add(
     as_array: bool,
     replies: &mut Replies<'_>,
 ) -> Outcome {
-    let added = port
-        .writes
-        .add(namespace, PackedKeys::pack(keys), NewKeys::Report)
-        .await
-        .map_err(refusal)?;
-    let mut new = vec![false; keys.len()];
-    for position in added.new.unwrap_or_default() {
-        new[position as usize] = true;
-    }
+    let new = add_keys(port, namespace, keys).await.map_err(refusal)?;
     if as_array {
         replies.array(new.len());
         new.iter().for_each(|new| replies.boolean(*new));
@@ -106,6 +98,42 @@ pub async fn add(
         replies.boolean(new[0]);
     }
     Ok(())
+}
+
+/// What a pipelined run of `BF.ADD`s and `BF.MADD`s came to as one `Add`.
+pub enum AddRun {
+    /// Whether each item, in order, was new (the first of equal items only).
+    Added(Vec<bool>),
+    /// An item is invalid: nothing was added; each command must run alone.
+    Invalid,
+    /// Refused as each command alone would have been.
+    Refused(Refusal),
+}
+
+/// The items of a run of `BF.ADD`s and `BF.MADD`s (each command's, in order) added as one `Add`.
+pub async fn add_run(port: &Port, namespace: &str, commands: &[&[Bytes]]) -> AddRun {
+    let keys: Vec<Bytes> = commands
+        .iter()
+        .flat_map(|items| items.iter().cloned())
+        .collect();
+    match add_keys(port, namespace, &keys).await {
+        Err(GateError::InvalidArgument(_)) => AddRun::Invalid,
+        Err(error) => AddRun::Refused(refusal(error)),
+        Ok(new) => AddRun::Added(new),
+    }
+}
+
+/// Adds `keys` as one `Add`: whether each was new.
+async fn add_keys(port: &Port, namespace: &str, keys: &[Bytes]) -> Result<Vec<bool>, GateError> {
+    let added = port
+        .writes
+        .add(namespace, PackedKeys::pack(keys), NewKeys::Report)
+        .await?;
+    let mut new = vec![false; keys.len()];
+    for position in added.new.unwrap_or_default() {
+        new[position as usize] = true;
+    }
+    Ok(new)
 }
 
 /// `BF.INSERT namespace [CAPACITY n] [ERROR rate] [EXPANSION n] [NOCREATE] [NONSCALING] ITEMS item ...`:

@@ -109,6 +109,11 @@ pub struct Port {
 }
 
 impl Port {
+    /// Most keys one `Add` may carry: a pipelined run of `BF.ADD`s sent as one stays within it.
+    fn max_batch_keys(&self) -> usize {
+        self.gate.limits().max_batch_keys
+    }
+
     /// The port for `gate`, its writes going to `writes`, behind `access`; requests bounded by the gate's
     /// limits (a key's length, a batch's keys).
     pub fn new(

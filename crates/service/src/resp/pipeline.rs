@@ -1,12 +1,23 @@
-//! A pipeline's runs of `BF.EXISTS` of one namespace (what a pipelining client sends) answered in one pass
-//! over the filter, the batch path that prefetches — with every reply exactly as the commands run alone
-//! would have given.
+//! A pipeline's runs of commands of one namespace (what a pipelining client sends), each run as one call
+//! with every reply exactly as the commands run alone would have given: `BF.EXISTS`s answered in one pass
+//! over the filter, the batch path that prefetches; `BF.ADD`s and `BF.MADD`s as one `Add`, one seq, one
+//! log record and one writer lock for the run instead of one each.
 
 use bytes::{Bytes, BytesMut};
 
-use super::bloom;
+use super::bloom::{self, AddRun};
 use super::commands;
 use super::session::Session;
+
+/// Whether `args` is a `BF.ADD` or `BF.MADD` whose arity is right (one that is not runs alone, for its
+/// own error).
+fn is_add(args: &[Bytes]) -> bool {
+    match args {
+        [name, _, _] if name.eq_ignore_ascii_case(b"bf.add") => true,
+        [name, _, _, ..] => name.eq_ignore_ascii_case(b"bf.madd"),
+        _ => false, // an empty request (`*0`, a blank line) among them too
+    }
+}
 
 impl Session {
     /// How many commands from the front of `commands` are `BF.EXISTS` of the same namespace (0 or 1 when
@@ -51,6 +62,71 @@ impl Session {
         let mut replies = self.replies(out);
         for may_exist in answers {
             replies.boolean(may_exist);
+        }
+        true
+    }
+
+    /// How many commands from the front of `commands` are `BF.ADD`s and `BF.MADD`s of the same namespace
+    /// with at most `max_batch_keys` items between them (0 or 1 when batching does not apply).
+    pub(super) fn adds_run(&self, commands: &[Vec<Bytes>]) -> usize {
+        if !self.subscriptions.is_empty() || !commands.first().is_some_and(|args| is_add(args)) {
+            return 0;
+        }
+        let namespace = &commands[0][1];
+        let mut items = 0;
+        commands
+            .iter()
+            .take_while(|args| {
+                items += args.len().saturating_sub(2);
+                is_add(args) && args[1] == *namespace && items <= self.port.max_batch_keys()
+            })
+            .count()
+    }
+
+    /// Runs a run of `BF.ADD`s and `BF.MADD`s of one namespace as one `Add`; `false` (nothing written, nothing
+    /// added) if the gate refused it as invalid (an empty or over-long item), for the caller to run each
+    /// command alone: the commands beside that item, sent on their own, would have succeeded. Any other
+    /// refusal (the namespace, the token, unavailable) is every command's, as each alone would have met it.
+    /// An item in several commands is new (1) in the first only, as when they run one after another.
+    pub(super) async fn adds_batch(&mut self, run: &[Vec<Bytes>], out: &mut BytesMut) -> bool {
+        let (add, madd) = (
+            commands::find(b"bf.add").expect("in the table"),
+            commands::find(b"bf.madd").expect("in the table"),
+        );
+        let single = |args: &Vec<Bytes>| args[0].eq_ignore_ascii_case(b"bf.add");
+        let spec = |args: &Vec<Bytes>| if single(args) { add } else { madd };
+        let outcome = match self.admit(spec(&run[0]), &run[0]) {
+            Err(refusal) => Err(refusal),
+            Ok(namespace) => {
+                let items: Vec<&[Bytes]> = run.iter().map(|args| &args[2..]).collect();
+                match bloom::add_run(&self.port, &namespace, &items).await {
+                    AddRun::Invalid => return false,
+                    AddRun::Refused(refusal) => Err(refusal),
+                    AddRun::Added(new) => Ok(new),
+                }
+            }
+        };
+        for args in run {
+            self.port.metrics.record(spec(args), 1, outcome.is_ok());
+        }
+        let mut replies = self.replies(out);
+        match outcome {
+            Err(refusal) => run
+                .iter()
+                .for_each(|_| replies.error(refusal.kind, &refusal.message)),
+            Ok(new) => {
+                let mut new = new.into_iter();
+                for args in run {
+                    if single(args) {
+                        replies.boolean(new.next().expect("an answer per item"));
+                    } else {
+                        replies.array(args.len() - 2);
+                        new.by_ref()
+                            .take(args.len() - 2)
+                            .for_each(|new| replies.boolean(new));
+                    }
+                }
+            }
         }
         true
     }

@@ -47,13 +47,31 @@ impl RequestLimits {
         }
     }
 
-    /// The words of a refusal of `what` past its limit.
-    fn refused(&self, what: &str) -> String {
-        if self.unauthenticated {
-            format!("unauthenticated {what}")
-        } else {
-            format!("invalid {what}")
+    /// The words of a refusal of `what` past its limit, written only if a refusal is: formatting them for
+    /// every header read was 4% of the server's CPU under pipelined `BF.ADD`s (`perf`).
+    fn refused(&self, what: &'static str) -> Refused {
+        Refused {
+            unauthenticated: self.unauthenticated,
+            what,
         }
+    }
+}
+
+/// What a header past its limit is refused as: "invalid bulk length", "unauthenticated multibulk length".
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    unauthenticated: bool,
+    what: &'static str,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = if self.unauthenticated {
+            "unauthenticated"
+        } else {
+            "invalid"
+        };
+        write!(f, "{state} {}", self.what)
     }
 }
 
@@ -132,7 +150,7 @@ fn scan_array(
         Some(count) => count,
         None => {
             let what = limits.refused("multibulk length");
-            let Some((count, at)) = header(input, 0, limits.max_args, &what)? else {
+            let Some((count, at)) = header(input, 0, limits.max_args, what)? else {
                 return Ok(None);
             };
             if count == 0 {
@@ -160,7 +178,7 @@ fn scan_array(
             }
         }
         let what = limits.refused("bulk length");
-        let Some((length, body)) = header(input, at, limits.max_arg_bytes, &what)? else {
+        let Some((length, body)) = header(input, at, limits.max_arg_bytes, what)? else {
             return Ok(None);
         };
         let end = body + length;
@@ -185,7 +203,7 @@ fn header(
     input: &[u8],
     at: usize,
     limit: usize,
-    what: &str,
+    what: Refused,
 ) -> Result<Option<(usize, usize)>, ProtocolError> {
     // The longest header a limit allows: the type byte, 20 digits, CRLF.
     const LONGEST: usize = 23;

@@ -53,11 +53,23 @@ impl Session {
     pub async fn run(&mut self, commands: &[Vec<Bytes>], out: &mut BytesMut) {
         let mut at = 0;
         while at < commands.len() && !self.closing {
-            let run = self.exists_run(&commands[at..]);
+            let exists = self.exists_run(&commands[at..]);
+            let adds = if exists > 1 {
+                0
+            } else {
+                self.adds_run(&commands[at..])
+            };
+            let run = exists.max(adds);
             if run > 1 {
-                if !self.exists_batch(&commands[at..at + run], out) {
+                let batched = &commands[at..at + run];
+                let answered = if exists > 1 {
+                    self.exists_batch(batched, out)
+                } else {
+                    self.adds_batch(batched, out).await
+                };
+                if !answered {
                     // An item of the run is invalid: each command answers for itself, as unbatched.
-                    for args in &commands[at..at + run] {
+                    for args in batched {
                         self.execute(args, out).await;
                     }
                 }
