@@ -5,7 +5,8 @@
 //! sent calls only once `/readyz` says it is ready — and no acknowledged key may be answered `ABSENT`.
 //!
 //! Beside the test's own callers, each client library (Go, Python, Java: `clients/LANG/load.sh`) runs its
-//! load through HAProxy with its default settings, and is held to the same rules.
+//! load through HAProxy with its default settings, and is held to the same rules; a Redis client and
+//! `redis-benchmark` run `BF.ADD`s through HAProxy's RESP front.
 //!
 //! HAProxy is Debian's `haproxy` (2.6); the test is skipped with a note where it is not installed, and
 //! required where `EXISTENCE_GATE_REQUIRE_HAPROXY` is set (CI).
@@ -296,6 +297,57 @@ async fn resp_caller(front: SocketAddr, seen: Arc<RespSeen>, stop: Arc<AtomicBoo
     }
 }
 
+/// What `redis-benchmark` runs through HAProxy came to: runs that sent every command, and how the others
+/// ended (the last line of their output).
+#[derive(Debug, Default)]
+struct BenchmarkRuns {
+    completed: u64,
+    ended: Vec<String>,
+}
+
+/// `redis-benchmark` through HAProxy's RESP front, one short run after another until `stop`: two connections
+/// of unpipelined `BF.ADD`s of random keys. It does not reconnect: a run whose connection a draining replica
+/// closes ends there (with `TRYAGAIN` for a command that met the close, or "Server closed the connection"),
+/// and the next run connects through HAProxy to a replica that serves. `None` where it is not installed.
+async fn redis_benchmark_runs(front: SocketAddr, stop: Arc<AtomicBool>) -> Option<BenchmarkRuns> {
+    let mut runs = BenchmarkRuns::default();
+    while !stop.load(Ordering::Relaxed) {
+        let (host, port) = (front.ip().to_string(), front.port().to_string());
+        let ran = tokio::process::Command::new("redis-benchmark")
+            .args([
+                "-h",
+                &host,
+                "-p",
+                &port,
+                "-c",
+                "2",
+                "-n",
+                "200",
+                "-r",
+                "100000000",
+                "-q",
+            ])
+            .args(["BF.ADD", "users", "bench:__rand_int__"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await;
+        let Ok(output) = ran else {
+            eprintln!("note: redis-benchmark is not installed (apt-get install redis-tools)");
+            return None;
+        };
+        if output.status.success() {
+            runs.completed += 1;
+        } else {
+            // Its error is on stderr; stdout holds progress lines.
+            let text = String::from_utf8_lossy(&output.stderr);
+            let error = text.lines().rev().find(|l| !l.trim().is_empty());
+            runs.ended
+                .push(error.unwrap_or("(nothing on stderr)").trim().to_string());
+        }
+    }
+    Some(runs)
+}
+
 /// Three replicas on NATS, each reaching it through a proxy of its own (so that one can be cut off), on
 /// fixed ports a restart keeps, behind HAProxy running `deploy/haproxy.cfg`; every server `UP`.
 struct Balanced {
@@ -475,6 +527,10 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
         Arc::clone(&resp_seen),
         Arc::clone(&load.stop),
     ));
+    let benchmark = tokio::spawn(redis_benchmark_runs(
+        balanced.resp_front,
+        Arc::clone(&load.stop),
+    ));
     // Steady state first, 200 Adds of it: what each restart's Add latency is compared with.
     let (steady_from, adds_then) = (Instant::now(), load.seen.adds.load(Ordering::Relaxed));
     wait_until(PATIENCE, "a steady stretch of load", async || {
@@ -504,6 +560,7 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
     let restarts_to = unix_ms();
     let seen = load.finish().await;
     resp.await.unwrap();
+    let benchmark = benchmark.await.unwrap();
     let reports = finish_drivers(libraries).await;
     let failed = seen.failed();
     let false_absent = seen.false_absent.lock().unwrap();
@@ -519,6 +576,22 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
     );
     let resp_failed = resp_seen.failed.lock().unwrap();
     assert!(resp_failed.is_empty(), "RESP: {resp_failed:#?}");
+    if let Some(runs) = benchmark {
+        eprintln!(
+            "redis-benchmark through HAProxy: {} runs of 200 BF.ADDs completed, {} ended by a restart: {:?}",
+            runs.completed,
+            runs.ended.len(),
+            runs.ended
+        );
+        assert!(runs.completed > 0, "no redis-benchmark run completed");
+        for end in &runs.ended {
+            assert!(
+                end.contains("TRYAGAIN the server is shutting down")
+                    || end.contains("Server closed the connection"),
+                "a redis-benchmark run ended otherwise than by its replica draining: {end:?}"
+            );
+        }
+    }
     assert!(
         resp_seen.checked.load(Ordering::Relaxed) > 100,
         "the RESP caller checked too little"
