@@ -27,7 +27,14 @@
 //! (named first in the snapshots' index), or messages the consumer lost (still held) — judged, as the
 //! applier does, from the answers of servers that may be the stale one, the index proved current before a
 //! gap counts as deleted ([`gap`](super::gap)); a replica that finds a purge stops, and restarts from the
-//! newest snapshot. And
+//! newest snapshot. Wall clocks and retention too: every key is kept [`RETENTION`] after its `Add`, each
+//! NATS server stamps what it stores while it leads, each `Add` carries its writer's stamp, and one host's
+//! wall clock at a time (a server's, or a replica's, then often across a restart) steps forward or back by
+//! up to ten retentions; a replica takes an `Add`'s time as it agrees it with the leader's stamp
+//! ([`Mutation::agreed`]), reads windows by the earlier of its clock and the stream's time
+//! ([`ReadTime::agreed`]), applies the stream a stretch at a time when it catches up, and drops windows only
+//! under its lease: a key whose retention has not passed in true time must be found by every lookup under
+//! a lease, and no replica may drop it (removing any of those three rules fails seeds 26, 14 and 7475). And
 //! each process's history digest ([`history`](super::history)), fed what it applies and passes over, carried
 //! by its own and shared snapshots, its reports once a second (on its history's clock, sped up
 //! [`HISTORY_SPEEDUP`] times) on the same lossy bus, heard from members only; one that gives its history up
@@ -42,10 +49,14 @@
 //! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::core::clock::ReadTime;
+use crate::core::keys::PackedKeys;
+use crate::core::log::Mutation;
 
 use super::copy::{self, CopyCheck, MessageDigest};
 use super::history::{self, History, HistoryDigest, HistoryReport, Verdict};
@@ -64,6 +75,10 @@ const PUBLISH_TIMEOUT: u64 = 20 * MS;
 /// by the next quarter-lease report, up to 2.5 ms later, and the check fails (tried: reporting to nobody
 /// after an apply fails it in the first fault-free seed).
 const PROMPT_ACK: u64 = 2 * MS;
+/// At most this many messages reach a replica per delivery: one catching up (restarted from an older
+/// snapshot, back from a partition) applies the stream a stretch at a time, as a consumer's pull batches
+/// arrive, with its stream's time the stamp of the stretch's last message meanwhile.
+const DELIVERY: usize = 16;
 /// How often, in faulty runs, a lease renewal pauses between its steps: a renewal each quarter lease at each
 /// replica, so a few such pauses a run (more take its leases away most of the time, and the other faults
 /// with them).
@@ -81,16 +96,39 @@ const HISTORY_SPEEDUP: u64 = 100;
 /// `HISTORY_EVERY`).
 const HISTORY_EVERY: Nanos = 1_000_000_000;
 
+/// How long a namespace keeps a key after its `Add` (its `retention`), simulated: a key is checked for as
+/// long as this has not passed since its writer first published it, in true time.
+const RETENTION: Nanos = 60 * MS;
+/// After a host's wall clock is set right, how long before another host's may step. Two steps closer than a
+/// lease make two clocks wrong at once, as far as a lookup can tell (the stream's time is the stamp of the
+/// latest message applied, which may be a lease old), which is outside the fault model (docs/time.md).
+const STEP_GAP: u64 = 12 * MS;
+/// After a replica's host is set right, how much longer before another host's clock may step: an `Add`
+/// keeps the stamp its writer gave it when first published through every retry (four publishes here, 8 s
+/// in production), so a stamp taken while the writer's clock was wrong and a leader's wrong stamp within
+/// that span are two clocks wrong at once (seed 29993 without it: the writer's stamp and the leader's both
+/// far behind, the key expired at once).
+const STAMP_LIFE: u64 = 4 * PUBLISH_TIMEOUT;
+
 /// A key, named by the `Add` that added it: its writer's nonce and counter.
 type Key = (u64, u64);
+
+/// A host whose wall clock steps: a NATS server's (it stamps what it stores while it leads), or a
+/// replica's (it stamps its `Add`s and reads windows by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Host {
+    Server(usize),
+    Process(usize),
+}
 
 /// What the stream stores.
 #[derive(Debug, Clone)]
 enum Entry {
-    /// An `Add`: write `counter` of the incarnation `writer`.
+    /// An `Add`: write `counter` of the incarnation `writer`, stamped `at` on its writer's wall clock.
     Add {
         writer: u64,
         counter: u64,
+        at: Nanos,
     },
     /// A lease barrier of incarnation `nonce`, sent at `sent_at` on its clock.
     Barrier {
@@ -116,8 +154,8 @@ struct Cut {
     /// How many of the removals (deletions and purges) it has applied.
     removals: usize,
     diverges: bool,
-    /// What it stored after `held`, unacknowledged.
-    private: Vec<Entry>,
+    /// What it stored after `held`, unacknowledged, each with its own wall clock's stamp.
+    private: Vec<(Entry, Nanos)>,
 }
 
 /// A server in the quorum that serves the consumers reading from it a shorter prefix than it acknowledged:
@@ -139,7 +177,7 @@ struct Lag {
 struct Divergent {
     server: usize,
     held: usize,
-    private: Vec<Entry>,
+    private: Vec<(Entry, Nanos)>,
 }
 
 #[derive(Debug, Clone)]
@@ -220,6 +258,10 @@ enum Event {
         epoch: u64,
         sent_at: Nanos,
     },
+    /// A host's wall clock steps (one at a time, and [`STEP_GAP`] after the last was set right).
+    ClockStep,
+    /// The stepped host's wall clock is set right.
+    ClockRight(Host),
     /// The lease keeper acts on a barrier's acknowledgement that reached it (maybe a pause ago).
     BarrierAcked {
         r: usize,
@@ -251,11 +293,22 @@ struct Process {
     join_sent: Option<u64>,
     /// Its consumer loses a stretch of the next delivery.
     loses_next: bool,
-    /// The keys its filter holds: the `Add` of each, by the seq it read it at.
-    holds: BTreeMap<u64, Key>,
+    /// The keys its filter holds: the `Add` of each, by the seq it read it at, with the time it was added at
+    /// as the replica agrees it with the stream's leader ([`Mutation::agreed`]).
+    holds: BTreeMap<u64, (Key, Nanos)>,
+    /// The same keys, each with the latest time it was added at (a key read twice lives in the later window).
+    held: HashMap<Key, Nanos>,
+    /// The same, oldest first: the keys a lookup may no longer find as its windows age.
+    by_age: BTreeSet<(Nanos, Key)>,
     /// How many of the acknowledged `Add`s (in the order of their acknowledgements) it was found to hold
-    /// while under a lease: each is looked for once per incarnation, as its filter only grows.
+    /// while under a lease: each is looked for once per incarnation, and then only when its windows age
+    /// past it or it is dropped ([`Sim::check_answers`]).
     checked: usize,
+    /// How far its host's wall clock is off, in ns (0 but while stepped). A replica's steady clock reads the
+    /// wall clock only at start; this takes every step at once, which only makes it harsher.
+    wall_step: i64,
+    /// The stream's time: the stored-at stamp of the latest message it applied (0 before any).
+    stream_time: Nanos,
     /// Its writes so far.
     counter: u64,
     /// Its `Add`s published and not acknowledged yet, by counter, with how many times each was published:
@@ -314,7 +367,11 @@ fn process(id: String, slot: usize, server: usize, timing: Timing, rng: &mut Std
         join_sent: None,
         loses_next: false,
         holds: BTreeMap::new(),
+        held: HashMap::new(),
+        by_age: BTreeSet::new(),
         checked: 0,
+        wall_step: 0,
+        stream_time: 0,
         counter: 0,
         unacked: HashMap::new(),
         last_read: None,
@@ -369,6 +426,52 @@ impl Process {
         }
     }
 
+    /// Its wall clock at `real`.
+    fn wall(&self, real: u64) -> Nanos {
+        real.saturating_add_signed(self.wall_step)
+    }
+
+    /// What its windows are read at, at `real` ([`ReadTime::agreed`]): the earlier of its wall clock and the
+    /// stream's time.
+    fn windows_time(&self, real: u64) -> Nanos {
+        ReadTime::agreed(self.wall(real), self.stream_time).windows_ms
+    }
+
+    /// Whether a lookup of `key` at `real` finds it: it holds it, in a window still live then.
+    fn finds(&self, key: &Key, real: u64) -> bool {
+        self.held
+            .get(key)
+            .is_some_and(|added| added.saturating_add(RETENTION) > self.windows_time(real))
+    }
+
+    /// Adds `key`, read at `seq` and added at `added`, to what its filter holds.
+    fn hold(&mut self, seq: u64, key: Key, added: Nanos) {
+        self.holds.insert(seq, (key, added));
+        let latest = self.held.entry(key).or_insert(added);
+        *latest = (*latest).max(added);
+        self.by_age.insert((added, key));
+    }
+
+    /// Rebuilds `held` and `by_age` from `holds` (after a restart, or keys dropped).
+    fn reindex(&mut self) {
+        let holds = std::mem::take(&mut self.holds);
+        self.held.clear();
+        self.by_age.clear();
+        for (seq, (key, added)) in holds {
+            self.hold(seq, key, added);
+        }
+    }
+
+    /// The keys it holds that a lookup at `real` no longer finds: every window they are in has aged past
+    /// its retention.
+    fn aged(&self, real: u64) -> impl Iterator<Item = Key> + '_ {
+        let read_at = self.windows_time(real);
+        self.by_age
+            .range(..(read_at.saturating_sub(RETENTION).saturating_add(1), (0, 0)))
+            .map(|(_, key)| *key)
+            .filter(move |key| !self.finds(key, real))
+    }
+
     fn real(&self, local: Nanos) -> u64 {
         let since = local.saturating_sub(self.offset);
         (u128::from(since) * 1_000_000).div_ceil(u128::from(self.rate_ppm)) as u64
@@ -382,6 +485,19 @@ struct Sim {
     queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
     events: Vec<Option<Event>>,
     log: Vec<Entry>,
+    /// The stamp the quorum's leader put on each message of `log` when it stored it (its wall clock).
+    stamps: Vec<Nanos>,
+    /// How far each server's wall clock is off, in ns.
+    server_steps: [i64; SERVERS],
+    /// The host whose wall clock is stepped now, if one is.
+    stepped: Option<Host>,
+    /// No host's clock steps before this (real time): [`STEP_GAP`] after the last was set right.
+    steps_from: u64,
+    /// The keys of the acknowledged `Add`s.
+    acked_keys: HashSet<Key>,
+    /// Each `Add`'s true time (when its writer first published it) and its stamp (its writer's wall clock
+    /// then), by key.
+    added: HashMap<Key, (u64, Nanos)>,
     /// The server cut off from the quorum.
     isolated: Option<Cut>,
     /// A server in the quorum whose consumers read a shorter prefix, at times while another is cut off.
@@ -390,7 +506,7 @@ struct Sim {
     divergent: Option<Divergent>,
     /// Each shared snapshot's state, by the seq it covers: the acknowledgeable `Add`s its sharer held then
     /// (the quorum's seq of each, by the seq it read it at).
-    shared_states: BTreeMap<u64, BTreeMap<u64, Key>>,
+    shared_states: BTreeMap<u64, BTreeMap<u64, (Key, Nanos)>>,
     /// The history digest each shared snapshot carries, by the seq it covers (its sharer's there), and the
     /// first seq its state is wrong at, if it is.
     shared_digests: BTreeMap<u64, (HistoryDigest, Option<u64>)>,
@@ -474,6 +590,12 @@ impl Sim {
             divergent: None,
             shared_states: BTreeMap::new(),
             shared_digests: BTreeMap::new(),
+            stamps: Vec::new(),
+            server_steps: [0; SERVERS],
+            stepped: None,
+            steps_from: 0,
+            added: HashMap::new(),
+            acked_keys: HashSet::new(),
             reference: vec![history::EMPTY],
             quorum_history: History::start(0, Some(history::EMPTY), 0),
             wrong: false,
@@ -515,6 +637,10 @@ impl Sim {
             for _ in 0..sim.rng.random_range(1..6) {
                 let when = sim.rng.random_range(0..150 * MS);
                 sim.at(when, Event::Fault);
+            }
+            for _ in 0..sim.rng.random_range(0..6) {
+                let when = sim.rng.random_range(0..180 * MS);
+                sim.at(when, Event::ClockStep);
             }
         }
         sim
@@ -633,7 +759,11 @@ impl Sim {
                     .into_iter()
                     .for_each(|r| self.at(self.now, Event::Deliver(r)));
             }
-            Event::Restart(r) => self.restart(r, false),
+            // An operator restarts a process that stopped; two stops in a row (a graceful stop, then a
+            // crash) leave two restarts pending, and the second finds it running: it is left alone, or the
+            // lookups of the incarnation it would replace ran on in the new one (seed 18042).
+            Event::Restart(r) if !self.procs[r].alive => self.restart(r, false),
+            Event::Restart(_) => {}
             Event::CatchUp => self.catch_up(),
             Event::Exit(r) => {
                 if self.procs[r].alive {
@@ -655,6 +785,17 @@ impl Sim {
                 self.remove(seq);
             }
             Event::Share => self.share(),
+            Event::ClockStep => self.step_clock(),
+            Event::ClockRight(host) => {
+                self.note(|| format!("{host:?}'s wall clock is set right"));
+                self.set_step(host, 0);
+                self.stepped = None;
+                let stamps = match host {
+                    Host::Process(_) => STAMP_LIFE,
+                    Host::Server(_) => 0,
+                };
+                self.steps_from = self.now + STEP_GAP + stamps;
+            }
             Event::NewLookup => {
                 let r = self.rng.random_range(0..self.procs.len());
                 self.at(self.now, Event::Lookup(r));
@@ -733,7 +874,9 @@ impl Sim {
                     self.maybe_pause(r, act, "the barrier's acknowledgement", RENEWAL_PAUSES)?;
                 }
                 // The first acknowledgement of any attempt (the others' are dropped).
-                Entry::Add { writer, counter } if self.procs[r].unacked.contains_key(&counter) => {
+                Entry::Add {
+                    writer, counter, ..
+                } if self.procs[r].unacked.contains_key(&counter) => {
                     // The fallback runs from this acknowledgement, not from the first attempt's send:
                     // counted from the send, seed 3 breaks P1 (seed 0 fails first, on promptness): an
                     // `Add` whose first publish was lost stored by its retry 20 ms later and acknowledged
@@ -854,7 +997,21 @@ impl Sim {
         retries: Option<u32>,
     ) {
         let writer = self.procs[r].proto.me().nonce;
-        self.publish(r, Entry::Add { writer, counter }, local);
+        // Stamped once, on its writer's wall clock, when first published: a retry sends the same mutation.
+        let wall = self.procs[r].wall(self.now);
+        let (_, at) = *self
+            .added
+            .entry((writer, counter))
+            .or_insert((self.now, wall));
+        self.publish(
+            r,
+            Entry::Add {
+                writer,
+                counter,
+                at,
+            },
+            local,
+        );
         if let Some(left) = retries {
             let when = self.procs[r].real(local + PUBLISH_TIMEOUT);
             self.at(
@@ -870,6 +1027,7 @@ impl Sim {
     }
 
     fn tick(&mut self, r: usize, local: Nanos) -> Result<(), String> {
+        self.maintain(r, local)?;
         let p = &self.procs[r];
         let (nonce, applied, barrier_sent) =
             (p.proto.me().nonce, p.proto.applied(), p.barrier_sent);
@@ -901,6 +1059,54 @@ impl Sim {
             )?;
         }
         Ok(())
+    }
+
+    /// Replica `r`'s maintenance: under its read lease (and only then: the stream's time is the stamp of a
+    /// message at most a lease old, by the current leader), its windows past their retention at the time it
+    /// reads windows by are dropped — for good, as the filter frees them. None may hold a key a lookup must
+    /// still find.
+    fn maintain(&mut self, r: usize, local: Nanos) -> Result<(), String> {
+        let p = &mut self.procs[r];
+        if !p.proto.may_answer_absent(local) {
+            return Ok(());
+        }
+        let read_at = p.windows_time(self.now);
+        let before = p.holds.len();
+        p.holds
+            .retain(|_, (_, added)| added.saturating_add(RETENTION) > read_at);
+        if p.holds.len() == before {
+            return Ok(());
+        }
+        let kept: HashSet<Key> = p.holds.values().map(|(key, _)| *key).collect();
+        let dropped: Vec<Key> = p
+            .held
+            .keys()
+            .filter(|k| !kept.contains(k))
+            .copied()
+            .collect();
+        p.reindex();
+        self.note(|| {
+            format!(
+                "r{r} drops {} keys past their retention at {read_at}",
+                dropped.len()
+            )
+        });
+        match dropped.iter().find(|key| self.must_find(key)) {
+            Some(key) => Err(format!(
+                "retention violated: r{r} dropped the acknowledged key {key:?} at {:.3} ms, added at {:.3} ms \
+                 in true time (its windows read at {:.3} ms)",
+                self.now as f64 / MS as f64,
+                self.added[key].0 as f64 / MS as f64,
+                read_at as f64 / MS as f64
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a lookup must find `key`: its `Add` was acknowledged, and its retention has not passed in
+    /// true time since its writer first published it.
+    fn must_find(&self, key: &Key) -> bool {
+        self.acked_keys.contains(key) && self.now < self.added[key].0 + RETENTION
     }
 
     /// Runs `next`, the next step of a sequence replica `r` is in the middle of: at once, or (in faulty runs,
@@ -949,26 +1155,32 @@ impl Sim {
         before: usize,
     ) -> Result<(), String> {
         let p = &self.procs[r];
-        // The first `checked` were found held in this incarnation already, and its filter only grows.
-        if epoch != p.epoch || !leased || p.checked >= before {
+        if epoch != p.epoch || !leased {
             return Ok(());
         }
-        let held: HashSet<Key> = p.holds.values().copied().collect();
-        if let Some((_, seq, acked_at)) = self.acked[p.checked..before]
-            .iter()
-            .find(|(key, ..)| !held.contains(key))
-        {
+        if let Some((_, seq, acked_at)) = self.missing(r, &self.acked[..before]) {
             return Err(format!(
                 "P1 violated: a lookup at r{r} started after the Add at seq {seq} was acknowledged (at \
                  {:.3} ms) found the lease held, then read a filter without it at {:.3} ms (applied through \
-                 {}, {:?})",
-                *acked_at as f64 / MS as f64,
+                 {}, {:?}, windows read at {:.3} ms)",
+                acked_at as f64 / MS as f64,
                 self.now as f64 / MS as f64,
                 p.proto.applied(),
-                p.proto.standing()
+                p.proto.standing(),
+                p.windows_time(self.now) as f64 / MS as f64,
             ));
         }
         Ok(())
+    }
+
+    /// The first of the acknowledged `Add`s `acked` whose key a lookup at replica `r` must find now and
+    /// would not.
+    fn missing(&self, r: usize, acked: &[(Key, u64, u64)]) -> Option<(Key, u64, u64)> {
+        let p = &self.procs[r];
+        acked
+            .iter()
+            .find(|(key, ..)| self.must_find(key) && !p.finds(key, self.now))
+            .copied()
     }
 
     fn publish(&mut self, r: usize, entry: Entry, sent_at: Nanos) {
@@ -990,7 +1202,10 @@ impl Sim {
         let server = self.procs[r].server;
         if let Some(cut) = self.isolated.as_mut().filter(|cut| cut.server == server) {
             if cut.diverges {
-                cut.private.push(entry.clone());
+                let stamp = self
+                    .now
+                    .saturating_add_signed(self.server_steps[cut.server]);
+                cut.private.push((entry.clone(), stamp));
                 self.note(|| {
                     format!("r{r}'s publish is stored by its isolated server alone: {entry:?}")
                 });
@@ -1002,7 +1217,9 @@ impl Sim {
         }
         let is_barrier = matches!(entry, Entry::Barrier { .. });
         let id = match entry {
-            Entry::Add { writer, counter } => Some((writer, counter)),
+            Entry::Add {
+                writer, counter, ..
+            } => Some((writer, counter)),
             _ => None,
         };
         let first = id.and_then(|id| self.stored_ids.get(&id).copied());
@@ -1148,23 +1365,29 @@ impl Sim {
         }
     }
 
-    /// What `server` holds at `seq` (within what it holds), and that message's seq on the quorum
-    /// (`None`: only that server stored it).
-    fn entry_at(&self, server: usize, seq: u64) -> (&Entry, Option<u64>) {
+    /// What `server` holds at `seq` (within what it holds), the stamp it was stored with, and that
+    /// message's seq on the quorum (`None`: only that server stored it).
+    fn entry_at(&self, server: usize, seq: u64) -> (&Entry, Nanos, Option<u64>) {
         let at = seq as usize;
         if let Some(cut) = self.isolated.as_ref().filter(|cut| cut.server == server) {
             if at > cut.held {
-                return (&cut.private[at - cut.held - 1], None);
+                let (entry, stamp) = &cut.private[at - cut.held - 1];
+                return (entry, *stamp, None);
             }
         }
         let quorum = match &self.divergent {
             Some(d) if d.server == server && at > d.held + d.private.len() => at - d.private.len(),
             Some(d) if d.server == server && at > d.held => {
-                return (&d.private[at - d.held - 1], None);
+                let (entry, stamp) = &d.private[at - d.held - 1];
+                return (entry, *stamp, None);
             }
             _ => at,
         };
-        (&self.log[quorum - 1], Some(quorum as u64))
+        (
+            &self.log[quorum - 1],
+            self.stamps[quorum - 1],
+            Some(quorum as u64),
+        )
     }
 
     /// Stores `entry` on the quorum; its seq.
@@ -1179,8 +1402,63 @@ impl Sim {
             .expect("from the empty history");
         self.reference.push(digest);
         self.log.push(entry);
+        self.stamps.push(self.leader_stamp());
         self.removed.push(None);
         seq
+    }
+
+    /// What the quorum's leader stamps a message it stores now with: its wall clock. The leader is the
+    /// first server not cut off.
+    fn leader_stamp(&self) -> Nanos {
+        let cut = self.isolated.as_ref().map(|cut| cut.server);
+        let leader = (0..SERVERS).find(|s| Some(*s) != cut).expect("a quorum");
+        self.now.saturating_add_signed(self.server_steps[leader])
+    }
+
+    /// A wall clock steps: of a server, or of a replica's host, forward or back by up to ten retentions,
+    /// until it is set right a while later — one host at a time.
+    fn step_clock(&mut self) {
+        if self.stepped.is_some() || self.now < self.steps_from {
+            return;
+        }
+        let hosts = SERVERS + self.procs.len();
+        let host = match self.rng.random_range(0..hosts) {
+            s if s < SERVERS => Host::Server(s),
+            r => Host::Process(r - SERVERS),
+        };
+        let size = self.rng.random_range(MS..10 * RETENTION) as i64;
+        let step = if self.rng.random_bool(0.5) {
+            size
+        } else {
+            -size
+        };
+        self.note(|| {
+            format!(
+                "{host:?}'s wall clock steps {:.3} ms",
+                step as f64 / MS as f64
+            )
+        });
+        self.set_step(host, step);
+        self.stepped = Some(host);
+        // Half the time a replica's host steps across a restart (the process reads the stepped clock as it
+        // starts), from a snapshot of its own that may be old: it replays what leaders stamped meanwhile.
+        if let Host::Process(r) = host {
+            if self.procs[r].alive && self.rng.random_bool(0.5) {
+                self.note(|| format!("r{r} crashes"));
+                self.crash(r);
+                let when = self.now + self.rng.random_range(0..5 * MS);
+                self.at(when, Event::Restart(r));
+            }
+        }
+        let when = self.now + self.rng.random_range(MS..60 * MS);
+        self.at(when, Event::ClockRight(host));
+    }
+
+    fn set_step(&mut self, host: Host, step: i64) {
+        match host {
+            Host::Server(s) => self.server_steps[s] = step,
+            Host::Process(r) => self.procs[r].wall_step = step,
+        }
     }
 
     /// Whether `digest` through `seq` is the quorum's history through it.
@@ -1455,7 +1733,7 @@ impl Sim {
             |s: u64| self.gone(s, removals) || lost.is_some_and(|(a, b)| (a..=b).contains(&s));
         let mut seqs = Vec::new();
         let mut seq = from;
-        while seq <= held {
+        while seq <= held && seqs.len() < DELIVERY {
             if !skipped(seq) {
                 seqs.push(seq);
                 seq += 1;
@@ -1481,19 +1759,26 @@ impl Sim {
         if seqs.is_empty() && gap.is_none() {
             return Ok(());
         }
+        // A full stretch: more may follow.
+        let capped = seqs.len() == DELIVERY;
         let server = self.procs[r].server;
         let mut reads = Vec::new();
         for seq in seqs {
-            let (entry, quorum_seq) = self.entry_at(server, seq);
+            let (entry, stamp, quorum_seq) = self.entry_at(server, seq);
             let (entry, wrong) = (entry.clone(), quorum_seq != Some(seq));
             let digest = self.digest(server, seq);
             let mutation = matches!(entry, Entry::Add { .. }).then_some(digest);
             let p = &mut self.procs[r];
             p.last_read = Some((seq, digest));
             p.read.insert(seq, digest);
+            p.stream_time = stamp;
             let record = match entry {
                 Entry::Record(record) => Some(record),
-                Entry::Add { writer, counter } => {
+                Entry::Add {
+                    writer,
+                    counter,
+                    at,
+                } => {
                     let read = WriteRead {
                         seq,
                         write: WriteId { writer, counter },
@@ -1502,7 +1787,7 @@ impl Sim {
                     reads.push(read);
                     // What only a cut-off server stored is in its filter too: the same key, if the
                     // quorum stores that `Add` as well.
-                    p.holds.insert(seq, (writer, counter));
+                    p.hold(seq, (writer, counter), agreed_add(at, stamp));
                     None
                 }
                 Entry::Barrier { nonce, sent_at } => {
@@ -1532,6 +1817,10 @@ impl Sim {
         }
         self.join_if_caught_up(r, local);
         self.check_writes(r, local);
+        if capped {
+            let when = self.now + self.delay();
+            self.at(when, Event::Deliver(r));
+        }
         Ok(())
     }
 
@@ -1569,7 +1858,7 @@ impl Sim {
     /// The digest of the message `server` holds at `seq`: the quorum's seq of it, or, for a message only
     /// that server stored, a value no other message has.
     fn digest(&self, server: usize, seq: u64) -> MessageDigest {
-        match self.entry_at(server, seq).1 {
+        match self.entry_at(server, seq).2 {
             Some(quorum_seq) => quorum_seq,
             None => (1 << 63) | ((server as u64) << 40) | seq,
         }
@@ -1712,6 +2001,7 @@ impl Sim {
                 ack => {
                     let key = (write.write.writer, write.write.counter);
                     self.acked.push((key, write.seq, self.now));
+                    self.acked_keys.insert(key);
                     if ack == Ack::ByFallback {
                         self.by_fallback += 1;
                     } else if local > write.acked.at + PROMPT_ACK {
@@ -1736,9 +2026,11 @@ impl Sim {
     }
 
     /// Every moment replica `r` could answer a lookup sent after an acknowledgement: if it holds a lease now,
-    /// it must hold every acknowledged key, or a lookup of the one it lacks answers `ABSENT`. Called after
-    /// each event it handles and at each acknowledgement; between those, nothing it holds changes and its
-    /// lease only runs out, so no lookup in between can find more than these checks do. (Seed 5474 breaks
+    /// it must find every acknowledged key within its retention, or a lookup of the one it lacks answers
+    /// `ABSENT`. Called after each event it handles and at each acknowledgement; between those, nothing it
+    /// holds changes, its lease only runs out, and its windows age no faster than true time (they are read
+    /// by the earlier of its clock and the stream's), so no lookup in between finds less than a check at the
+    /// next event, which sees any window aged past a key still within its retention. (Seed 5474 breaks
     /// P1 if the fallback leaves out the drift, `lease` instead of `lease × (1 + ρ)`: the writer's wait
     /// ends just before a reader's lease does.)
     fn check_answers(&mut self, r: usize) -> Result<(), String> {
@@ -1751,21 +2043,22 @@ impl Sim {
             return Ok(());
         }
         self.leased_lookups += 1;
-        if p.checked == self.acked.len() {
-            return Ok(());
-        }
-        let held: HashSet<Key> = p.holds.values().copied().collect();
-        for (key, seq, acked_at) in &self.acked[p.checked..] {
-            if !held.contains(key) {
-                return Err(format!(
-                    "P1 violated: r{r} answers ABSENT at {:.3} ms for the Add at seq {seq}, acknowledged at \
-                     {:.3} ms (applied through {}, {:?})",
-                    self.now as f64 / MS as f64,
-                    *acked_at as f64 / MS as f64,
-                    p.proto.applied(),
-                    p.proto.standing()
-                ));
-            }
+        // Each key acknowledged since it last looked, then each it found before whose windows have aged since
+        // (those dropped are checked as they are, `maintain`).
+        let aged = || {
+            let key = p.aged(self.now).find(|key| self.must_find(key))?;
+            self.acked.iter().find(|(k, ..)| *k == key).copied()
+        };
+        if let Some((_, seq, acked_at)) = self.missing(r, &self.acked[p.checked..]).or_else(aged) {
+            return Err(format!(
+                "P1 violated: r{r} answers ABSENT at {:.3} ms for the Add at seq {seq}, acknowledged at \
+                 {:.3} ms (applied through {}, {:?}, windows read at {:.3} ms)",
+                self.now as f64 / MS as f64,
+                acked_at as f64 / MS as f64,
+                p.proto.applied(),
+                p.proto.standing(),
+                p.windows_time(self.now) as f64 / MS as f64,
+            ));
         }
         self.procs[r].checked = self.acked.len();
         Ok(())
@@ -1984,7 +2277,7 @@ impl Sim {
         let shared = self.quorum_index().1.unwrap_or(0);
         let covered = own.max(shared);
         // Its own snapshot holds what it held; a shared one, what its sharer held.
-        let holds: BTreeMap<u64, Key> = if own >= shared {
+        let holds: BTreeMap<u64, (Key, Nanos)> = if own >= shared {
             p.holds
                 .range(..=covered)
                 .map(|(at, key)| (*at, *key))
@@ -2023,7 +2316,9 @@ impl Sim {
         let local = p.local(self.now);
         p.proto.start_after(covered, members, local);
         p.holds = holds;
+        p.reindex();
         p.checked = 0;
+        p.stream_time = 0;
         p.history = History::start(covered, Some(digest), p.history_now(local));
         p.digests.retain(|seq, _| *seq < covered && own >= shared);
         p.digests.insert(covered, digest);
@@ -2046,6 +2341,22 @@ impl Sim {
         self.note(|| format!("r{r} restarts as {nonce:x} from seq {covered}"));
         self.at(self.now, Event::Tick(r));
         self.at(self.now, Event::Deliver(r));
+    }
+}
+
+/// The time an `Add` stamped `at` by its writer and `stored` by the stream's leader is added at, as every
+/// replica agrees it ([`Mutation::agreed`], whose rule this runs: the later of the two). Its times are the
+/// simulation's nanoseconds where production's are milliseconds; the rule only compares them.
+fn agreed_add(at: Nanos, stored: Nanos) -> Nanos {
+    let add = Mutation::Add {
+        namespace: "sim".into(),
+        seq: 0,
+        at_ms: at,
+        keys: PackedKeys::pack(&[]),
+    };
+    match add.agreed(stored) {
+        Mutation::Add { at_ms, .. } => at_ms,
+        _ => unreachable!("an Add stays an Add"),
     }
 }
 
