@@ -479,6 +479,31 @@ async fn drivers(addresses: &str) -> Vec<LoadDriver> {
     started
 }
 
+/// Prints what each library lost to `event` (the failures stamped between `from` and `to`), and fails
+/// unless each lost at most `bound` calls (`why` that bound).
+fn assert_lost_at_most(
+    libraries: &[DriverReport],
+    event: &str,
+    (from, to): (u64, u64),
+    bound: usize,
+    why: &str,
+) {
+    for library in libraries {
+        let lost = library.between(from, to);
+        eprintln!(
+            "{event}: the {} library lost {} calls",
+            library.lang,
+            lost.len()
+        );
+        assert!(
+            lost.len() <= bound,
+            "{event}: the {} library lost {} calls, more than {bound} ({why}): {lost:#?}",
+            library.lang,
+            lost.len()
+        );
+    }
+}
+
 /// Stops the drivers; what each saw, printed.
 async fn finish_drivers(drivers: Vec<LoadDriver>) -> Vec<DriverReport> {
     let mut reports = Vec::new();
@@ -683,21 +708,8 @@ async fn losing_a_replica_behind_haproxy_fails_only_the_calls_it_held() {
         // A library's four callers, each with the default 500 ms deadline, lose at most the calls they
         // had in flight on the replica and those HAProxy sent it until it took it out: a call a deadline.
         let bound = LIBRARY_CALLERS * (out_after.as_millis() as usize / 500 + 2);
-        for library in &libraries {
-            let lost = library.between(from, to);
-            eprintln!(
-                "{event}: the {} library lost {} calls",
-                library.lang,
-                lost.len()
-            );
-            assert!(
-                lost.len() <= bound,
-                "{event}: the {} library lost {} calls, more than {bound} (its callers' in flight and sent \
-                 until HAProxy took the replica out after {out_after:?}): {lost:#?}",
-                library.lang,
-                lost.len()
-            );
-        }
+        let why = format!("its callers' in flight and sent until HAProxy took the replica out after {out_after:?}");
+        assert_lost_at_most(&libraries, event, (from, to), bound, &why);
     }
     for library in &libraries {
         assert_eq!(library.false_absent, 0, "{library:#?}");
@@ -768,21 +780,8 @@ async fn the_libraries_balancing_by_themselves_ride_out_restarts_pauses_and_kill
     ));
     let libraries = finish_drivers(libraries).await;
     for (event, from, to, bound) in events {
-        for library in &libraries {
-            let lost = library.between(from, to);
-            eprintln!(
-                "{event}: the {} library lost {} calls",
-                library.lang,
-                lost.len()
-            );
-            assert!(
-                lost.len() <= bound,
-                "{event}: the {} library, balancing over {addresses:?} itself, lost {} calls (at most {bound}): \
-                 {lost:#?}",
-                library.lang,
-                lost.len()
-            );
-        }
+        let why = format!("balancing over {addresses:?} itself");
+        assert_lost_at_most(&libraries, &event, (from, to), bound, &why);
     }
     for library in &libraries {
         assert_eq!(library.false_absent, 0, "{library:#?}");
