@@ -9,11 +9,23 @@
 //!
 //! The lease is measured on an injected [`MonotonicClock`], never the wall clock: a replica's wall clock
 //! may step, and the safety argument needs only that clocks on different machines run at the same *rate*.
+//!
+//! It also bounds the `observed_seq` a replica's answers carry ([`ReadLease::observed_seq`]). A client
+//! sends that seq back with `RecordAbsent`, and the tombstone is refused (`SUPERSEDED`) if the key was added
+//! after it — a rule that holds only if the seq is no later, in the shared log's numbering, than what the
+//! replica had really applied. A replica reading a copy of the log that went its own way (a cut-off server
+//! that stored messages no quorum took, then goes on with the quorum's that many seqs later) counts ahead of
+//! the shared log until it notices; an `observed_seq` from that count let a tombstone stand over an `Add`
+//! stored after the client's lookup, at a seq below the inflated one, and every replica answered `ABSENT`
+//! for the acknowledged key (the replication simulation's seed 174 without the bound). So answers claim no
+//! more than the seq of the replica's newest barrier read where the shared log stored it — its copy is the
+//! log's through there.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::clock::MonotonicClock;
+use crate::log::GENESIS_SEQ;
 
 /// Until when this replica may answer `ABSENT`: the end the replication protocol last granted, read by every
 /// lookup (one atomic load), and whether lookups have asked since the replica last looked, so it renews the
@@ -25,6 +37,9 @@ pub struct ReadLease {
     until_ns: AtomicU64,
     /// Whether ever granted.
     ever: AtomicBool,
+    /// The seq through which the copy of the log this replica applied is known to be the shared log's (0:
+    /// not known).
+    vouched_seq: AtomicU64,
     /// Set by lookups, taken by the replica's lease keeper.
     asked: AtomicBool,
     /// Called when a lookup finds the lease not held and it was not already asked for: wakes the keeper, so
@@ -48,6 +63,7 @@ impl ReadLease {
             clock,
             until_ns: AtomicU64::new(0),
             ever: AtomicBool::new(false),
+            vouched_seq: AtomicU64::new(0),
             asked: AtomicBool::new(false),
             wake: OnceLock::new(),
         }
@@ -90,6 +106,18 @@ impl ReadLease {
         self.until_ns.store(until, Ordering::Release);
     }
 
+    /// Sets the seq through which the copy of the log applied is known to be the shared log's (0: not known,
+    /// or no longer: a copy found to have diverged).
+    pub fn set_vouched_seq(&self, seq: u64) {
+        self.vouched_seq.store(seq, Ordering::Release);
+    }
+
+    /// The `observed_seq` an answer carries when its namespace's latest applied seq is `latest`: no later
+    /// than the vouched seq ([`observable_seq`]).
+    pub fn observed_seq(&self, latest: u64) -> u64 {
+        observable_seq(latest, self.vouched_seq.load(Ordering::Acquire))
+    }
+
     /// Whether lookups asked since the last call.
     pub fn take_asked(&self) -> bool {
         self.asked.swap(false, Ordering::Relaxed)
@@ -99,6 +127,16 @@ impl ReadLease {
     pub fn ever_held(&self) -> bool {
         self.ever.load(Ordering::Acquire)
     }
+}
+
+/// The `observed_seq` a replica may claim for a namespace whose latest applied seq is `latest`, its copy of
+/// the log being the shared log's through `vouched`: the earlier of the two, and never 0 (which in a request
+/// means "not observed" and skips the `SUPERSEDED` check). An earlier seq only makes more tombstones
+/// `SUPERSEDED` — a key added between the two, then reported absent, is not recorded: a lost tombstone,
+/// never a wrong one. A replica holding its lease read a barrier less than a lease ago, so its answers
+/// claim at most a lease less than they could.
+pub fn observable_seq(latest: u64, vouched: u64) -> u64 {
+    latest.min(vouched).max(GENESIS_SEQ)
 }
 
 #[cfg(test)]

@@ -261,6 +261,18 @@ impl Replica {
         .await
     }
 
+    /// [`leased_lookup`](Self::leased_lookup) once its answer claims to have observed `seq`: a replica's
+    /// `observed_seq` is no later than its newest barrier read where the stream stored it, and it renews
+    /// its lease (a new barrier) while lookups ask, so this waits about a quarter lease past applying `seq`.
+    pub async fn lookup_observing(&self, namespace: &str, key: &[u8], seq: u64) -> (Answer, Basis) {
+        let what = format!("replica {} to answer having observed seq {seq}", self.id);
+        wait_until(PATIENCE, &what, async || {
+            let (answer, basis, observed) = self.lookup(namespace, key).await;
+            (basis != Basis::Warming && observed >= seq).then_some((answer, basis))
+        })
+        .await
+    }
+
     /// How many of `keys` answer `MAY_EXIST` in `namespace` (one `BatchMayExist`), and whether the replica
     /// said so failing open (`warming`).
     pub async fn passing(&self, namespace: &str, keys: &[String]) -> (usize, bool) {

@@ -337,7 +337,7 @@ impl Gate {
     pub fn may_exist(&self, namespace: &str, key: &[u8]) -> Result<(Lookup, u64), GateError> {
         let entry = self.entry(namespace)?;
         self.check_key(key, None)?;
-        let observed_seq = entry.namespace.latest_seq();
+        let observed_seq = self.observed_seq(&entry.namespace);
         if !self.is_ready() {
             entry.warming_answers.increment(1);
             return Ok((Lookup::WARMING, observed_seq));
@@ -353,9 +353,18 @@ impl Gate {
         Ok((lookup, observed_seq))
     }
 
-    /// `namespace`'s latest applied seq: what a lookup now would report as its `observed_seq`.
+    /// What a lookup now would report as its `observed_seq`: `namespace`'s latest applied seq, for a
+    /// replica no later than the seq its copy of the log is vouched for through
+    /// ([`ReadLease::observed_seq`]).
     pub fn current_seq(&self, namespace: &str) -> Result<u64, GateError> {
-        Ok(self.entry(namespace)?.namespace.latest_seq())
+        Ok(self.observed_seq(&self.entry(namespace)?.namespace))
+    }
+
+    fn observed_seq(&self, namespace: &Namespace) -> u64 {
+        let latest = namespace.latest_seq();
+        self.lease
+            .as_ref()
+            .map_or(latest, |lease| lease.observed_seq(latest))
     }
 
     /// Answers for `keys` in order into `answers`; returns the seq they reflect.
@@ -367,7 +376,7 @@ impl Gate {
     ) -> Result<u64, GateError> {
         let entry = self.entry(namespace)?;
         self.check_keys(keys.iter().map(AsRef::as_ref))?;
-        let observed_seq = entry.namespace.latest_seq();
+        let observed_seq = self.observed_seq(&entry.namespace);
         if !self.is_ready() {
             entry.warming_answers.increment(keys.len() as u64);
             answers.clear();

@@ -130,7 +130,7 @@ impl Gate {
 mod tests {
     use std::sync::Arc;
 
-    use crate::clock::{ManualClock, MonotonicClock};
+    use crate::clock::{Clock, ManualClock, MonotonicClock};
     use crate::config::GateConfig;
     use crate::gate::Gate;
     use crate::hashing::KeyHasher;
@@ -168,5 +168,48 @@ mod tests {
             ),
             "without the lease the tombstone is published"
         );
+    }
+
+    /// A replica's answers claim no `observed_seq` past the seq its copy of the stream is vouched for
+    /// through (a copy that diverged counts ahead of the stream; a tombstone observed at such a seq would
+    /// stand over an `Add` stored below it), and never 0; a gate with no lease claims its latest seq.
+    #[test]
+    fn answers_claim_no_observed_seq_past_the_vouched_copy() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let lease = Arc::new(ReadLease::new(clock.clone()));
+        let config = GateConfig::from_toml("[namespaces.users]\nexpected_keys = 1000\n").unwrap();
+        let gate = Gate::new(&config, KeyHasher::from_seed([1; 32]), clock.clone())
+            .with_read_lease(Arc::clone(&lease));
+        gate.open_published();
+        let add = gate.prepare_add("users", vec!["k".into()]).unwrap();
+        gate.apply_streamed(add.with_seq(10), clock.now_ms())
+            .unwrap();
+        lease.set_until(clock.now_ns() + 1_000_000_000);
+        let claimed = |gate: &Gate| {
+            let (_, one) = gate.may_exist("users", b"k").unwrap();
+            let mut answers = Vec::new();
+            let batch = gate
+                .batch_may_exist("users", &[b"k"], &mut answers)
+                .unwrap();
+            let current = gate.current_seq("users").unwrap();
+            assert!(one == batch && batch == current, "{one} {batch} {current}");
+            one
+        };
+        assert_eq!(
+            claimed(&gate),
+            1,
+            "nothing vouched for: the genesis seq, not 0"
+        );
+        lease.set_vouched_seq(4);
+        assert_eq!(claimed(&gate), 4);
+        lease.set_vouched_seq(12);
+        assert_eq!(claimed(&gate), 10, "no more than it applied");
+        let single = Gate::new(&config, KeyHasher::from_seed([1; 32]), clock.clone());
+        single.open_published();
+        let add = single.prepare_add("users", vec!["k".into()]).unwrap();
+        single
+            .apply_streamed(add.with_seq(10), clock.now_ms())
+            .unwrap();
+        assert_eq!(claimed(&single), 10, "no lease: its latest seq");
     }
 }

@@ -286,7 +286,7 @@ impl Replica {
             protocol.read_write(read.seq, write);
         }
         protocol.apply(read.seq, read.member.as_ref(), self.lease.now());
-        self.lease.set_until(protocol.lease_until());
+        self.hand_lease(&protocol);
         drop(protocol);
         *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = Some((read.seq, read.digest));
         self.history_applied(read.seq, mutation_digest);
@@ -332,7 +332,7 @@ impl Replica {
     pub(super) fn settle(&self) {
         let mut protocol = self.protocol();
         protocol.settle(self.lease.now());
-        self.lease.set_until(protocol.lease_until());
+        self.hand_lease(&protocol);
         drop(protocol);
         if self.lease.holds_at(self.lease.now()) {
             self.gate.lease_granted();

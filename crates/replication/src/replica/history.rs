@@ -89,7 +89,7 @@ impl Replica {
             return;
         }
         protocol.history_differs(seq);
-        self.lease.set_until(protocol.lease_until());
+        self.hand_lease(&protocol);
         drop(protocol);
         let reason = self.history_reason(&differing);
         tracing::error!(%reason, "this replica gives up its history");

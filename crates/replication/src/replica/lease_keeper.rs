@@ -95,7 +95,7 @@ impl Replica {
                     // Its join read anywhere else than `seq` is a divergence, which ends the lease at once.
                     let mut protocol = self.protocol();
                     protocol.join_acked(seq);
-                    self.lease.set_until(protocol.lease_until());
+                    self.hand_lease(&protocol);
                 }
                 // Applied by the applier like any message; until then the join is retried each tick only if
                 // it is still not a member, which a second stored join of the same nonce does not change.
@@ -115,7 +115,7 @@ impl Replica {
         let record = {
             let mut protocol = self.protocol();
             let record = protocol.leave();
-            self.lease.set_until(protocol.lease_until());
+            self.hand_lease(&protocol);
             record
         };
         if let Some(record) = record {

@@ -516,6 +516,17 @@ impl Replicas for Replica {
     }
 }
 
+impl Replica {
+    /// Hands lookups what `protocol` grants now: the lease's end, and the seq through which its copy of the
+    /// stream is vouched for ([`Protocol::checked_through`]), which bounds the `observed_seq` answers claim
+    /// ([`ReadLease::observed_seq`]).
+    fn hand_lease(&self, protocol: &Protocol) {
+        self.lease
+            .set_vouched_seq(protocol.checked_through().unwrap_or(0));
+        self.lease.set_until(protocol.lease_until());
+    }
+}
+
 fn unavailable(error: StreamError) -> GateError {
     GateError::Unavailable(format!("NATS: {error}"))
 }

@@ -190,7 +190,7 @@ impl Replica {
     fn acknowledged(&self, seq: u64, write: WriteId) {
         let mut protocol = self.protocol();
         protocol.write_acked(seq, write);
-        self.lease.set_until(protocol.lease_until());
+        self.hand_lease(&protocol);
     }
 
     /// Publishes `mutation` without waiting for any replica to apply it: for a step of a larger write whose
