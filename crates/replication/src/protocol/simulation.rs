@@ -43,7 +43,10 @@
 //! gives its history up; and at the end, after a quiet spell in which every live member hears every other's
 //! report at the latest seq both applied, one whose history differs from every other's it is compared with
 //! has given it up. (A report carrying the digest of the seq before the one it names fails seed 0: a
-//! replica in a run without faults gives its history up.)
+//! replica in a run without faults gives its history up.) And tombstones ([`absences`]): clients that look a
+//! key up, read the source, and record its absence while the key's `Add` races them — no tombstone may
+//! answer `ABSENT` for an acknowledged key or outlive its TTL. Processes started mid-run are at times given a
+//! longer read lease than the deployment's, and refused at start as `agree_timing` refuses them.
 //!
 //! `cargo test` runs `EXISTENCE_GATE_SIM_SEEDS` seeds (10,000 by default) over two threads;
 //! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
@@ -61,6 +64,9 @@ use crate::core::log::Mutation;
 use super::copy::{self, CopyCheck, MessageDigest};
 use super::history::{self, History, HistoryDigest, HistoryReport, Verdict};
 use super::*;
+use absences::{Carried, Tombstones};
+
+mod absences;
 
 const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
@@ -142,6 +148,21 @@ enum Entry {
     Index {
         oldest: Option<u64>,
     },
+    /// A `RecordAbsent` of `key` by a client that observed seq `observed`, stamped `at` on its writer's
+    /// wall clock, `stored` by the stream at that true time.
+    Absent {
+        key: Key,
+        observed: u64,
+        at: Nanos,
+        stored: u64,
+    },
+}
+
+impl Entry {
+    /// Whether it changes a namespace's state (what a purge below a snapshot removes with the barriers).
+    fn is_mutation(&self) -> bool {
+        matches!(self, Entry::Add { .. } | Entry::Absent { .. })
+    }
 }
 
 /// A server cut off from the quorum, serving what it held then — and, if it `diverges`, what is published
@@ -269,6 +290,19 @@ enum Event {
         sent_at: Nanos,
         seq: u64,
     },
+    /// Client `n` looks a key up, and may go on to record its absence ([`absences`]).
+    AbsenceLookup(u64),
+    /// The client reads the source for `key`, having looked it up at `observed`.
+    SourceRead {
+        key: Key,
+        observed: u64,
+    },
+    /// The client's `RecordAbsent` reaches replica `r`.
+    RecordAbsent {
+        r: usize,
+        key: Key,
+        observed: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -336,6 +370,10 @@ struct Process {
     /// The first seq at which what its state holds is not what the quorum stored there: another message
     /// read, or an `Add` passed over (its snapshots' state included).
     wrong_from: Option<u64>,
+    /// Its tombstones and its memory of recent adds.
+    tombstones: Tombstones,
+    /// The read lease and drift it was started with (the deployment's, unless refused at start).
+    timing: Timing,
 }
 
 /// A process in slot `slot` of the simulation, running as replica `id`, reading `server`'s copy, with a
@@ -383,6 +421,8 @@ fn process(id: String, slot: usize, server: usize, timing: Timing, rng: &mut Std
         history_from: 0,
         history_sent: 0,
         wrong_from: None,
+        tombstones: Tombstones::default(),
+        timing,
     };
     p.offset = rng.random_range(0..1_000 * MS);
     p.history = History::start(0, Some(history::EMPTY), p.history_now(p.local(0)));
@@ -510,6 +550,8 @@ struct Sim {
     /// The history digest each shared snapshot carries, by the seq it covers (its sharer's there), and the
     /// first seq its state is wrong at, if it is.
     shared_digests: BTreeMap<u64, (HistoryDigest, Option<u64>)>,
+    /// What each shared snapshot carries of its sharer's tombstones and memory of recent adds.
+    shared_tombstones: BTreeMap<u64, Carried>,
     /// The quorum's history: what a replica that applied the quorum's messages digests to through each seq
     /// (index: the seq; 0, the empty history). A history that differs from it at a seq applied something
     /// else than the quorum stored, or missed something.
@@ -544,6 +586,11 @@ struct Sim {
     /// Moments a replica could have been asked about an acknowledged key, and those under a lease.
     lookups: u64,
     leased_lookups: u64,
+    /// Tombstones published, `RecordAbsent`s found `SUPERSEDED` (by the replica asked, or as applied), and
+    /// tombstones found answering `ABSENT` under a lease.
+    recorded: u64,
+    superseded: u64,
+    tombstone_answers: u64,
     trace: Option<Vec<String>>,
 }
 
@@ -558,6 +605,24 @@ struct Outcome {
     wrong: u64,
     /// Histories given up.
     gave_up: u64,
+    /// Tombstones published, `RecordAbsent`s found `SUPERSEDED`, tombstones found answering under a lease.
+    recorded: u64,
+    superseded: u64,
+    tombstone_answers: u64,
+}
+
+impl Outcome {
+    fn absorb(&mut self, other: Outcome) {
+        self.acked += other.acked;
+        self.by_fallback += other.by_fallback;
+        self.lookups += other.lookups;
+        self.leased += other.leased;
+        self.wrong += other.wrong;
+        self.gave_up += other.gave_up;
+        self.recorded += other.recorded;
+        self.superseded += other.superseded;
+        self.tombstone_answers += other.tombstone_answers;
+    }
 }
 
 impl Sim {
@@ -590,6 +655,7 @@ impl Sim {
             divergent: None,
             shared_states: BTreeMap::new(),
             shared_digests: BTreeMap::new(),
+            shared_tombstones: BTreeMap::new(),
             stamps: Vec::new(),
             server_steps: [0; SERVERS],
             stepped: None,
@@ -613,6 +679,9 @@ impl Sim {
             duplicate_window: 0,
             lookups: 0,
             leased_lookups: 0,
+            recorded: 0,
+            superseded: 0,
+            tombstone_answers: 0,
             trace: traced.then(Vec::new),
         };
         // Half the faulty runs with a window short enough for a retry to be stored twice.
@@ -632,6 +701,10 @@ impl Sim {
         for _ in 0..40 {
             let when = sim.rng.random_range(0..RUN_FOR);
             sim.at(when, Event::NewLookup);
+        }
+        for client in 0..absences::CLIENTS as u64 {
+            let when = sim.rng.random_range(15 * MS..RUN_FOR);
+            sim.at(when, Event::AbsenceLookup(client));
         }
         if faults {
             for _ in 0..sim.rng.random_range(1..6) {
@@ -691,6 +764,9 @@ impl Sim {
             leased: self.leased_lookups,
             wrong: u64::from(self.wrong),
             gave_up: self.gave_up,
+            recorded: self.recorded,
+            superseded: self.superseded,
+            tombstone_answers: self.tombstone_answers,
         })
     }
 
@@ -800,13 +876,13 @@ impl Sim {
                 let r = self.rng.random_range(0..self.procs.len());
                 self.at(self.now, Event::Lookup(r));
             }
+            Event::AbsenceLookup(client) => self.absence_lookup(client),
+            Event::SourceRead { key, observed } => self.source_read(key, observed),
             Event::Purge(below) => {
                 self.note(|| format!("the stream is purged at and below seq {below}"));
                 for seq in 1..=below {
-                    if matches!(
-                        self.log[seq as usize - 1],
-                        Entry::Add { .. } | Entry::Barrier { .. } | Entry::Junk
-                    ) {
+                    let entry = &self.log[seq as usize - 1];
+                    if entry.is_mutation() || matches!(entry, Entry::Barrier { .. } | Entry::Junk) {
                         self.remove(seq);
                     }
                 }
@@ -827,7 +903,8 @@ impl Sim {
                     | Event::Acked { r, .. }
                     | Event::LookupRead { r, .. }
                     | Event::PublishBarrier { r, .. }
-                    | Event::BarrierAcked { r, .. } => *r,
+                    | Event::BarrierAcked { r, .. }
+                    | Event::RecordAbsent { r, .. } => *r,
                     Event::Lookup(r) => *r,
                     Event::Report { to, .. } => *to,
                     _ => unreachable!("handled above"),
@@ -848,7 +925,7 @@ impl Sim {
             Event::Deliver(_) => self.deliver(r, local)?,
             Event::Tick(_) => {
                 self.tick(r, local)?;
-                let next = self.procs[r].real(local + self.timing.lease / 4);
+                let next = self.procs[r].real(local + self.procs[r].timing.lease / 4);
                 self.at(next, Event::Tick(r));
             }
             Event::Acked {
@@ -900,7 +977,11 @@ impl Sim {
                 {
                     self.procs[r].proto.join_acked(seq);
                 }
-                Entry::Add { .. } | Entry::Record(_) | Entry::Junk | Entry::Index { .. } => {}
+                Entry::Add { .. }
+                | Entry::Record(_)
+                | Entry::Junk
+                | Entry::Index { .. }
+                | Entry::Absent { .. } => {}
             },
             Event::Acked { .. } => {}
             Event::Report {
@@ -981,6 +1062,9 @@ impl Sim {
                 *attempts += 1;
                 self.note(|| format!("r{r} publishes its Add {counter} again"));
                 self.publish_add(r, (epoch, counter), local, left.checked_sub(1));
+            }
+            Event::RecordAbsent { key, observed, .. } => {
+                self.record_absent(r, (key, observed), local)?
             }
             _ => unreachable!("not a replica's event"),
         }
@@ -1198,7 +1282,10 @@ impl Sim {
     }
 
     /// A publish reaches the replica's server: stored only if that server is with the quorum.
-    fn store(&mut self, r: usize, epoch: u64, entry: Entry, sent_at: Nanos) {
+    fn store(&mut self, r: usize, epoch: u64, mut entry: Entry, sent_at: Nanos) {
+        if let Entry::Absent { stored, .. } = &mut entry {
+            *stored = self.now;
+        }
         let server = self.procs[r].server;
         if let Some(cut) = self.isolated.as_mut().filter(|cut| cut.server == server) {
             if cut.diverges {
@@ -1394,7 +1481,7 @@ impl Sim {
     fn append(&mut self, entry: Entry) -> u64 {
         let seq = self.log.len() as u64 + 1;
         // An `Add`'s message digest is its quorum seq (see [`digest`](Self::digest)).
-        let mutation = matches!(entry, Entry::Add { .. }).then_some(seq);
+        let mutation = entry.is_mutation().then_some(seq);
         self.quorum_history.applied(seq, mutation);
         let digest = self
             .quorum_history
@@ -1683,6 +1770,8 @@ impl Sim {
         let digest = p.digest_through(covered);
         let wrong = p.wrong_from.filter(|seq| *seq <= covered);
         self.shared_states.insert(covered, state.collect());
+        self.shared_tombstones
+            .insert(covered, p.tombstones.through(covered));
         self.shared_digests.insert(covered, (digest, wrong));
         let seq = self.append(Entry::Index {
             oldest: Some(covered),
@@ -1767,7 +1856,7 @@ impl Sim {
             let (entry, stamp, quorum_seq) = self.entry_at(server, seq);
             let (entry, wrong) = (entry.clone(), quorum_seq != Some(seq));
             let digest = self.digest(server, seq);
-            let mutation = matches!(entry, Entry::Add { .. }).then_some(digest);
+            let mutation = entry.is_mutation().then_some(digest);
             let p = &mut self.procs[r];
             p.last_read = Some((seq, digest));
             p.read.insert(seq, digest);
@@ -1788,6 +1877,19 @@ impl Sim {
                     // What only a cut-off server stored is in its filter too: the same key, if the
                     // quorum stores that `Add` as well.
                     p.hold(seq, (writer, counter), agreed_add(at, stamp));
+                    p.tombstones.added(seq, (writer, counter));
+                    None
+                }
+                Entry::Absent {
+                    key,
+                    observed,
+                    at,
+                    stored,
+                } => {
+                    let expires = absences::agreed_expiry(at, stamp);
+                    if !p.tombstones.absent(seq, (key, observed), expires, stored) {
+                        self.superseded += 1;
+                    }
                     None
                 }
                 Entry::Barrier { nonce, sent_at } => {
@@ -1898,8 +2000,11 @@ impl Sim {
             gap::Gap::Deleted => {
                 // Passing over an `Add` the quorum stored loses its key: that state is not the quorum's.
                 let from = self.procs[r].proto.applied() + 1;
-                let wrong = (from..=last)
-                    .any(|seq| matches!(self.log.get(seq as usize - 1), Some(Entry::Add { .. })));
+                let wrong = (from..=last).any(|seq| {
+                    self.log
+                        .get(seq as usize - 1)
+                        .is_some_and(Entry::is_mutation)
+                });
                 let p = &mut self.procs[r];
                 p.proto.pass_over(last);
                 p.proto.settle(local);
@@ -2043,6 +2148,8 @@ impl Sim {
             return Ok(());
         }
         self.leased_lookups += 1;
+        self.check_tombstones(r)?;
+        let p = &self.procs[r];
         // Each key acknowledged since it last looked, then each it found before whose windows have aged since
         // (those dropped are checked as they are, `maintain`).
         let aged = || {
@@ -2236,7 +2343,28 @@ impl Sim {
             format!("r{slot}")
         };
         let server = self.rng.random_range(0..SERVERS);
-        let mut p = process(id.clone(), slot, server, self.timing, &mut self.rng);
+        // At times its operator gives it a longer read lease than the deployment's. As `agree_timing` does,
+        // it reads the timing the stream records (its first replica's) and is refused at start: a writer
+        // waits out other replicas' leases by its own, so a replica with a longer one would answer `ABSENT`
+        // after its fallback. (Started anyway, seed 130 breaks P1: r3, on a
+        // 40 ms lease, answers `ABSENT` 9 ms after an `Add` the writer acknowledged by its 11 ms fallback.)
+        let timing = if self.rng.random_bool(0.2) {
+            Timing {
+                lease: 4 * self.timing.lease,
+                ..self.timing
+            }
+        } else {
+            self.timing
+        };
+        if timing != self.timing {
+            self.note(|| {
+                format!(
+                    "replica {id} is refused at start: its read lease differs from the stream's"
+                )
+            });
+            return;
+        }
+        let mut p = process(id.clone(), slot, server, timing, &mut self.rng);
         p.alive = false;
         self.procs.push(p);
         self.note(|| format!("r{slot} starts as replica {id} on server {server}"));
@@ -2297,6 +2425,11 @@ impl Sim {
         } else {
             self.shared_digests[&shared]
         };
+        let tombstones = if own >= shared {
+            p.tombstones.through(covered)
+        } else {
+            self.shared_tombstones[&shared].clone()
+        };
         let mut members = Membership::default();
         for (index, entry) in self.log.iter().enumerate().take(covered as usize) {
             if let Entry::Record(record) = entry {
@@ -2311,12 +2444,13 @@ impl Sim {
                 id: p.id.clone(),
                 nonce,
             },
-            self.timing,
+            p.timing,
         );
         let local = p.local(self.now);
         p.proto.start_after(covered, members, local);
         p.holds = holds;
         p.reindex();
+        p.tombstones = Tombstones::restore(tombstones);
         p.checked = 0;
         p.stream_time = 0;
         p.history = History::start(covered, Some(digest), p.history_now(local));
@@ -2390,12 +2524,7 @@ fn run_seeds(first: u64, seeds: u64) -> Result<Outcome, String> {
                         let outcome = run_seed(seed, false).0.map_err(|e| {
                             format!("seed {seed}: {e}\nreplay: EXISTENCE_GATE_SIM_SEED={seed} cargo test -p existence-gate-replication simulation")
                         })?;
-                        total.acked += outcome.acked;
-                        total.by_fallback += outcome.by_fallback;
-                        total.lookups += outcome.lookups;
-                        total.leased += outcome.leased;
-                        total.wrong += outcome.wrong;
-                        total.gave_up += outcome.gave_up;
+                        total.absorb(outcome);
                     }
                     Ok(total)
                 })
@@ -2409,13 +2538,7 @@ fn run_seeds(first: u64, seeds: u64) -> Result<Outcome, String> {
     outcomes
         .into_iter()
         .try_fold(Outcome::default(), |mut total, outcome| {
-            let outcome = outcome?;
-            total.acked += outcome.acked;
-            total.by_fallback += outcome.by_fallback;
-            total.lookups += outcome.lookups;
-            total.leased += outcome.leased;
-            total.wrong += outcome.wrong;
-            total.gave_up += outcome.gave_up;
+            total.absorb(outcome?);
             Ok(total)
         })
 }
@@ -2434,8 +2557,17 @@ fn no_seed_breaks_the_safety_rule_and_runs_without_faults_stay_fast() {
     let total = run_seeds(first, seeds).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "{seeds} seeds: {} Adds acknowledged ({} by the fallback), {} lookups ({} under a lease), {} runs \
-         with a replica's state other than the quorum's, {} histories given up",
-        total.acked, total.by_fallback, total.lookups, total.leased, total.wrong, total.gave_up
+         with a replica's state other than the quorum's, {} histories given up; {} tombstones published, {} \
+         RecordAbsents SUPERSEDED, {} tombstones answering under a lease",
+        total.acked,
+        total.by_fallback,
+        total.lookups,
+        total.leased,
+        total.wrong,
+        total.gave_up,
+        total.recorded,
+        total.superseded,
+        total.tombstone_answers
     );
     assert!(
         total.acked > seeds * 10,
@@ -2444,6 +2576,10 @@ fn no_seed_breaks_the_safety_rule_and_runs_without_faults_stay_fast() {
     assert!(
         total.leased > total.lookups / 2,
         "the runs answer under leases: {total:?}"
+    );
+    assert!(
+        total.recorded > seeds && total.superseded > seeds / 10 && total.tombstone_answers > seeds,
+        "the runs record absences, some of them racing an Add, and their tombstones answer: {total:?}"
     );
 }
 
