@@ -36,4 +36,10 @@ pub trait Writes: Send + Sync + std::fmt::Debug {
     /// Waits, at most `bound`, until this gate has applied `seq` (a seq a client saw elsewhere); whether it
     /// has. A gate that is its own log never lags one, and answers at once.
     fn reach(&self, seq: u64, bound: Duration) -> Pending<'_, bool>;
+
+    /// Waits, at most `bound`, until everything this gate has applied is known to be the log's, so that the
+    /// seqs its answers claim ([`ReadLease::observed_seq`](crate::lease::ReadLease::observed_seq)) reach what
+    /// it applied; whether it is. A replica asks for a barrier and waits to read it where the stream stored
+    /// it; a gate that is its own log answers at once.
+    fn vouch(&self, bound: Duration) -> Pending<'_, bool>;
 }

@@ -95,6 +95,21 @@ impl GateService {
         self.finish(rpc, started, result)
     }
 
+    /// `namespace`'s seq for `CurrentSeq` (a feed's fence): once what this gate applied is known to be
+    /// the log's ([`Writes::vouch`]) — a replica's answers otherwise claim the seq of its newest barrier,
+    /// and a fence that old would make a delete of a key added since `SUPERSEDED`. If that takes longer than
+    /// [`VOUCH_WAIT`], the older seq: it only loses such a tombstone.
+    async fn vouched_current_seq(
+        &self,
+        namespace: &str,
+    ) -> Result<proto::CurrentSeqResponse, Status> {
+        // An unknown namespace is refused before any wait.
+        self.gate.current_seq(namespace).map_err(status)?;
+        self.writes.vouch(VOUCH_WAIT).await;
+        let seq = self.gate.current_seq(namespace).map_err(status)?;
+        Ok(proto::CurrentSeqResponse { seq })
+    }
+
     /// Records the call's metrics and wraps its reply.
     fn finish<T>(
         &self,
@@ -130,6 +145,10 @@ fn resolved<Q>(
 /// and shed refusal queued behind it (the runtime has one per core); below this size the hand-off (a few
 /// µs) would cost more than it saves.
 const BLOCKING_BATCH_BYTES: usize = 32 * 1024;
+
+/// How long `CurrentSeq` waits for a replica's barrier to vouch for what it applied: a few barriers' round
+/// trips.
+const VOUCH_WAIT: Duration = Duration::from_secs(2);
 
 /// Runs `work` on the blocking pool, keeping a request thread free while it runs.
 async fn on_blocking_pool<T: Send + 'static>(
@@ -394,11 +413,11 @@ impl ExistenceGate for GateService {
                 self.access
                     .admit(&request, Role::Read, scope())
                     .map_err(|_| refused)
-            })
-            .and_then(|()| {
-                let seq = self.gate.current_seq(namespace).map_err(status)?;
-                Ok(proto::CurrentSeqResponse { seq })
             });
+        let result = match result {
+            Ok(()) => self.vouched_current_seq(namespace).await,
+            Err(refused) => Err(refused),
+        };
         self.finish(Rpc::CurrentSeq, started, result)
     }
 

@@ -88,6 +88,7 @@
 pub mod copy;
 pub mod gap;
 pub mod history;
+pub mod index;
 pub mod membership;
 #[cfg(test)]
 mod simulation;

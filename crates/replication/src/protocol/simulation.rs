@@ -46,7 +46,8 @@
 //! replica in a run without faults gives its history up.) And tombstones ([`absences`]): clients that look a
 //! key up, read the source, and record its absence while the key's `Add` races them — no tombstone may
 //! answer `ABSENT` for an acknowledged key or outlive its TTL. Processes started mid-run are at times given a
-//! longer read lease than the deployment's, and refused at start as `agree_timing` refuses them.
+//! longer read lease than the deployment's, and refused at start as `agree_timing` refuses them; and junk
+//! lands on the snapshots' index subject too, which every start must pass over ([`index`](super::index)).
 //!
 //! `cargo test` runs `EXISTENCE_GATE_SIM_SEEDS` seeds (10,000 by default) over two threads;
 //! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
@@ -63,6 +64,7 @@ use crate::core::log::Mutation;
 
 use super::copy::{self, CopyCheck, MessageDigest};
 use super::history::{self, History, HistoryDigest, HistoryReport, Verdict};
+use super::index::{covered_seqs, valid_index};
 use super::*;
 use absences::{Carried, Tombstones};
 
@@ -147,6 +149,11 @@ enum Entry {
     /// A version of the snapshots' index: the oldest seq a shared snapshot covers (`None`: none).
     Index {
         oldest: Option<u64>,
+    },
+    /// Eight bytes no replica wrote on the index's subject, in a stream whose records are not sealed (an
+    /// older format): only [`valid_index`] tells them from a version.
+    IndexJunk {
+        payload: [u8; 8],
     },
     /// A `RecordAbsent` of `key` by a client that observed seq `observed`, stamped `at` on its writer's
     /// wall clock, `stored` by the stream at that true time.
@@ -583,6 +590,8 @@ struct Sim {
     /// The stream's duplicate window: in production two minutes, longer than any retry; at times shorter
     /// here, so that a retry is stored a second time.
     duplicate_window: u64,
+    /// A start the run made fail (a shared snapshot named that no bucket holds): the run's failure.
+    failed_start: Option<String>,
     /// Moments a replica could have been asked about an acknowledged key, and those under a lease.
     lookups: u64,
     leased_lookups: u64,
@@ -677,6 +686,7 @@ impl Sim {
             slow_acks: 0,
             stored_ids: HashMap::new(),
             duplicate_window: 0,
+            failed_start: None,
             lookups: 0,
             leased_lookups: 0,
             recorded: 0,
@@ -815,6 +825,9 @@ impl Sim {
     fn step(&mut self, event: Event) -> Result<(), String> {
         let acked = self.acked.len();
         let handler = self.handle(event)?;
+        if let Some(failure) = self.failed_start.take() {
+            return Err(failure);
+        }
         if self.acked.len() > acked {
             (0..self.procs.len()).try_for_each(|r| self.check_answers(r))
         } else {
@@ -981,6 +994,7 @@ impl Sim {
                 | Entry::Record(_)
                 | Entry::Junk
                 | Entry::Index { .. }
+                | Entry::IndexJunk { .. }
                 | Entry::Absent { .. } => {}
             },
             Event::Acked { .. } => {}
@@ -1730,26 +1744,22 @@ impl Sim {
     /// snapshot that version names.
     fn index(&self, server: usize) -> (u64, Option<u64>) {
         let held = self.view(server).0 as u64;
-        (1..=held)
-            .rev()
-            .find_map(|seq| match self.entry_at(server, seq).0 {
-                Entry::Index { oldest } => Some((seq, *oldest)),
-                _ => None,
-            })
-            .unwrap_or((0, None))
+        read_index(
+            (1..=held)
+                .rev()
+                .map(|seq| (seq, self.entry_at(server, seq).0)),
+        )
     }
 
     /// The index as the quorum holds it.
     fn quorum_index(&self) -> (u64, Option<u64>) {
-        self.log
-            .iter()
-            .enumerate()
-            .rev()
-            .find_map(|(i, entry)| match entry {
-                Entry::Index { oldest } => Some((i as u64 + 1, *oldest)),
-                _ => None,
-            })
-            .unwrap_or((0, None))
+        read_index(
+            self.log
+                .iter()
+                .enumerate()
+                .rev()
+                .map(|(i, entry)| (i as u64 + 1, entry)),
+        )
     }
 
     /// A replica shares a snapshot of its own state, newer than the index names, as far as one of its
@@ -1898,7 +1908,7 @@ impl Sim {
                     }
                     None
                 }
-                Entry::Junk | Entry::Index { .. } => None,
+                Entry::Junk | Entry::Index { .. } | Entry::IndexJunk { .. } => None,
             };
             p.proto.apply(seq, record.as_ref(), local);
             p.history.applied(seq, mutation);
@@ -2258,9 +2268,18 @@ impl Sim {
                 }
             }
             10 => {
-                self.note(|| format!("junk is published through r{r}'s server"));
+                // On a mutation's subject, or on the snapshots' index's (eight random bytes: a list of one
+                // seq, almost always far past the stream's end, which once stopped every start).
+                let junk = if self.rng.random_bool(0.5) {
+                    Entry::Junk
+                } else {
+                    Entry::IndexJunk {
+                        payload: self.rng.random(),
+                    }
+                };
+                self.note(|| format!("junk is published through r{r}'s server: {junk:?}"));
                 let local = self.procs[r].local(self.now);
-                self.publish(r, Entry::Junk, local);
+                self.publish(r, junk, local);
             }
             0 => {
                 let d = self.rng.random_range(MS..60 * MS);
@@ -2403,6 +2422,13 @@ impl Sim {
             self.rng.random_range(0..=p.proto.applied())
         };
         let shared = self.quorum_index().1.unwrap_or(0);
+        if shared > 0 && !self.shared_states.contains_key(&shared) {
+            self.failed_start = Some(format!(
+                "r{r} cannot start: the snapshots' index names a snapshot covering seq {shared}, which no \
+                 bucket holds"
+            ));
+            return;
+        }
         let covered = own.max(shared);
         // Its own snapshot holds what it held; a shared one, what its sharer held.
         let holds: BTreeMap<u64, (Key, Nanos)> = if own >= shared {
@@ -2492,6 +2518,27 @@ fn agreed_add(at: Nanos, stored: Nanos) -> Nanos {
         Mutation::Add { at_ms, .. } => at_ms,
         _ => unreachable!("an Add stays an Add"),
     }
+}
+
+/// The index as a reader finds it among `entries` (seq and message on the stream, newest first): the seq
+/// of the last message on its subject, and what the newest version [`valid_index`] accepts names — as
+/// `MutationStream::record` reads it, passing junk over in favour of the version before. (Without the rule
+/// that a version names only seqs below its own, seed 10 fails: eight bytes of junk name a snapshot no
+/// bucket holds, and a restart cannot start.)
+fn read_index<'a>(mut entries: impl Iterator<Item = (u64, &'a Entry)>) -> (u64, Option<u64>) {
+    let mut last = None;
+    let newest = entries.find_map(|(seq, entry)| {
+        let names = match entry {
+            Entry::Index { oldest } => Some(*oldest),
+            Entry::IndexJunk { payload } => {
+                valid_index(seq, payload).then(|| covered_seqs(payload).first().copied())
+            }
+            _ => return None,
+        };
+        last.get_or_insert(seq);
+        names
+    });
+    (last.unwrap_or(0), newest.flatten())
 }
 
 /// How long each run lasts, simulated.
