@@ -21,9 +21,9 @@
 //! - the `observed_seq` a replica's answer claims is no later than its copy of the stream is vouched for
 //!   ([`observable_seq`]): a replica reading a diverged copy counts ahead of the stream.
 //!
-//! Removing a rule fails a seed within the default run: `REDUNDANT` without the lease, seed 118; the
+//! Removing a rule fails a seed within the default run: `REDUNDANT` without the lease, seed 538; the
 //! `SUPERSEDED` check as a tombstone is applied, seed 6; an `Add` that leaves the key's tombstone, seed 6;
-//! snapshots without the memory of recent adds, seed 3142; tombstones read by the earlier clock, seed 206;
+//! snapshots without the memory of recent adds, seed 3142; tombstones read by the earlier clock, seed 150;
 //! the TTL from the later stamp, seed 38; `observed_seq` from the applied seq alone, seed 174 (a replica
 //! reading a diverged copy tells a client a seq ahead of the stream; the key's `Add` is stored below it,
 //! and the client's tombstone, stored after, stands on every replica over the acknowledged key).
