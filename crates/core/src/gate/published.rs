@@ -138,17 +138,26 @@ mod tests {
     use crate::namespace::{Absence, AbsenceReport, RecordOutcome};
     use crate::tombstones::AbsenceKind;
 
+    /// A gate of a stream's replica, open for writes, namespace `users`; answering under a read lease
+    /// (not yet held) if `leased`.
+    fn replica(leased: bool) -> (Arc<ManualClock>, Arc<ReadLease>, Gate) {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let lease = Arc::new(ReadLease::new(clock.clone()));
+        let config = GateConfig::from_toml("[namespaces.users]\nexpected_keys = 1000\n").unwrap();
+        let mut gate = Gate::new(&config, KeyHasher::from_seed([1; 32]), clock.clone());
+        if leased {
+            gate = gate.with_read_lease(Arc::clone(&lease));
+        }
+        gate.open_published();
+        (clock, lease, gate)
+    }
+
     /// `REDUNDANT` tells the caller the gate already answers `ABSENT` for the key: a replica without its read
     /// lease may lack an `Add` acknowledged through another one, so it publishes the tombstone instead (its
     /// outcome decided in stream order), and says `REDUNDANT` only while the lease holds.
     #[test]
     fn only_a_replica_holding_its_lease_answers_redundant() {
-        let clock = Arc::new(ManualClock::new(1_000_000));
-        let lease = Arc::new(ReadLease::new(clock.clone()));
-        let config = GateConfig::from_toml("[namespaces.users]\nexpected_keys = 1000\n").unwrap();
-        let gate = Gate::new(&config, KeyHasher::from_seed([1; 32]), clock.clone())
-            .with_read_lease(Arc::clone(&lease));
-        gate.open_published();
+        let (clock, lease, gate) = replica(true);
         let report = || AbsenceReport {
             key: "never-added".into(),
             kind: AbsenceKind::Missing,
@@ -175,12 +184,7 @@ mod tests {
     /// stand over an `Add` stored below it), and never 0; a gate with no lease claims its latest seq.
     #[test]
     fn answers_claim_no_observed_seq_past_the_vouched_copy() {
-        let clock = Arc::new(ManualClock::new(1_000_000));
-        let lease = Arc::new(ReadLease::new(clock.clone()));
-        let config = GateConfig::from_toml("[namespaces.users]\nexpected_keys = 1000\n").unwrap();
-        let gate = Gate::new(&config, KeyHasher::from_seed([1; 32]), clock.clone())
-            .with_read_lease(Arc::clone(&lease));
-        gate.open_published();
+        let (clock, lease, gate) = replica(true);
         let add = gate.prepare_add("users", vec!["k".into()]).unwrap();
         gate.apply_streamed(add.with_seq(10), clock.now_ms())
             .unwrap();
@@ -204,8 +208,7 @@ mod tests {
         assert_eq!(claimed(&gate), 4);
         lease.set_vouched_seq(12);
         assert_eq!(claimed(&gate), 10, "no more than it applied");
-        let single = Gate::new(&config, KeyHasher::from_seed([1; 32]), clock.clone());
-        single.open_published();
+        let (clock, _, single) = replica(false);
         let add = single.prepare_add("users", vec!["k".into()]).unwrap();
         single
             .apply_streamed(add.with_seq(10), clock.now_ms())
