@@ -15,6 +15,7 @@
 //! - [`recent_adds`] and [`rate_limit`]: the guards on recording absences (stale races, floods).
 //! - [`invalidations`]: the bounded replay buffer that tells subscribers when cached absences became wrong.
 //! - [`lease`]: the read lease under which a replica of a shared log may answer `ABSENT`.
+//! - [`sublease`]: the rules under which a client's mirror of a filter may answer `ABSENT` without a call.
 //! - [`log`]: the ordered mutations the core applies, and the `Log` seam a durable log plugs into.
 //! - [`answer`]: what a look-up answers (`Lookup`, `Answer`, `Basis`) and what a namespace reports.
 //! - [`config`]: the configuration file's schema, defaults and limits.
@@ -38,5 +39,6 @@ pub mod prefetch;
 pub mod rate_limit;
 pub mod recent_adds;
 pub mod replicas;
+pub mod sublease;
 pub mod tombstones;
 pub mod writes;

@@ -1,0 +1,206 @@
+//! Sub-leases: the rules under which a **mirror** — a client library's in-process copy of a namespace's
+//! filter, fed the gate's mutations in seq order — may answer `ABSENT` without asking the gate, and why it
+//! then never answers it for an acknowledged key (P1).
+//!
+//! A mirror is attached to one gate process G: a single server, or one replica. G is where its mutations come
+//! from and what it answers to. Four rules, each checked by the simulation below (which fails when any one is
+//! taken out):
+//!
+//! 1. **Grants.** A mirror asks G for a sub-lease, noting on its own monotonic clock when it asked. G grants
+//!    one only while it may answer `ABSENT` itself (a replica: under its read lease), for
+//!    `min(SUBLEASE, own lease's end − now)` on G's clock, so no sub-lease outlives G's own lease; it records
+//!    the grant's end on its clock (the *server end*), and the grant carries G's applied seq (`from_seq`).
+//! 2. **The mirror's end.** The mirror holds the sub-lease from the moment it has applied `from_seq` until
+//!    `asked + length × (1 − ρ) − margin` on its own clock. It asked before G granted (the request
+//!    travelled), so the travel counts against the mirror; and a mirror clock up to ρ faster than G's still
+//!    reaches that end, in true time, no later than G reaches the server end. So a mirror never holds a
+//!    sub-lease that G counts as over.
+//! 3. **Acknowledgements.** G counts an `Add` at seq N as applied — before it acknowledges the write, and (a
+//!    replica) before it reports N applied to writers — only once every mirror whose server end is still
+//!    ahead has acknowledged N (it applied N), or that end has passed. A mirror that is slow, paused or cut
+//!    off delays acknowledgements by at most one sub-lease.
+//! 4. **Lookups.** A mirror checks its sub-lease, then reads its filter; only `ABSENT` needs the sub-lease.
+//! 5. **Restarts.** G forgets its mirrors when it restarts, while a mirror may still hold a sub-lease it
+//!    granted before; so a G that has just started counts nothing as applied until one sub-lease (with the
+//!    drift and margin) has passed on its clock since it started.
+//!
+//! Why that is P1: let an `Add` at seq N be acknowledged at true time T, and a mirror lookup start at t ≥ T
+//! under a sub-lease granted at G-time g. If G granted it after T, G had applied N by then (a single server
+//! applies before it acknowledges; a replica holding a lease after T has applied N, which is the replicas'
+//! own P1), so `from_seq ≥ N` and the mirror, holding, has applied N. If G granted it before T and its server
+//! end had not passed by T, rule 3 made G wait for this mirror's acknowledgement of N. If its server end had
+//! passed by T, rule 2 ended the mirror's hold before T.
+//!
+//! The sub-lease's cost is rule 3: one round trip from G to its slowest mirror on every acknowledgement, and
+//! up to a sub-lease on a mirror that stops answering.
+
+use std::collections::HashMap;
+
+/// Nanoseconds on a monotonic clock.
+pub type Nanos = u64;
+
+/// The durations of sub-leases: set by G, sent to each mirror with its grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    /// The longest sub-lease G grants.
+    pub length: Nanos,
+    /// ρ, in parts per million: how much faster one process's monotonic clock may run than another's.
+    pub drift_ppm: u64,
+    /// Taken off every mirror's end for clock granularity.
+    pub margin: Nanos,
+}
+
+/// A sub-lease G granted: its length on G's clock, and the seq G had applied when it granted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub length: Nanos,
+    pub from_seq: u64,
+}
+
+/// A mirror's standing at G.
+#[derive(Debug, Clone, Copy, Default)]
+struct Attached {
+    /// The end of its latest grant, on G's clock (0: none).
+    server_end: Nanos,
+    /// The highest seq it acknowledged having applied.
+    acked: u64,
+}
+
+/// G's side: the mirrors attached to it, their grants and acknowledgements.
+#[derive(Debug)]
+pub struct Mirrors {
+    terms: Terms,
+    attached: HashMap<u64, Attached>,
+    /// Until then (G's clock) no seq counts as applied: sub-leases an earlier incarnation granted may hold.
+    quiet_until: Nanos,
+}
+
+/// Whether G may count a seq as applied at a moment ([`Mirrors::applied`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Every mirror holding a live sub-lease has applied it.
+    Yes,
+    /// Not before this moment on G's clock (the earliest server end among the mirrors still behind), or an
+    /// acknowledgement from them.
+    Wait(Nanos),
+}
+
+impl Terms {
+    /// `length × (1 + ρ) + margin`: how long after G granted a sub-lease no mirror can hold it any more.
+    pub fn outlasted(&self) -> Nanos {
+        let stretch = u128::from(self.length) * u128::from(self.drift_ppm) / 1_000_000;
+        self.length
+            .saturating_add(u64::try_from(stretch).unwrap_or(u64::MAX))
+            .saturating_add(self.margin)
+    }
+}
+
+impl Mirrors {
+    /// The mirrors of a G that started at `started` on its clock (rule 5).
+    pub fn new(terms: Terms, started: Nanos) -> Self {
+        Self {
+            terms,
+            attached: HashMap::new(),
+            quiet_until: started.saturating_add(terms.outlasted()),
+        }
+    }
+
+    /// Mirror `id` asks for a sub-lease at `now` on G's clock; G has applied through `applied` and may itself
+    /// answer `ABSENT` until `own_end` (`None`: it may not now; `Some(u64::MAX)`: a single server, always).
+    /// Rule 1.
+    pub fn grant(
+        &mut self,
+        id: u64,
+        now: Nanos,
+        own_end: Option<Nanos>,
+        applied: u64,
+    ) -> Option<Grant> {
+        let own_end = own_end.filter(|end| *end > now)?;
+        let length = self.terms.length.min(own_end - now);
+        let mirror = self.attached.entry(id).or_default();
+        mirror.server_end = mirror.server_end.max(now + length);
+        Some(Grant {
+            length,
+            from_seq: applied,
+        })
+    }
+
+    /// Mirror `id` has applied through `seq`.
+    pub fn acked(&mut self, id: u64, seq: u64) {
+        if let Some(mirror) = self.attached.get_mut(&id) {
+            mirror.acked = mirror.acked.max(seq);
+        }
+    }
+
+    /// Mirror `id` is gone (its stream ended): it is still waited for until its server end, since nothing
+    /// tells G it stopped answering.
+    pub fn detached(&mut self, id: u64, now: Nanos) {
+        if self
+            .attached
+            .get(&id)
+            .is_some_and(|mirror| mirror.server_end <= now)
+        {
+            self.attached.remove(&id);
+        }
+    }
+
+    /// Whether G may count `seq` as applied at `now` (rules 3 and 5).
+    pub fn applied(&self, seq: u64, now: Nanos) -> Counted {
+        if now < self.quiet_until {
+            return Counted::Wait(self.quiet_until);
+        }
+        let mut until = None::<Nanos>;
+        for mirror in self.attached.values() {
+            if mirror.server_end > now && mirror.acked < seq {
+                until = Some(until.map_or(mirror.server_end, |u| u.min(mirror.server_end)));
+            }
+        }
+        until.map_or(Counted::Yes, Counted::Wait)
+    }
+}
+
+/// The mirror's side: its sub-lease as it holds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Sublease {
+    terms: Terms,
+    /// The end on the mirror's clock of the newest grant (0: none).
+    end: Nanos,
+    /// The seq it must have applied before the newest grant holds.
+    from_seq: u64,
+}
+
+impl Sublease {
+    pub fn new(terms: Terms) -> Self {
+        Self {
+            terms,
+            end: 0,
+            from_seq: 0,
+        }
+    }
+
+    /// G granted `grant` to the request the mirror sent at `asked` on its clock (rule 2). A grant shorter
+    /// than what it already holds (answering a request sent earlier) changes nothing.
+    pub fn granted(&mut self, asked: Nanos, grant: Grant) {
+        let shrunk = u128::from(grant.length)
+            * u128::from(1_000_000 - self.terms.drift_ppm.min(1_000_000))
+            / 1_000_000;
+        let end = (asked + shrunk as u64).saturating_sub(self.terms.margin);
+        if end > self.end {
+            self.end = end;
+            self.from_seq = self.from_seq.max(grant.from_seq);
+        }
+    }
+
+    /// Whether the mirror may answer `ABSENT` at `now` on its clock, having applied through `applied`.
+    pub fn holds(&self, now: Nanos, applied: u64) -> bool {
+        now < self.end && applied >= self.from_seq
+    }
+
+    /// Gives the sub-lease up (a gap in the mutations, a resync): no `ABSENT` until the next grant.
+    pub fn drop_lease(&mut self) {
+        self.end = 0;
+    }
+}
+
+#[cfg(test)]
+mod simulation;
