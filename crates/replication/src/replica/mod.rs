@@ -186,6 +186,11 @@ pub struct Replica {
     adds: add_queue::AddQueue,
     /// This replica, for the tasks that publish its `Add`s.
     this: Weak<Replica>,
+    /// The runtime it was made on (the process's main one), where those tasks run: a write can arrive on a
+    /// RESP worker's own runtime, which ends with that worker's last connection at a drain, and would take
+    /// with it the publish of other callers' `Add`s it had started (they were answered "the replica stopped
+    /// before the write was acknowledged" in a rolling restart).
+    runtime: Option<tokio::runtime::Handle>,
     peers: Peers,
     /// Message ids: this process's prefix (its id and nonce, see [`message_id_prefix`]), then a counter.
     id_prefix: String,
@@ -284,6 +289,7 @@ impl Replica {
             waiting: Mutex::new(HashMap::new()),
             adds: add_queue::AddQueue::new(gauge!("existence_replica_adds_waiting")),
             this: Weak::clone(this),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             peers: Peers::default(),
             next_id: AtomicU64::new(0),
             stopped: Mutex::new(None),

@@ -323,7 +323,9 @@ impl Drop for Slot {
             return;
         };
         // With the runtime gone (shutting down), dropping the batch tells its callers.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let runtime =
+            (self.0.runtime.clone()).or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
             runtime.spawn(Arc::clone(&self.0).publish_batch(next));
         }
     }
