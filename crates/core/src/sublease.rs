@@ -28,8 +28,10 @@
 //! under a sub-lease granted at G-time g. If G granted it after T, G had applied N by then (a single server
 //! applies before it acknowledges; a replica holding a lease after T has applied N, which is the replicas'
 //! own P1), so `from_seq ≥ N` and the mirror, holding, has applied N. If G granted it before T and its server
-//! end had not passed by T, rule 3 made G wait for this mirror's acknowledgement of N. If its server end had
-//! passed by T, rule 2 ended the mirror's hold before T.
+//! end had not passed by T, rule 3 made G wait for this mirror's acknowledgement of N — unless (a replica G)
+//! the writer acknowledged N by the replicas' fallback without G's report: then every lease G held before N
+//! was over by T, and with it (rule 1) every sub-lease it granted. If its server end had passed by T, rule 2
+//! ended the mirror's hold before T.
 //!
 //! The sub-lease's cost is rule 3: one round trip from G to its slowest mirror on every acknowledgement, and
 //! up to a sub-lease on a mirror that stops answering.

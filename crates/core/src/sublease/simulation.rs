@@ -1,18 +1,23 @@
-//! A deterministic simulation of sub-leases: one gate G, mirrors attached to it by a stream of mutations
-//! (and acknowledgements back) that delivers in order, with grants asked and answered as calls of their own,
-//! in no order with the stream. Messages are delayed (at times far beyond a sub-lease); links go silent and
-//! heal (what they carry waits, then arrives); mirrors pause; streams break — G sees it at once, the mirror
-//! only later, answering on its sub-lease meanwhile — and mirrors reconnect with a fresh copy on a new
-//! attachment; G restarts under them knowing none; monotonic clocks run at rates up to ρ apart. Writers
-//! `Add` at random, and G acknowledges an `Add` as [`Mirrors::applied`] allows. Every mirror lookup is
-//! checked: one that finds its sub-lease held must find every `Add` acknowledged before it started.
+//! A deterministic simulation of sub-leases: one gate G — a replica, reading a stream that other replicas'
+//! writers store `Add`s in, holding a read lease of its own that it renews while it can read the stream —
+//! and mirrors attached to it by a stream of mutations (and acknowledgements back) that delivers in order,
+//! with grants asked and answered as calls of their own, in no order with the stream. A writer acknowledges
+//! an `Add` once G reports it applied ([`Mirrors::applied`]) or after the replicas' fallback (G's lease
+//! × (1 + ρ) + margin), as the replication protocol does. Messages are delayed (at times far beyond a
+//! sub-lease); links go silent and heal; mirrors pause; G is cut off from the stream (it reads nothing and
+//! its lease lapses, while writers acknowledge by the fallback); streams break — G sees it at once, the
+//! mirror only later, answering on its sub-lease meanwhile — and mirrors reconnect with a fresh copy on a
+//! new attachment; G restarts under them knowing none; monotonic clocks run at rates up to ρ apart. Every
+//! mirror lookup is checked: one that finds its sub-lease held must find every `Add` acknowledged before it
+//! started.
 //!
 //! One seed is one run; `EXISTENCE_GATE_SUBLEASE_SEEDS` runs more (2,000 by default, about 2 s),
 //! `EXISTENCE_GATE_SUBLEASE_SEED=N` replays one with its trace. Removing a rule fails a seed within 10,000:
-//! the mirror's end counted from the grant's arrival instead of its request, seed 0; without the drift
-//! (`× (1 − ρ)`), seed 119; `from_seq` not waited for, seed 2; acknowledgements that do not wait for
-//! mirrors, seed 0; an attachment forgotten when G sees its stream end, seed 6; no quiet sub-lease after G
-//! starts, seed 0. (Rule 1's cap at G's own lease is for a replica G, which this single G does not model.)
+//! a sub-lease not capped at G's own lease, seed 1 (the writer's fallback, which waits for no mirror, ends
+//! before a mirror's sub-lease); the mirror's end counted from the grant's arrival instead of its request,
+//! seed 0; without the drift (`× (1 − ρ)`), seed 459; `from_seq` not waited for, seed 0; acknowledgements
+//! that do not wait for mirrors, seed 0; an attachment forgotten when G sees its stream end, seed 2; no quiet
+//! sub-lease after G starts, seed 0.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -25,11 +30,21 @@ use super::*;
 const US: u64 = 1_000;
 const MS: u64 = 1_000_000;
 const RUN_FOR: u64 = 300 * MS;
+/// G's own read lease (a replica's), shorter than a sub-lease so that rule 1's cap binds.
+const G_LEASE: Nanos = 6 * MS;
 
 #[derive(Debug, Clone)]
 enum Event {
-    /// A writer's `Add` reaches G.
+    /// A writer's `Add` is stored in the stream (through another replica).
     Add,
+    /// G reads what the stream stored since it last read (nothing while it is cut off).
+    Read,
+    /// The writer's fallback for the `Add` at `seq` is over: it acknowledges it whatever G reported.
+    Fallback { seq: u64 },
+    /// G's lease keeper sends a barrier, read back at once unless G is cut off from the stream.
+    Barrier,
+    /// G is cut off from the stream (and the writers' reports) until then.
+    CutOff { until: u64 },
     /// G looks at its unacknowledged `Add`s again.
     Check,
     /// Mirror `m` (attachment `id`) receives the mutation at `seq`.
@@ -92,6 +107,12 @@ struct Sim {
     terms: Terms,
     g_rate_ppm: u64,
     mirrors_at_g: Mirrors,
+    /// The seqs the stream stored, by when (true time): what G reads in order.
+    stored: u64,
+    /// G is cut off from the stream until then: it reads nothing, renews nothing.
+    g_cut_until: u64,
+    /// The end of G's own read lease, on its clock.
+    g_lease_end: Nanos,
     applied: u64,
     /// `Add`s applied and not acknowledged yet.
     pending: BTreeSet<u64>,
@@ -142,6 +163,9 @@ impl Sim {
             terms,
             g_rate_ppm,
             mirrors_at_g: Mirrors::new(terms, 0),
+            stored: 0,
+            g_cut_until: 0,
+            g_lease_end: 0,
             applied: 0,
             pending: BTreeSet::new(),
             acked: Vec::new(),
@@ -155,6 +179,7 @@ impl Sim {
         for m in 0..count {
             sim.at(0, Event::Renew { m });
         }
+        sim.at(0, Event::Barrier);
         for _ in 0..60 {
             let when = sim.rng.random_range(0..RUN_FOR);
             sim.at(when, Event::Add);
@@ -256,24 +281,54 @@ impl Sim {
     fn step(&mut self, index: u64, event: Event) -> Result<(), String> {
         match event {
             Event::Add => {
-                self.applied += 1;
-                let seq = self.applied;
-                self.pending.insert(seq);
-                self.note(|| format!("G applies the Add at seq {seq}"));
-                for m in 0..self.mirrors.len() {
-                    if let Some(id) = self.streams[m] {
-                        self.send(m, Event::Mutation { m, id, seq });
-                    }
+                self.stored += 1;
+                let seq = self.stored;
+                self.note(|| format!("the stream stores the Add at seq {seq}"));
+                let read = self.now + self.rng.random_range(20 * US..300 * US);
+                self.at(read, Event::Read);
+                // The writer waits for G's report, or the fallback: G's lease × (1 + ρ) + margin on the
+                // writer's clock (true time here), after which no lease G held before the Add can hold.
+                let fallback = Terms {
+                    length: G_LEASE,
+                    ..self.terms
                 }
-                self.check_pending();
+                .outlasted();
+                self.at(self.now + fallback, Event::Fallback { seq });
+            }
+            Event::Read => self.read_stream(),
+            Event::Fallback { seq } => {
+                if self.pending.remove(&seq) || seq > self.applied {
+                    self.note(|| format!("the writer acknowledges seq {seq} by the fallback"));
+                    self.acked.push(seq);
+                }
+            }
+            Event::Barrier => {
+                // Read back where the stream stored it, everything before it read first, it renews G's lease
+                // from when it was sent.
+                if self.now >= self.g_cut_until {
+                    self.read_stream();
+                    self.g_lease_end = self.g_local(self.now) + G_LEASE;
+                }
+                let next = self.g_real(self.g_local(self.now) + G_LEASE / 4);
+                self.at(next, Event::Barrier);
+            }
+            Event::CutOff { until } => {
+                self.note(|| {
+                    format!(
+                        "G is cut off from the stream until {:.3} ms",
+                        until as f64 / MS as f64
+                    )
+                });
+                self.g_cut_until = self.g_cut_until.max(until);
+                self.at(until, Event::Read);
             }
             Event::Check => self.check_pending(),
             // G grants only over a stream it holds open: mutations reach that attachment.
             Event::Request { m, id, asked } if self.streams[m] == Some(id) => {
                 let now = self.g_local(self.now);
-                if let Some(grant) = self
-                    .mirrors_at_g
-                    .grant(id, now, Some(u64::MAX), self.applied)
+                if let Some(grant) =
+                    self.mirrors_at_g
+                        .grant(id, now, Some(self.g_lease_end), self.applied)
                 {
                     self.call(
                         m,
@@ -358,8 +413,31 @@ impl Sim {
         Ok(())
     }
 
-    /// G acknowledges every pending `Add` the mirrors let it count as applied; for the others it looks again
-    /// when the earliest sub-lease in the way ends (or an acknowledgement arrives).
+    /// G applies what the stream stored since it last read, in order, and sends it to its mirrors — unless
+    /// it is cut off.
+    fn read_stream(&mut self) {
+        if self.now < self.g_cut_until {
+            return;
+        }
+        while self.applied < self.stored {
+            self.applied += 1;
+            let seq = self.applied;
+            if !self.acked.contains(&seq) {
+                self.pending.insert(seq);
+            }
+            self.note(|| format!("G applies the Add at seq {seq}"));
+            for m in 0..self.mirrors.len() {
+                if let Some(id) = self.streams[m] {
+                    self.send(m, Event::Mutation { m, id, seq });
+                }
+            }
+        }
+        self.check_pending();
+    }
+
+    /// G reports every pending `Add` the mirrors let it count as applied, and the writer acknowledges it;
+    /// for the others it looks again when the earliest sub-lease in the way ends (or an acknowledgement
+    /// arrives).
     fn check_pending(&mut self) {
         let now = self.g_local(self.now);
         let mut next = None::<Nanos>;
@@ -381,12 +459,17 @@ impl Sim {
 
     fn fault(&mut self) {
         let m = self.rng.random_range(0..self.mirrors.len());
-        match self.rng.random_range(0..4) {
+        match self.rng.random_range(0..5) {
+            4 => {
+                let until = self.now + self.rng.random_range(MS..30 * MS);
+                self.at(self.now, Event::CutOff { until });
+            }
             3 => {
                 // G restarts: its mirrors' streams end, and it knows none of them; each reconnects.
                 self.note(|| "G restarts".to_string());
                 let now = self.g_local(self.now);
                 self.mirrors_at_g = Mirrors::new(self.terms, now);
+                self.g_lease_end = 0;
                 self.streams.iter_mut().for_each(|stream| *stream = None);
                 for m in 0..self.mirrors.len() {
                     let when = self.now + self.rng.random_range(0..5 * MS);
