@@ -379,7 +379,8 @@ fn main() {
         return runtime.block_on(clients::run());
     }
     if args.iter().any(|a| a == "resp") {
-        return runtime.block_on(resp::run());
+        let durable = args.iter().any(|a| a == "durable");
+        return runtime.block_on(resp::run(durable));
     }
     if args.iter().any(|a| a == "memory") {
         return runtime.block_on(memory::run());

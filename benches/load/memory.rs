@@ -50,7 +50,7 @@ async fn gate(name: &str, extra_config: &str) -> (Resident, MemoryStats) {
     .expect("writing the configuration");
     let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
     println!("filling the gate ({name})...");
-    resp::fill(&gate).await;
+    resp::fill(&gate, FILLED).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let memory = AdminClient::connect(format!("http://{}", gate.addr))
         .await
@@ -78,7 +78,7 @@ async fn redisbloom() -> Option<(Resident, u64)> {
         .await
         .expect("BF.RESERVE");
     println!("filling RedisBloom...");
-    resp::fill(&server).await;
+    resp::fill(&server, FILLED).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // RedisBloom 2.6.9 answers `BF.INFO key SIZE` with a one-element array.
     let size: Vec<u64> = redis::cmd("BF.INFO")

@@ -8,7 +8,13 @@
 //! `redis-benchmark` run of a fixed number of commands; server CPU is the user + system time of the server
 //! process from `/proc/<pid>/stat` across the stretch, divided by the commands (or keys) it answered.
 //!
-//! Run with `cargo bench --bench load -- resp`; writes `benches/results/resp.md`.
+//! Run with `cargo bench --bench load -- resp`; writes `benches/results/resp.md`. With `-- resp durable`, the
+//! write workloads with durability on both sides, in two pairs — the gate's `--sync always` (an `Add`
+//! acknowledged once its log record is fsynced, concurrent callers sharing one fsync) beside Redis's
+//! `appendfsync always`, and `--sync interval` (an fsync every 100 ms) beside `appendfsync everysec` — each
+//! side's files on the same disk; writes `benches/results/resp-durable.md`. Both filters are sized for
+//! [`FILLED`] keys and hold [`DURABLE_FILLED`] before the writes: what an fsync costs does not depend on
+//! how full the filter is.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -21,6 +27,8 @@ use crate::procs::{self, Server};
 const ROUNDS: usize = 4;
 /// Keys in each filter.
 pub const FILLED: u64 = 10_000_000;
+/// Keys each filter holds before the durable mode's writes.
+const DURABLE_FILLED: u64 = 1_000_000;
 /// Keys per `BF.MADD` while filling.
 const FILL_BATCH: u64 = 1_000;
 /// Keys in a `BF.MEXISTS`.
@@ -168,12 +176,12 @@ pub async fn connect(server: &Server) -> redis::aio::MultiplexedConnection {
         .unwrap_or_else(|e| panic!("connecting to {}: {e}", server.name))
 }
 
-/// Fills `server`'s `default` with the keys below `FILLED`, as `redis-benchmark` spells them.
-pub async fn fill(server: &Server) {
+/// Fills `server`'s `default` with the keys below `keys`, as `redis-benchmark` spells them.
+pub async fn fill(server: &Server, keys: u64) {
     let mut connection = connect(server).await;
-    for start in (0..FILLED).step_by(FILL_BATCH as usize * 100) {
+    for start in (0..keys).step_by(FILL_BATCH as usize * 100) {
         let mut pipeline = redis::pipe();
-        for batch in (start..(start + FILL_BATCH * 100).min(FILLED)).step_by(FILL_BATCH as usize) {
+        for batch in (start..(start + FILL_BATCH * 100).min(keys)).step_by(FILL_BATCH as usize) {
             let keys: Vec<String> = (batch..batch + FILL_BATCH)
                 .map(|k| format!("{k:012}"))
                 .collect();
@@ -186,7 +194,7 @@ pub async fn fill(server: &Server) {
     }
 }
 
-pub async fn run() {
+pub async fn run(durable: bool) {
     let module = match procs::redisbloom_module() {
         Ok(module) => module,
         Err(why) => {
@@ -200,51 +208,142 @@ pub async fn run() {
         format!("[namespaces.default]\nexpected_keys = {FILLED}\nfalse_positive_rate = 0.01\n"),
     )
     .expect("writing the configuration");
+    if durable {
+        return run_durable(config.path(), &module).await;
+    }
     let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
+    let redisbloom = start_redisbloom(&module, &[]).await;
+    println!("filling both with {FILLED} keys...");
+    let filling = Instant::now();
+    fill(&gate, FILLED).await;
+    fill(&redisbloom, FILLED).await;
+    println!("filled in {:.1} s", filling.elapsed().as_secs_f64());
+    let started = Instant::now();
+    let load_at_start = crate::text::load_average();
+    let rows = compare(&gate, &redisbloom, workloads(), "");
+    let markdown = report(
+        &format!(
+            "# The RESP port beside RedisBloom\n\n`cargo bench --bench load -- resp`, {} on {}; load average \
+             {load_at_start} at the start; {:.0} s of stretches. The gate's bench-profile binary \
+             (`--in-memory`) and `{}` with RedisBloom (the module `EXISTENCE_GATE_REDISBLOOM_MODULE` names), \
+             each holding the same {FILLED} keys at 1%, driven by `redis-benchmark` on the same machine (2 cores \
+             shared by client and server). Lookups draw keys below {} (half present).",
+            crate::text::today(),
+            crate::text::machine(),
+            started.elapsed().as_secs_f64(),
+            procs::redis_version(),
+            2 * FILLED,
+        ),
+        &rows,
+    );
+    write_results("resp.md", &markdown);
+}
+
+/// Redis with the RedisBloom `module` loaded and `extra` arguments, holding an empty `default` filter
+/// sized as the gate's.
+async fn start_redisbloom(module: &Path, extra: &[&str]) -> Server {
     let module_path = module.to_string_lossy().to_string();
-    let redisbloom = procs::start_redis_with(&["--loadmodule", &module_path])
+    let redisbloom = procs::start_redis_with(&[&["--loadmodule", &module_path], extra].concat())
         .expect("redis-server starts (apt-get install redis-server)");
     let () = redis::cmd("BF.RESERVE")
         .arg(&["default", "0.01", &FILLED.to_string()])
         .query_async(&mut connect(&redisbloom).await)
         .await
         .expect("BF.RESERVE");
-    println!("filling both with {FILLED} keys...");
-    let filling = Instant::now();
-    fill(&gate).await;
-    fill(&redisbloom).await;
-    println!("filled in {:.1} s", filling.elapsed().as_secs_f64());
+    redisbloom
+}
 
+/// The write workloads with durability on (see the module's doc): a pair of fresh servers per level.
+async fn run_durable(config: &Path, module: &Path) {
     let started = Instant::now();
     let load_at_start = crate::text::load_average();
     let mut rows = Vec::new();
-    for workload in workloads() {
-        println!("{}...", workload.name);
-        let mut sides = [Vec::new(), Vec::new()];
-        // One unmeasured stretch each: connections and pages warm.
-        stretch(
-            &gate,
-            &Workload {
-                commands: workload.commands / 10,
-                ..workload.clone()
-            },
+    for (sync, appendfsync) in [("always", "always"), ("interval", "everysec")] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (gate_dir, redis_dir) = (dir.path().join("gate"), dir.path().join("redis"));
+        std::fs::create_dir_all(&redis_dir).expect("creating Redis' directory");
+        let gate_dir = gate_dir.to_string_lossy().to_string();
+        let gate = procs::start_gate_keeping(
+            &procs::gate_binary(),
+            config,
+            None,
+            &["--data-dir", &gate_dir, "--sync", sync],
         );
-        stretch(
-            &redisbloom,
-            &Workload {
-                commands: workload.commands / 10,
-                ..workload.clone()
-            },
+        let redis_dir = redis_dir.to_string_lossy().to_string();
+        let redisbloom = start_redisbloom(
+            module,
+            &[
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                appendfsync,
+                "--dir",
+                &redis_dir,
+            ],
+        )
+        .await;
+        println!(
+            "--sync {sync} / appendfsync {appendfsync}: filling both with {DURABLE_FILLED} keys..."
         );
-        for _ in 0..ROUNDS {
-            sides[0].push(stretch(&gate, &workload));
-            sides[1].push(stretch(&redisbloom, &workload));
-        }
-        rows.push((workload, sides));
+        fill(&gate, DURABLE_FILLED).await;
+        fill(&redisbloom, DURABLE_FILLED).await;
+        let level = format!(" (--sync {sync} / appendfsync {appendfsync})");
+        let writes = workloads()
+            .into_iter()
+            .filter(|w| w.name.starts_with("BF.MADD") || w.name.starts_with("BF.ADD"));
+        rows.extend(compare(&gate, &redisbloom, writes.collect(), &level));
     }
-    let markdown = report(&rows, &load_at_start, started.elapsed().as_secs_f64());
+    let markdown = report(
+        &format!(
+            "# RESP writes beside RedisBloom, durable\n\n`cargo bench --bench load -- resp durable`, {} on {}; \
+             load average {load_at_start} at the start; {:.0} s in all. The gate's bench-profile binary with a \
+             data directory and `{}` with RedisBloom and an append-only file, both on the same ext4 disk, each \
+             filter sized for {FILLED} keys at 1% and holding {DURABLE_FILLED}, driven by `redis-benchmark` on \
+             the same machine (2 cores shared by client and server). `--sync always` acknowledges an `Add` once \
+             its log record is fsynced (callers in flight share one fsync), as `appendfsync always` fsyncs the \
+             append-only file before replying; `--sync interval` fsyncs every 100 ms, `appendfsync everysec` \
+             every second.",
+            crate::text::today(),
+            crate::text::machine(),
+            started.elapsed().as_secs_f64(),
+            procs::redis_version(),
+        ),
+        &rows,
+    );
+    write_results("resp-durable.md", &markdown);
+}
+
+type Row = (Workload, [Vec<Stretch>; 2]);
+
+/// Each of `workloads`, named with `suffix`, in [`ROUNDS`] alternating stretches on `gate` and `redisbloom`
+/// after one unmeasured stretch each.
+fn compare(gate: &Server, redisbloom: &Server, workloads: Vec<Workload>, suffix: &str) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for workload in workloads {
+        println!("{}...", workload.name);
+        let warm = Workload {
+            commands: workload.commands / 10,
+            ..workload.clone()
+        };
+        // One unmeasured stretch each: connections and pages warm.
+        stretch(gate, &warm);
+        stretch(redisbloom, &warm);
+        let mut sides = [Vec::new(), Vec::new()];
+        for _ in 0..ROUNDS {
+            sides[0].push(stretch(gate, &workload));
+            sides[1].push(stretch(redisbloom, &workload));
+        }
+        let name = format!("{}{suffix}", workload.name).leak();
+        rows.push((Workload { name, ..workload }, sides));
+    }
+    rows
+}
+
+fn write_results(file: &str, markdown: &str) {
     println!("\n{markdown}");
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results/resp.md");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("benches/results")
+        .join(file);
     std::fs::write(&path, markdown).expect("writing the results");
     println!("written: {}", path.display());
 }
@@ -260,22 +359,15 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
-fn report(rows: &[(Workload, [Vec<Stretch>; 2])], load: &str, seconds: f64) -> String {
+/// The results page: `heading` (title and setting), how the figures are made, and the table of `rows`.
+fn report(heading: &str, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# The RESP port beside RedisBloom\n\n`cargo bench --bench load -- resp`, {} on {}; load average {load} at \
-         the start; {seconds:.0} s of stretches. The gate's bench-profile binary (`--in-memory`) and `{}` with \
-         RedisBloom (the module `EXISTENCE_GATE_REDISBLOOM_MODULE` names), each holding the same {FILLED} keys at 1%, driven by \
-         `redis-benchmark` on the same machine (2 cores shared by client and server). Lookups draw keys below \
-         {} (half present). {ROUNDS} alternating stretches per side; figures are medians over the stretches; \
-         server CPU is user + system time of the server process per command (per key for `BF.MEXISTS`), \
-         \"of which kernel\" its system time: the kernel's work for the reads and writes, which a server can \
-         only amortise over more commands per read (pipelining), not avoid.\n",
-        crate::text::today(),
-        crate::text::machine(),
-        procs::redis_version(),
-        2 * FILLED,
+        "{heading} {ROUNDS} alternating stretches per side; figures are medians over the stretches; server CPU \
+         is user + system time of the server process per command (per key for `BF.MEXISTS` and `BF.MADD`), \
+         \"of which kernel\" its system time: the kernel's work for the reads and writes (and the fsyncs), \
+         which a server can only amortise over more commands per read (pipelining), not avoid.\n"
     );
     let _ = writeln!(
         out,

@@ -214,6 +214,17 @@ pub fn gate_binary() -> PathBuf {
 /// Starts the gate, in memory only, with the configuration file `config`, on the CPUs `cpus` (a `taskset`
 /// list) if given; returns once it serves.
 pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
+    start_gate_keeping(binary, config, cpus, &["--in-memory"])
+}
+
+/// [`start_gate`] keeping its state as `state` says: `--in-memory`, or `--data-dir DIR` with `--sync` and
+/// the like.
+pub fn start_gate_keeping(
+    binary: &Path,
+    config: &Path,
+    cpus: Option<&str>,
+    state: &[&str],
+) -> Server {
     let mut command = match cpus {
         // `taskset` execs the gate, so the child's pid is the gate's.
         Some(cpus) => {
@@ -226,11 +237,12 @@ pub fn start_gate(binary: &Path, config: &Path, cpus: Option<&str>) -> Server {
     command
         .arg("serve")
         .args(crate::ports::EPHEMERAL_PORTS)
-        .args(["--in-memory", "--config"])
+        .args(state)
+        .arg("--config")
         .arg(config)
         .env("RUST_LOG", "info")
         .env("EXISTENCE_GATE_DRAIN_DELAY", "0s");
-    // In memory, the state is loaded (empty) before the "serving" line is logged.
+    // The state is loaded before the "serving" line is logged.
     start_serving("gate", command, &["serving"], None)
 }
 
