@@ -129,6 +129,17 @@ impl ReadLease {
     }
 }
 
+/// `length × (1 + ρ) + margin` (ρ = `drift_ppm` parts per million): how long after a lease of `length` was
+/// granted on one clock no holder measuring it on another, running up to ρ slower, can still hold it. The
+/// replicas' fallback (`Timing::fallback`)
+/// and a sub-lease's ([`Terms::outlasted`](crate::sublease::Terms::outlasted)) both wait this long.
+pub fn outlasted(length: u64, drift_ppm: u64, margin: u64) -> u64 {
+    let stretch = u128::from(length) * u128::from(drift_ppm) / 1_000_000;
+    length
+        .saturating_add(u64::try_from(stretch).unwrap_or(u64::MAX))
+        .saturating_add(margin)
+}
+
 /// The `observed_seq` a replica may claim for a namespace whose latest applied seq is `latest`, its copy of
 /// the log being the shared log's through `vouched`: the earlier of the two, and never 0 (which in a request
 /// means "not observed" and skips the `SUPERSEDED` check). An earlier seq only makes more tombstones

@@ -90,10 +90,7 @@ pub enum Counted {
 impl Terms {
     /// `length × (1 + ρ) + margin`: how long after G granted a sub-lease no mirror can hold it any more.
     pub fn outlasted(&self) -> Nanos {
-        let stretch = u128::from(self.length) * u128::from(self.drift_ppm) / 1_000_000;
-        self.length
-            .saturating_add(u64::try_from(stretch).unwrap_or(u64::MAX))
-            .saturating_add(self.margin)
+        crate::lease::outlasted(self.length, self.drift_ppm, self.margin)
     }
 }
 

@@ -115,10 +115,7 @@ impl Timing {
     /// `lease × (1 + ρ) + margin`: how long after an `Add`'s publish acknowledgement (or after a member's
     /// departure) no lease from before it can still hold anywhere.
     pub fn fallback(&self) -> Nanos {
-        let stretch = u128::from(self.lease) * u128::from(self.drift_ppm) / 1_000_000;
-        self.lease
-            .saturating_add(u64::try_from(stretch).unwrap_or(u64::MAX))
-            .saturating_add(self.margin)
+        crate::core::lease::outlasted(self.lease, self.drift_ppm, self.margin)
     }
 }
 
