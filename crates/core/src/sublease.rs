@@ -66,6 +66,8 @@ struct Attached {
     server_end: Nanos,
     /// The highest seq it acknowledged having applied.
     acked: u64,
+    /// Its stream ended: forgotten once its sub-lease is over too.
+    gone: bool,
 }
 
 /// G's side: the mirrors attached to it, their grants and acknowledgements.
@@ -114,6 +116,7 @@ impl Mirrors {
         own_end: Option<Nanos>,
         applied: u64,
     ) -> Option<Grant> {
+        self.forget_gone(now);
         let own_end = own_end.filter(|end| *end > now)?;
         let length = self.terms.length.min(own_end - now);
         let mirror = self.attached.entry(id).or_default();
@@ -132,15 +135,20 @@ impl Mirrors {
     }
 
     /// Mirror `id` is gone (its stream ended): it is still waited for until its server end, since nothing
-    /// tells G it stopped answering.
+    /// tells G it stopped answering, and forgotten after.
     pub fn detached(&mut self, id: u64, now: Nanos) {
-        if self
-            .attached
-            .get(&id)
-            .is_some_and(|mirror| mirror.server_end <= now)
-        {
-            self.attached.remove(&id);
+        if let Some(mirror) = self.attached.get_mut(&id) {
+            mirror.gone = true;
         }
+        self.forget_gone(now);
+    }
+
+    /// Forgets the attachments that are gone and whose sub-leases are over: mirrors that come and go would
+    /// otherwise grow the map for ever. (One still attached keeps its entry, and what it acknowledged, between
+    /// grants.)
+    fn forget_gone(&mut self, now: Nanos) {
+        self.attached
+            .retain(|_, mirror| !(mirror.gone && mirror.server_end <= now));
     }
 
     /// Whether G may count `seq` as applied at `now` (rules 3 and 5).
