@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::load_drivers::{unix_ms, DriverReport, LoadDriver, LANGUAGES};
 use common::nats::Nats;
-use common::ports::free_port;
+use common::ports::{free_port, stable_port};
 use common::proxy::{Mode, Proxy};
 use common::replicas::{config_file, start_in_turn, Launch, Replica};
 use common::{wait_until, PATIENCE};
@@ -381,7 +381,7 @@ impl Balanced {
             let link = Proxy::start(nats_addr).await;
             let mut launch = Launch::new(&link.url(), &config, &format!("r{i}"));
             launch.args = vec!["--drain-delay".into(), DRAIN_DELAY.into()];
-            launch.addresses = Some([free_port(), free_port(), free_port()].map(loopback));
+            launch.addresses = Some([stable_port(), stable_port(), stable_port()].map(loopback));
             links.push(link);
             launches.push(launch);
         }
