@@ -1,7 +1,7 @@
 //! Seeds: realistic inputs for each target, made by the code paths the server uses (the codec, a data
 //! directory driven through recovery, the write-ahead log and the snapshotter), so that fuzzing starts from
-//! what the gate really reads. `cargo test --test suite -- --ignored write_seed_corpora` writes them into
-//! `fuzz/corpus/`.
+//! what the gate really reads. `EXISTENCE_GATE_WRITE_SEEDS=1 cargo test --test suite seed_corpora` writes
+//! them into `fuzz/corpus/`, and every `cargo test` checks that the committed ones are still these.
 
 use std::path::PathBuf;
 use std::sync::Arc;
