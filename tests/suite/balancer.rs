@@ -540,6 +540,7 @@ impl Load {
 /// replicas under a steady load through HAProxy, gRPC and RESP: no gRPC call fails, no Redis command fails
 /// once retried as Redis clients retry, no acknowledged key answers `ABSENT`.
 #[tokio::test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 async fn a_rolling_restart_behind_haproxy_fails_no_call() {
     let Some(mut balanced) = Balanced::start().await else {
         return;
@@ -646,6 +647,7 @@ async fn a_rolling_restart_behind_haproxy_fails_no_call() {
 /// calls for the whole event. No acknowledged key answers `ABSENT`. Per event: failed calls, p99 latency,
 /// and how long HAProxy took to take the replica out.
 #[tokio::test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 async fn losing_a_replica_behind_haproxy_fails_only_the_calls_it_held() {
     let Some(mut balanced) = Balanced::start().await else {
         return;
@@ -725,6 +727,7 @@ async fn losing_a_replica_behind_haproxy_fails_only_the_calls_it_held() {
 /// deadline left too (a loaded machine): about the calls in flight on the replica per restart or kill, a
 /// few in a 10 s pause. No acknowledged key answers `ABSENT`.
 #[tokio::test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 async fn the_libraries_balancing_by_themselves_ride_out_restarts_pauses_and_kills() {
     let Some(mut balanced) = Balanced::start().await else {
         return;

@@ -18,21 +18,25 @@ fn client_tests(lang: &str) {
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn python_client() {
     client_tests("python");
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn go_client() {
     client_tests("go");
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn java_client() {
     client_tests("java");
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn node_client() {
     client_tests("node");
 }
@@ -40,6 +44,7 @@ fn node_client() {
 /// The Rust client installs like any crate: `cargo package` (which builds the packaged crate on its own,
 /// from a copy that holds only the crate's files, the contract included) succeeds.
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn the_rust_client_packages_and_its_package_builds() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let target = tempfile::tempdir().unwrap();

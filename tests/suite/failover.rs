@@ -62,6 +62,7 @@ async fn add_until(
 }
 
 #[tokio::test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 async fn losing_the_stream_leader_loses_no_acknowledged_add() {
     let Some(mut cluster) = Cluster::start().await else {
         return;
@@ -216,6 +217,7 @@ impl Checker {
 /// 3. 60 ms between the reader's server and the writer's, and the reader paused (SIGSTOP) past twice its
 ///    lease: once continued, its first answers for keys added meanwhile are never `ABSENT`.
 #[tokio::test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 async fn partitions_never_make_a_replica_answer_absent_for_an_acknowledged_add() {
     let Some(cluster) = ProxiedCluster::start().await else {
         return;

@@ -15,21 +15,25 @@ fn interop(lang: &str) {
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn python_client_and_example() {
     interop("python");
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn go_client_and_example() {
     interop("go");
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn java_client_and_example() {
     interop("java");
 }
 
 #[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn node_client_and_example() {
     interop("node");
 }

@@ -7,6 +7,11 @@
 //! A module here is what a file under `tests/` used to be, so `cargo test --test suite replicas::` runs
 //! the replica tests alone, and `cargo test --test suite -- --list` names them all.
 //!
+//! Fifteen of them are the **system tier**, `#[ignore = "system test: ..."]`: whole deployments that run for
+//! half a minute or more each (behind HAProxy, the nemesis, failover through faulty proxies, the client
+//! libraries and interop). A plain `cargo test` leaves them out so that it stays quick;
+//! `cargo test -- --include-ignored`, README's test command and CI's, runs them (docs/development.md, "Testing").
+//!
 //! The modules, from the core outwards:
 
 /// Helpers every module shares, from the test kit (`crates/testkit`): servers on free loopback ports, real

@@ -65,6 +65,7 @@ struct History {
 }
 
 #[tokio::test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 async fn a_nemesis_run_finds_no_false_absent_and_replicas_agree() {
     let Some(mut cluster) = ProxiedCluster::start().await else {
         return;
