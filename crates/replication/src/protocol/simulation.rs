@@ -49,8 +49,9 @@
 //! longer read lease than the deployment's, and refused at start as `agree_timing` refuses them; and junk
 //! lands on the snapshots' index subject too, which every start must pass over ([`index`](super::index)).
 //!
-//! `cargo test` runs `EXISTENCE_GATE_SIM_SEEDS` seeds (10,000 by default) over two threads;
-//! `EXISTENCE_GATE_SIM_SEED=N` replays one seed and prints its trace.
+//! `cargo test` runs `EXISTENCE_GATE_SIM_SEEDS` seeds (2,500 by default) over two threads, and the system
+//! tier (`-- --include-ignored`, as CI runs) the next 10,000; `EXISTENCE_GATE_SIM_SEED=N` replays one seed
+//! and prints its trace.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
@@ -2590,22 +2591,20 @@ fn run_seeds(first: u64, seeds: u64) -> Result<Outcome, String> {
         })
 }
 
-#[test]
-fn no_seed_breaks_the_safety_rule_and_runs_without_faults_stay_fast() {
-    if let Some(seed) = env_u64("EXISTENCE_GATE_SIM_SEED") {
-        let (result, trace) = run_seed(seed, true);
-        println!("{}", trace.join("\n"));
-        println!("seed {seed}: {result:?}");
-        result.unwrap();
-        return;
-    }
-    let seeds = env_u64("EXISTENCE_GATE_SIM_SEEDS").unwrap_or(10_000);
-    let first = env_u64("EXISTENCE_GATE_SIM_FIRST_SEED").unwrap_or(0);
+/// Seeds every `cargo test` runs; the system tier runs [`LONG_RUN`] more after them.
+const QUICK_SEEDS: u64 = 2_500;
+/// Seeds the system tier (`cargo test -- --include-ignored`, as CI runs) adds after the quick ones.
+const LONG_RUN: u64 = 10_000;
+
+/// Runs `seeds` seeds from `first`; fails with the first seed that breaks a rule, or when the runs did
+/// not exercise what they are for.
+fn check_seeds(first: u64, seeds: u64) {
     let total = run_seeds(first, seeds).unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "{seeds} seeds: {} Adds acknowledged ({} by the fallback), {} lookups ({} under a lease), {} runs \
+        "seeds {first}..{}: {} Adds acknowledged ({} by the fallback), {} lookups ({} under a lease), {} runs \
          with a replica's state other than the quorum's, {} histories given up; {} tombstones published, {} \
          RecordAbsents SUPERSEDED, {} tombstones answering under a lease",
+        first + seeds,
         total.acked,
         total.by_fallback,
         total.lookups,
@@ -2628,6 +2627,26 @@ fn no_seed_breaks_the_safety_rule_and_runs_without_faults_stay_fast() {
         total.recorded > seeds && total.superseded > seeds / 10 && total.tombstone_answers > seeds,
         "the runs record absences, some of them racing an Add, and their tombstones answer: {total:?}"
     );
+}
+
+#[test]
+fn no_seed_breaks_the_safety_rule_and_runs_without_faults_stay_fast() {
+    if let Some(seed) = env_u64("EXISTENCE_GATE_SIM_SEED") {
+        let (result, trace) = run_seed(seed, true);
+        println!("{}", trace.join("\n"));
+        println!("seed {seed}: {result:?}");
+        result.unwrap();
+        return;
+    }
+    let seeds = env_u64("EXISTENCE_GATE_SIM_SEEDS").unwrap_or(QUICK_SEEDS);
+    let first = env_u64("EXISTENCE_GATE_SIM_FIRST_SEED").unwrap_or(0);
+    check_seeds(first, seeds);
+}
+
+#[test]
+#[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
+fn the_long_run_breaks_no_safety_rule() {
+    check_seeds(QUICK_SEEDS, LONG_RUN);
 }
 
 #[test]
