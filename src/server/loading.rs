@@ -8,7 +8,7 @@ use super::background::{sync_periodically, take_snapshots, watch_log, Background
 use super::DurabilityOptions;
 use crate::core::gate::Gate;
 use crate::service::lifecycle::Lifecycle;
-use crate::storage::{self, DataDir, Persistence, Snapshotter, SyncMode};
+use crate::storage::{self, DataDir, Persistence, Snapshotter, SyncMode, Wal};
 
 /// The background work of loading state and then opening the gate.
 pub(super) struct Load {
@@ -39,6 +39,10 @@ impl Load {
             "state loaded"
         );
         let wal = Arc::new(wal);
+        if let Err(error) = Wal::start_flusher(&wal) {
+            // Writes then wait for the log on the blocking pool, as before the flusher existed.
+            tracing::warn!(%error, "writes wait for the log on threads of their own");
+        }
         let snapshots = Arc::new(Snapshotter::new(Arc::new(dir), Arc::clone(&wal)));
         let shutdown = self.lifecycle.shutdown();
         self.background.spawn(take_snapshots(

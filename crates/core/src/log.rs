@@ -197,7 +197,23 @@ pub trait Log: Send + Sync + 'static {
     fn commit_may_wait(&self) -> bool {
         true
     }
+    /// Whether [`committed`](Self::committed) waits without a thread. A log that can wake its waiters
+    /// itself spares every write a hand-off to a thread that may block (and the wake-ups of all of them
+    /// when one group write lands); callers check this before they append.
+    fn commits_without_thread(&self) -> bool {
+        false
+    }
+    /// [`commit`](Self::commit) as a future, for a log that [`commits_without_thread`]
+    /// (Self::commits_without_thread); any other log waits in `commit` on the thread that polls it.
+    fn committed(&self, ticket: Ticket) -> Committed {
+        let committed = self.commit(ticket);
+        Box::pin(std::future::ready(committed))
+    }
 }
+
+/// A wait until a ticket is durable ([`Log::committed`]).
+pub type Committed =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LogError>> + Send>>;
 
 /// The log of a gate that keeps its state in memory only: nothing survives a restart, so it records nothing.
 #[derive(Debug, Default, Clone, Copy)]

@@ -5,8 +5,18 @@ use bytes::Bytes;
 
 use super::{still_loading, Gate, GateError, Seqs, WriteMode};
 use crate::keys::PackedKeys;
-use crate::log::{Log, Mutation};
+use crate::log::{Log, Mutation, Ticket};
 use crate::namespace::{AbsenceReport, Added, NewKeys, Rebuild, Recorded, WriteError};
+
+/// A write applied and appended to the log but not yet durable: its answer may be told only once
+/// [`Gate::commit`] or [`Gate::committed`] has waited for the log.
+#[derive(Debug)]
+#[must_use = "a write is not durable until it is committed"]
+pub struct Logged<T> {
+    value: T,
+    /// `None`: nothing was logged (an absence answered without a tombstone).
+    ticket: Option<Ticket>,
+}
 
 impl Gate {
     /// Adds `keys` to `namespace` under one new seq.
@@ -21,9 +31,23 @@ impl Gate {
         keys: impl Into<PackedKeys>,
         new_keys: NewKeys,
     ) -> Result<Added, GateError> {
+        self.commit(self.add_logged(namespace, keys, new_keys)?)
+    }
+
+    /// [`add_with`](Self::add_with) up to the log's commit, which the caller waits for.
+    pub fn add_logged(
+        &self,
+        namespace: &str,
+        keys: impl Into<PackedKeys>,
+        new_keys: NewKeys,
+    ) -> Result<Logged<Added>, GateError> {
         let (namespace, keys) = self.add_request(namespace, keys)?;
         let log = self.writable_log()?;
-        Ok(namespace.add_with(keys, self.clock.now_ms(), log, new_keys)?)
+        let (value, ticket) = namespace.add_appended(keys, self.clock.now_ms(), log, new_keys)?;
+        Ok(Logged {
+            value,
+            ticket: Some(ticket),
+        })
     }
 
     /// Records that the source does not have `report.key`.
@@ -32,6 +56,15 @@ impl Gate {
         namespace: &str,
         report: AbsenceReport,
     ) -> Result<Recorded, GateError> {
+        self.commit(self.record_absent_logged(namespace, report)?)
+    }
+
+    /// [`record_absent`](Self::record_absent) up to the log's commit, which the caller waits for.
+    pub fn record_absent_logged(
+        &self,
+        namespace: &str,
+        report: AbsenceReport,
+    ) -> Result<Logged<Recorded>, GateError> {
         let namespace = self.absence_request(namespace, &report)?;
         // While loading, the seq is not yet the one a client observed before a restart: refuse as loading.
         let log = self.writable_log()?;
@@ -44,7 +77,37 @@ impl Gate {
                 namespace.name()
             )));
         }
-        Ok(namespace.record_absent(report, self.clock.now_ms(), log)?)
+        let (value, ticket) = namespace.record_absent_appended(report, self.clock.now_ms(), log)?;
+        Ok(Logged { value, ticket })
+    }
+
+    /// Waits, on this thread, until `logged` is durable; then its answer.
+    pub fn commit<T>(&self, logged: Logged<T>) -> Result<T, GateError> {
+        if let Some(ticket) = logged.ticket {
+            self.writable_log()?
+                .commit(ticket)
+                .map_err(WriteError::from)?;
+        }
+        Ok(logged.value)
+    }
+
+    /// [`commit`](Self::commit) as a future that needs no thread of its own where the log
+    /// [commits without one](Self::commits_without_thread).
+    pub fn committed<T: Send + 'static>(
+        &self,
+        logged: Logged<T>,
+    ) -> impl std::future::Future<Output = Result<T, GateError>> + Send + 'static {
+        let wait = match (logged.ticket, self.writable_log()) {
+            (Some(ticket), Ok(log)) => Some(Ok(log.committed(ticket))),
+            (Some(_), Err(e)) => Some(Err(e)),
+            (None, _) => None,
+        };
+        async move {
+            if let Some(wait) = wait {
+                wait?.await.map_err(WriteError::from)?;
+            }
+            Ok(logged.value)
+        }
     }
 
     /// Starts rebuilding `namespace`'s filter from keys the caller will stream.

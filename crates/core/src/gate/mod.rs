@@ -8,6 +8,7 @@
 //! gRPC layer maps [`GateError`] to status codes.
 
 mod logged;
+pub use logged::Logged;
 mod published;
 
 use std::collections::HashMap;
@@ -213,6 +214,15 @@ impl Gate {
         match self.writes.get() {
             Some(WriteMode::Logged(log)) => log.commit_may_wait(),
             _ => true,
+        }
+    }
+
+    /// Whether writes may wait for the log without a thread of their own ([`Log::commits_without_thread`]):
+    /// then [`add_logged`](Self::add_logged) and [`committed`](Self::committed) run on the caller's task.
+    pub fn commits_without_thread(&self) -> bool {
+        match self.writes.get() {
+            Some(WriteMode::Logged(log)) => log.commits_without_thread(),
+            _ => false,
         }
     }
 

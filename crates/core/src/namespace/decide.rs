@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::*;
 use crate::hashing::KeyHash;
 use crate::keys::PackedKeys;
-use crate::log::{Log, Mutation};
+use crate::log::{Log, Mutation, Ticket};
 use crate::tombstones::AbsenceKind;
 
 /// What a reported absence comes to before it is logged.
@@ -53,6 +53,20 @@ impl Namespace {
         log: &dyn Log,
         new_keys: NewKeys,
     ) -> Result<Added, WriteError> {
+        let (added, ticket) = self.add_appended(keys, now_ms, log, new_keys)?;
+        log.commit(ticket)?;
+        Ok(added)
+    }
+
+    /// [`add_with`](Self::add_with) up to the log's commit: applied and appended, not yet durable. The
+    /// caller commits `ticket` before it tells anyone.
+    pub fn add_appended(
+        &self,
+        keys: impl Into<PackedKeys>,
+        now_ms: u64,
+        log: &dyn Log,
+        new_keys: NewKeys,
+    ) -> Result<(Added, Ticket), WriteError> {
         let mut writer = self.writer()?;
         let mutation = self.addition(keys.into(), now_ms, self.latest_seq() + 1);
         let seq = mutation.seq();
@@ -62,12 +76,12 @@ impl Namespace {
             unreachable!("an Add applies as added")
         };
         drop(writer);
-        log.commit(ticket)?;
-        Ok(Added {
+        let added = Added {
             seq,
             tombstones_cleared: cleared.len() as u32,
             new,
-        })
+        };
+        Ok((added, ticket))
     }
 
     /// The `Add` of `keys` at `now_ms`, for a log that assigns seqs itself (seq 0 until it does). Nothing
@@ -93,11 +107,26 @@ impl Namespace {
         now_ms: u64,
         log: &dyn Log,
     ) -> Result<Recorded, WriteError> {
+        let (recorded, ticket) = self.record_absent_appended(report, now_ms, log)?;
+        if let Some(ticket) = ticket {
+            log.commit(ticket)?;
+        }
+        Ok(recorded)
+    }
+
+    /// [`record_absent`](Self::record_absent) up to the log's commit: the ticket to commit before the
+    /// answer is given, if a tombstone was stored (`None`: nothing was logged).
+    pub fn record_absent_appended(
+        &self,
+        report: AbsenceReport,
+        now_ms: u64,
+        log: &dyn Log,
+    ) -> Result<(Recorded, Option<Ticket>), WriteError> {
         let mut writer = self.writer()?;
         let seq = self.latest_seq() + 1;
         let (mutation, recorded) = match self.decide_absence(&mut writer, report, now_ms, seq, true)
         {
-            Absence::Answered(recorded) => return Ok(recorded),
+            Absence::Answered(recorded) => return Ok((recorded, None)),
             Absence::Store { mutation, recorded } => (mutation, recorded),
         };
         let ticket = log.append(&mutation)?;
@@ -105,8 +134,7 @@ impl Namespace {
         // Checked by the decision under the same lock, against the same memory of adds.
         debug_assert_eq!(applied, Applied::Recorded);
         drop(writer);
-        log.commit(ticket)?;
-        Ok(recorded)
+        Ok((recorded, Some(ticket)))
     }
 
     /// Decides a reported absence against this replica's state, for a log that assigns seqs itself: either

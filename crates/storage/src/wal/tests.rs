@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::*;
-use crate::core::log::{Log, Mutation};
+use crate::core::log::{Committed, Log, LogError, Mutation};
 use crate::faulty_files::FaultyFiles;
 use crate::frame::{self, Next};
 use crate::segment_file::RealFiles;
@@ -228,6 +228,95 @@ fn a_write_into_a_deleted_segment_is_not_acknowledged() {
         );
         assert!(wal.write_failure().is_some(), "{mode:?}");
     }
+}
+
+/// A log with its flusher running, for writes that wait on tasks ([`Log::committed`]).
+fn flushed_wal(dir: &Path, mode: SyncMode, files: Arc<dyn SegmentFiles>) -> Arc<Wal> {
+    let wal = Arc::new(wal(dir, mode, files));
+    Wal::start_flusher(&wal).unwrap();
+    assert!(wal.commits_without_thread());
+    wal
+}
+
+/// The wait's outcome if it has one now (polled once; the flusher wakes no task here).
+fn outcome_now(wait: &mut Committed) -> Option<Result<(), LogError>> {
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match wait.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(outcome) => Some(outcome),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// The wait's outcome, once it has one.
+fn outcome(mut wait: Committed) -> Result<(), LogError> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(outcome) = outcome_now(&mut wait) {
+            return outcome;
+        }
+        assert!(std::time::Instant::now() < deadline, "the wait never ended");
+        std::thread::yield_now();
+    }
+}
+
+/// Writes waiting on tasks share fsyncs as writers on threads do: seven that arrive during one fsync are
+/// made durable by the next, and none is told before.
+#[test]
+fn waits_on_tasks_share_one_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = FaultyFiles::new();
+    let wal = flushed_wal(dir.path(), SyncMode::Always, files.clone());
+    files.stall_syncs();
+    let syncs_before = files.syncs();
+    let first = wal.committed(wal.append(&add(1, "first")).unwrap());
+    wait_until(|| files.stalled_syncs() == 1);
+    let mut followers: Vec<_> = (0..7)
+        .map(|i| wal.committed(wal.append(&add(2 + i, &format!("follower-{i}"))).unwrap()))
+        .collect();
+    assert!(followers.iter_mut().all(|f| outcome_now(f).is_none()));
+    files.release_syncs();
+    outcome(first).unwrap();
+    followers.into_iter().for_each(|f| outcome(f).unwrap());
+    assert_eq!(
+        files.syncs() - syncs_before,
+        2,
+        "one fsync for the first, one for the seven"
+    );
+    assert_eq!(replayed(dir.path()).unwrap().len(), 8);
+}
+
+/// A group's write wakes only the waits it made durable: one whose record went into the next write,
+/// which the disk refused, is told so — not "durable" by the write before it.
+#[test]
+fn a_write_wakes_only_the_waits_it_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = FaultyFiles::new();
+    let wal = flushed_wal(dir.path(), SyncMode::Always, files.clone());
+    files.stall_syncs();
+    let first = wal.committed(wal.append(&add(1, "first")).unwrap());
+    wait_until(|| files.stalled_syncs() == 1);
+    let mut second = wal.committed(wal.append(&add(2, "second")).unwrap());
+    assert!(outcome_now(&mut second).is_none());
+    files.fail_writes(28);
+    files.release_syncs();
+    outcome(first).unwrap();
+    let refused = outcome(second).unwrap_err().to_string();
+    assert!(refused.contains("out of disk space"), "{refused}");
+    assert_eq!(replayed(dir.path()).unwrap(), [add(1, "first")]);
+}
+
+/// A log that failed tells a waiting write at once, and the flusher keeps nobody waiting for it.
+#[test]
+fn a_failed_log_refuses_waits_on_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = FaultyFiles::new();
+    let wal = flushed_wal(dir.path(), SyncMode::Always, files.clone());
+    outcome(wal.committed(wal.append(&add(1, "acknowledged")).unwrap())).unwrap();
+    files.fail_syncs(EIO);
+    let failed = outcome(wal.committed(wal.append(&add(2, "failed")).unwrap()));
+    assert!(failed.is_err());
+    assert!(wal.append(&add(3, "later")).is_err(), "poisoned");
+    assert_eq!(replayed(dir.path()).unwrap()[0], add(1, "acknowledged"));
 }
 
 /// Waits (without a fixed sleep) until `condition` holds; fails after a generous deadline.

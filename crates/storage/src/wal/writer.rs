@@ -1,12 +1,15 @@
 //! The group-commit writer: appends buffered in seq order, one leader writing (and fsyncing) for every
 //! waiter, the segment rolled past its size, failures that poison the log and a full disk that is retried.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use crate::core::log::{Log, LogError, Mutation, Ticket};
+use tokio::sync::oneshot;
+
+use crate::core::log::{Committed, Log, LogError, Mutation, Ticket};
 use crate::frame::{self};
 use crate::segment_file::{SegmentFile, SegmentFiles};
 use crate::{codec, sync_dir, PersistenceError};
@@ -74,8 +77,9 @@ pub struct Wal {
     maker: SegmentMaker,
     mode: SyncMode,
     // Lock order: `segment` before `pending` (a leader takes the buffer while it holds the segment);
-    // `progress` before `no_space`; `progress` is never held while `segment` or `pending` is taken (a
-    // leader drops it to write). No other lock is taken while holding `pending` or `no_space`.
+    // `progress` before `no_space` and `waiters`; `progress` is never held while `segment` or `pending` is
+    // taken (a leader drops it to write). No other lock is taken while holding `pending`, `no_space` or
+    // `waiters`.
     /// Records appended and not yet handed to a leader. Innermost: taken after `segment`, or alone.
     pending: Mutex<Pending>,
     /// The open segment file. Outermost: taken first, never while holding another of these locks.
@@ -91,6 +95,12 @@ pub struct Wal {
     no_space: Mutex<Option<String>>,
     /// Bytes written since the last snapshot began, to trigger the next one.
     bytes_since_snapshot: AtomicU64,
+    /// Writes waiting on a task ([`Log::committed`]), by ticket: the leader whose write reaches a ticket
+    /// wakes its waiter, and only it. Innermost: taken alone or after `progress`.
+    waiters: Mutex<BTreeMap<u64, oneshot::Sender<Result<(), String>>>>,
+    /// The thread that leads the writes those waiters need ([`Wal::start_flusher`]); unparked by each of
+    /// them.
+    flusher: OnceLock<std::thread::Thread>,
 }
 
 impl std::fmt::Debug for Wal {
@@ -167,7 +177,68 @@ impl Wal {
             failed: OnceLock::new(),
             no_space: Mutex::new(None),
             bytes_since_snapshot: AtomicU64::new(0),
+            waiters: Mutex::new(BTreeMap::new()),
+            flusher: OnceLock::new(),
         })
+    }
+
+    /// Starts the thread that writes (and under `--sync always` fsyncs) for the writes that wait on a task
+    /// ([`Log::committed`]); until it runs, the log [commits only on a thread](Log::commits_without_thread).
+    /// It leads one write of every record pending whenever a waiter needs one — records appended during a
+    /// write or fsync share the next, as group commit's waiters do — and ends once the log is dropped.
+    pub fn start_flusher(wal: &Arc<Wal>) -> Result<(), PersistenceError> {
+        let weak = Arc::downgrade(wal);
+        let thread = std::thread::Builder::new()
+            .name("wal-flusher".into())
+            .spawn(move || flush_for_waiters(&weak))
+            .map_err(|e| {
+                PersistenceError::io(&wal.maker.dir, "start the log's flusher thread in", e)
+            })?;
+        let _ = wal.flusher.set(thread.thread().clone());
+        Ok(())
+    }
+
+    /// How far records got that a commit waits for: fsynced under `always`, written otherwise.
+    fn committed_through(&self, progress: &Progress) -> u64 {
+        if self.mode == SyncMode::Always {
+            progress.synced
+        } else {
+            progress.written
+        }
+    }
+
+    /// Wakes the waiters a leader's write made durable (`Ok`), or every waiter with its failure: a write
+    /// that failed leaves nothing a waiter could count on (under a full disk the records are retried later,
+    /// unacknowledged, as [`flush`](Self::flush) tells the writers waiting on a thread).
+    fn wake_waiters(&self, progress: &Progress, result: Result<(), &str>) {
+        let woken = {
+            let mut waiters = lock(&self.waiters);
+            match result {
+                Ok(()) => {
+                    let later = waiters.split_off(&(self.committed_through(progress) + 1));
+                    std::mem::replace(&mut *waiters, later)
+                }
+                Err(_) => std::mem::take(&mut *waiters),
+            }
+        };
+        for (_, waiter) in woken {
+            let _ = waiter.send(result.map_err(str::to_string));
+        }
+    }
+
+    /// One round of the flusher: leads writes until no waiter waits (see [`start_flusher`]
+    /// (Self::start_flusher)).
+    fn lead_for_waiters(&self) {
+        loop {
+            let Some(through) = lock(&self.waiters).keys().next_back().copied() else {
+                return;
+            };
+            if let Err(e) = self.flush(through, self.mode == SyncMode::Always) {
+                // Refused before any write (a failed log, a full disk): its waiters are told here.
+                let progress = lock(&self.progress);
+                self.wake_waiters(&progress, Err(&e.0.to_string()));
+            }
+        }
     }
 
     /// The durability mode.
@@ -281,11 +352,20 @@ impl Wal {
                     progress.synced = progress.synced.max(written.through);
                 }
                 *lock(&self.no_space) = None;
+                self.wake_waiters(&progress, Ok(()));
                 Ok(written)
             }
             Err(Failure::NoSpace(error)) => {
                 tracing::error!(%error, "write-ahead log is out of disk space; writes are refused until space returns");
                 *lock(&self.no_space) = Some(error.to_string());
+                self.wake_waiters(
+                    &progress,
+                    Err(&format!(
+                        "the write-ahead log is out of disk space ({error}); writes resume once space is \
+                         freed in {}",
+                        self.maker.dir.display()
+                    )),
+                );
                 Err(error)
             }
             Err(Failure::Poison(error)) => {
@@ -293,6 +373,10 @@ impl Wal {
                 let _ = self.failed.set(format!(
                     "{error}; restart the server to recover from the log (everything acknowledged is in it)"
                 ));
+                self.wake_waiters(
+                    &progress,
+                    Err(&format!("the write-ahead log failed: {error}")),
+                );
                 Err(error)
             }
         };
@@ -447,11 +531,55 @@ impl Log for Wal {
         self.flush(ticket.0, self.mode == SyncMode::Always)
     }
 
+    fn commits_without_thread(&self) -> bool {
+        self.flusher.get().is_some()
+    }
+
+    /// Registers the wait and unparks the flusher; the leader whose write reaches `ticket` wakes it.
+    /// Checked and registered under `progress`, which every leader holds while it wakes waiters: a write
+    /// that lands in between is either seen here or wakes this waiter.
+    fn committed(&self, ticket: Ticket) -> Committed {
+        if let Err(e) = self.check_failed() {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let (waiter, woken) = oneshot::channel();
+        {
+            let progress = lock(&self.progress);
+            if self.committed_through(&progress) >= ticket.0 {
+                return Box::pin(std::future::ready(Ok(())));
+            }
+            lock(&self.waiters).insert(ticket.0, waiter);
+        }
+        if let Some(flusher) = self.flusher.get() {
+            flusher.unpark();
+        }
+        Box::pin(async move {
+            match woken.await {
+                Ok(result) => result.map_err(|e| LogError(std::io::Error::other(e))),
+                Err(_) => Err(LogError(std::io::Error::other(
+                    "the write-ahead log closed before the write was durable",
+                ))),
+            }
+        })
+    }
+
     /// The log failed for good, or waits for disk space.
     fn write_failure(&self) -> Option<String> {
         self.check_failed()
             .and_then(|()| self.check_space())
             .err()
             .map(|e| e.0.to_string())
+    }
+}
+
+/// The flusher thread's loop ([`Wal::start_flusher`]): parked until a waiter unparks it, and looking once a
+/// second whether the log is gone.
+fn flush_for_waiters(wal: &Weak<Wal>) {
+    loop {
+        std::thread::park_timeout(Duration::from_secs(1));
+        let Some(wal) = wal.upgrade() else {
+            return;
+        };
+        wal.lead_for_waiters();
     }
 }
