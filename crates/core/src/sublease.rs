@@ -48,7 +48,8 @@ pub struct Terms {
     pub length: Nanos,
     /// ρ, in parts per million: how much faster one process's monotonic clock may run than another's.
     pub drift_ppm: u64,
-    /// Taken off every mirror's end for clock granularity.
+    /// Taken off every mirror's end for how coarsely clocks are read: at least two grains of the coarsest
+    /// reading, since the mirror's reading at a lookup and G's at a grant may each be a grain early.
     pub margin: Nanos,
 }
 
