@@ -671,11 +671,22 @@ async fn unfinished_requests_share_one_memory_budget() {
                 .write_all(&other_request[..other_request.len() - 1_008])
                 .await
                 .ok()?;
-            let mut reply = [0u8; 512];
-            match tokio::time::timeout(Duration::from_millis(200), other.read(&mut reply)).await {
-                Ok(Ok(n)) if n > 0 => Some(String::from_utf8_lossy(&reply[..n]).into_owned()),
-                _ => None, // not read yet, or it fit: this one is dropped, and the next tries again
+            // The whole refusal line, which may arrive in more than one read.
+            let mut reply = Vec::new();
+            let mut chunk = [0u8; 512];
+            while !reply.ends_with(b"\r\n") {
+                // Once the refusal has begun, its end is waited for as long as anything else.
+                let wait = if reply.is_empty() {
+                    Duration::from_millis(200)
+                } else {
+                    PATIENCE
+                };
+                match tokio::time::timeout(wait, other.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => reply.extend_from_slice(&chunk[..n]),
+                    _ => break, // not read yet, or it fit: this one is dropped, and the next tries again
+                }
             }
+            (!reply.is_empty()).then(|| String::from_utf8_lossy(&reply).into_owned())
         },
     )
     .await;
