@@ -203,8 +203,9 @@ pub trait Log: Send + Sync + 'static {
     fn commits_without_thread(&self) -> bool {
         false
     }
-    /// [`commit`](Self::commit) as a future, for a log that [`commits_without_thread`]
-    /// (Self::commits_without_thread); any other log waits in `commit` on the thread that polls it.
+    /// [`commit`](Self::commit) as a future, for a log that
+    /// [`commits_without_thread`](Self::commits_without_thread); any other log waits in `commit` on the
+    /// thread that polls it.
     fn committed(&self, ticket: Ticket) -> Committed {
         let committed = self.commit(ticket);
         Box::pin(std::future::ready(committed))

@@ -239,8 +239,8 @@ impl Wal {
         }
     }
 
-    /// One round of the flusher: leads writes until no waiter waits (see [`start_flusher`]
-    /// (Self::start_flusher)).
+    /// One round of the flusher: leads writes until no waiter waits (see
+    /// [`start_flusher`](Self::start_flusher)).
     fn lead_for_waiters(&self) {
         loop {
             let Some(through) = lock(&self.waiters).keys().next_back().copied() else {
