@@ -671,22 +671,23 @@ async fn unfinished_requests_share_one_memory_budget() {
                 .write_all(&other_request[..other_request.len() - 1_008])
                 .await
                 .ok()?;
-            // The whole refusal line, which may arrive in more than one read.
+            // The whole refusal line, which may arrive in more than one read; an attempt that does not
+            // see one whole (not read yet, it fit, or the connection ended first) is dropped, and the
+            // next tries again.
             let mut reply = Vec::new();
             let mut chunk = [0u8; 512];
-            while !reply.ends_with(b"\r\n") {
-                // Once the refusal has begun, its end is waited for as long as anything else.
-                let wait = if reply.is_empty() {
-                    Duration::from_millis(200)
-                } else {
-                    PATIENCE
-                };
-                match tokio::time::timeout(wait, other.read(&mut chunk)).await {
-                    Ok(Ok(n)) if n > 0 => reply.extend_from_slice(&chunk[..n]),
-                    _ => break, // not read yet, or it fit: this one is dropped, and the next tries again
+            let line = tokio::time::timeout(Duration::from_secs(2), async {
+                while !reply.ends_with(b"\r\n") {
+                    match other.read(&mut chunk).await {
+                        Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
+                        _ => return false,
+                    }
                 }
-            }
-            (!reply.is_empty()).then(|| String::from_utf8_lossy(&reply).into_owned())
+                true
+            });
+            line.await
+                .unwrap_or(false)
+                .then(|| String::from_utf8_lossy(&reply).into_owned())
         },
     )
     .await;
