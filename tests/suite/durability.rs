@@ -220,6 +220,37 @@ async fn the_log_alone_restores_state_and_snapshots_remove_covered_log() {
     server.stop().await.unwrap();
 }
 
+/// An `Add` of more than 32 KiB of keys, which is applied on the blocking pool rather than a request thread,
+/// is acknowledged, answered and in the log like any other: a restart from the log alone holds it.
+#[tokio::test]
+async fn a_large_add_is_acknowledged_and_kept_by_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_durable(dir.path(), "").await.unwrap();
+    let keys: Vec<Bytes> = (0..2_000)
+        .map(|i| Bytes::from(format!("large-{i:032}")))
+        .collect();
+    assert!(keys.iter().map(Bytes::len).sum::<usize>() > 32 * 1024);
+    let mut client = common::client(&server).await;
+    let added = client
+        .add(AddRequest {
+            namespace: String::new(),
+            keys: keys.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(added.seq > 0, "{added:?}");
+    server.shutdown_handle().trigger();
+    drop((client, server));
+    let server = start_durable_after_crash(dir.path()).await;
+    let mut client = common::client(&server).await;
+    for key in keys {
+        assert_eq!(answer(&mut client, key).await.0, Answer::MayExist);
+    }
+    server.stop().await.unwrap();
+}
+
 /// A crashed process leaves the LOCK file behind but releases the lock; reopening must work. An in-process
 /// "crash" keeps the lock until its tasks end, so wait for that.
 async fn start_durable_after_crash(dir: &Path) -> RunningServer {

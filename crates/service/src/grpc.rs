@@ -20,7 +20,7 @@ use crate::core::writes::Writes;
 use crate::metrics::{Rpc, RpcMetrics};
 use crate::proto;
 use crate::proto::existence_gate_server::ExistenceGate;
-use crate::request_keys::{packed_instead, AddKeys};
+use crate::request_keys::{packed_instead, AddKeys, BLOCKING_BATCH_BYTES};
 use crate::writes::LocalWrites;
 
 /// The `ExistenceGate` service.
@@ -139,12 +139,6 @@ fn resolved<Q>(
     resolve_namespace(namespace(request.get_mut()));
     request
 }
-
-/// Request bytes from which a batch is answered on the blocking pool rather than on a request thread:
-/// about 2,000 16-byte keys, 60 µs of lookups. A request thread busy with a long batch delays every call
-/// and shed refusal queued behind it (the runtime has one per core); below this size the hand-off (a few
-/// µs) would cost more than it saves.
-const BLOCKING_BATCH_BYTES: usize = 32 * 1024;
 
 /// How long `CurrentSeq` waits for a replica's barrier to vouch for what it applied: a few barriers' round
 /// trips.

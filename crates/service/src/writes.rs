@@ -7,6 +7,7 @@ use crate::core::gate::{Gate, GateError, Logged};
 use crate::core::keys::PackedKeys;
 use crate::core::namespace::{AbsenceReport, Added, NewKeys, Recorded};
 use crate::core::writes::{Pending, Writes};
+use crate::request_keys::BLOCKING_BATCH_BYTES;
 
 /// How long a write that arrives while the state loads waits for it before it is refused "still loading".
 const LOADING_WAIT: Duration = Duration::from_secs(10);
@@ -23,32 +24,44 @@ impl LocalWrites {
         Self { gate }
     }
 
-    /// Runs `write` and waits for the log before its answer. Applying and appending never wait for a disk,
-    /// so they run on the caller's task; the wait for the log is where the modes differ:
+    /// Runs `write` (`large`: over [`BLOCKING_BATCH_BYTES`] of keys) and waits for the log before its
+    /// answer. Applying and appending never wait for a disk, so they run on the caller's task — a large
+    /// write on the blocking pool, as a large lookup is, so that no request thread is busy with it for long.
+    /// The wait for the log is where the modes differ:
     /// - a log that wakes its waiters itself (the write-ahead log, [`Log::commits_without_thread`]) is
     ///   awaited on the task: thousands of writes in flight cost no thread each, and one group write wakes
-    ///   only the writes it made durable;
-    /// - a log that never waits (`--in-memory`) is committed inline;
+    ///   only the writes it made durable; a log that never waits (`--in-memory`) is done at once;
     /// - any other log is waited for on the blocking pool — a request thread that waited would stall every
     ///   call queued behind it, health checks included (the runtime has one per core).
     ///
     /// [`Log::commits_without_thread`]: crate::core::log::Log::commits_without_thread
     async fn run<T: Send + 'static>(
         &self,
+        large: bool,
         write: impl FnOnce(&Gate) -> Result<Logged<T>, GateError> + Send + 'static,
     ) -> Result<T, GateError> {
         if !self.gate.is_ready() {
             let _ = tokio::time::timeout(LOADING_WAIT, self.gate.until_ready()).await;
         }
-        if !self.gate.writes_may_wait() {
-            return self.gate.commit(write(&self.gate)?);
-        }
-        if self.gate.commits_without_thread() {
-            let logged = write(&self.gate)?;
+        if self.gate.commits_without_thread() || !self.gate.writes_may_wait() {
+            let logged = if large {
+                self.on_blocking_pool(write).await?
+            } else {
+                write(&self.gate)?
+            };
             return self.gate.committed(logged).await;
         }
+        self.on_blocking_pool(move |gate| gate.commit(write(gate)?))
+            .await
+    }
+
+    /// Runs `work` on the blocking pool.
+    async fn on_blocking_pool<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Gate) -> Result<T, GateError> + Send + 'static,
+    ) -> Result<T, GateError> {
         let gate = Arc::clone(&self.gate);
-        tokio::task::spawn_blocking(move || gate.commit(write(&gate)?))
+        tokio::task::spawn_blocking(move || work(&gate))
             .await
             .unwrap_or_else(|e| {
                 Err(GateError::Unavailable(format!(
@@ -66,7 +79,10 @@ impl Writes for LocalWrites {
         new_keys: NewKeys,
     ) -> Pending<'a, Result<Added, GateError>> {
         let namespace = namespace.to_string();
-        Box::pin(self.run(move |gate| gate.add_logged(&namespace, keys, new_keys)))
+        let large = keys.bytes() >= BLOCKING_BATCH_BYTES;
+        Box::pin(self.run(large, move |gate| {
+            gate.add_logged(&namespace, keys, new_keys)
+        }))
     }
 
     fn record_absent<'a>(
@@ -75,7 +91,9 @@ impl Writes for LocalWrites {
         report: AbsenceReport,
     ) -> Pending<'a, Result<Recorded, GateError>> {
         let namespace = namespace.to_string();
-        Box::pin(self.run(move |gate| gate.record_absent_logged(&namespace, report)))
+        Box::pin(self.run(false, move |gate| {
+            gate.record_absent_logged(&namespace, report)
+        }))
     }
 
     fn reach(&self, _seq: u64, _bound: Duration) -> Pending<'_, bool> {
