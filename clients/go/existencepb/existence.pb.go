@@ -347,7 +347,7 @@ type CurrentSeqResponse struct {
 	sizeCache     protoimpl.SizeCache
 	unknownFields protoimpl.UnknownFields
 
-	// The namespace's latest applied seq (the observed_seq a MayExist would report now).
+	// The namespace's latest applied seq (on a replica, as far as it has checked its copy against the stream).
 	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 }
 
@@ -455,7 +455,8 @@ type MayExistResponse struct {
 	Answer Answer `protobuf:"varint,1,opt,name=answer,proto3,enum=existence.v1.Answer" json:"answer,omitempty"`
 	// What the answer rests on.
 	Basis Basis `protobuf:"varint,2,opt,name=basis,proto3,enum=existence.v1.Basis" json:"basis,omitempty"`
-	// The namespace's latest applied seq when the answer was computed; pass it to RecordAbsent.
+	// The namespace's latest applied seq when the answer was computed (on a replica, as far as it has checked
+	// its copy against the stream: never ahead of what the answer reflects); pass it to RecordAbsent.
 	ObservedSeq uint64 `protobuf:"varint,3,opt,name=observed_seq,json=observedSeq,proto3" json:"observed_seq,omitempty"`
 }
 
@@ -596,7 +597,8 @@ type BatchMayExistResponse struct {
 
 	// One answer per key, in request order (empty when the request used `packed_keys`).
 	Answers []Answer `protobuf:"varint,1,rep,packed,name=answers,proto3,enum=existence.v1.Answer" json:"answers,omitempty"`
-	// The namespace's latest applied seq when the answers were computed.
+	// The namespace's latest applied seq when the answers were computed (on a replica, as far as it has
+	// checked its copy against the stream).
 	ObservedSeq uint64 `protobuf:"varint,2,opt,name=observed_seq,json=observedSeq,proto3" json:"observed_seq,omitempty"`
 	// The answers to `packed_keys`: bit i (byte i / 8, bit i % 8, least significant bit first) is 1 if key i
 	// may exist and 0 if it is absent.

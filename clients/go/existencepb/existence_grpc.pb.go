@@ -29,7 +29,8 @@ type ExistenceGateClient interface {
 	SubscribeInvalidations(ctx context.Context, in *SubscribeInvalidationsRequest, opts ...grpc.CallOption) (ExistenceGate_SubscribeInvalidationsClient, error)
 	// The namespace's latest applied seq, for a writer that fences its own absences (the change feed): every
 	// Add applied after this call returns has a higher seq, so a RecordAbsent carrying it as observed_seq is
-	// SUPERSEDED by any Add made after the call. Allowed with the read or the write role.
+	// SUPERSEDED by any Add made after the call. A replica answers once it has checked its copy against the
+	// stream (waiting up to 2 s for that). Allowed with the read or the write role.
 	CurrentSeq(ctx context.Context, in *CurrentSeqRequest, opts ...grpc.CallOption) (*CurrentSeqResponse, error)
 }
 
@@ -134,7 +135,8 @@ type ExistenceGateServer interface {
 	SubscribeInvalidations(*SubscribeInvalidationsRequest, ExistenceGate_SubscribeInvalidationsServer) error
 	// The namespace's latest applied seq, for a writer that fences its own absences (the change feed): every
 	// Add applied after this call returns has a higher seq, so a RecordAbsent carrying it as observed_seq is
-	// SUPERSEDED by any Add made after the call. Allowed with the read or the write role.
+	// SUPERSEDED by any Add made after the call. A replica answers once it has checked its copy against the
+	// stream (waiting up to 2 s for that). Allowed with the read or the write role.
 	CurrentSeq(context.Context, *CurrentSeqRequest) (*CurrentSeqResponse, error)
 	mustEmbedUnimplementedExistenceGateServer()
 }
