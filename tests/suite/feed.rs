@@ -643,6 +643,12 @@ async fn cut_off(db: &tokio_postgres::Client, feed: &Feed) {
     )
     .await
     .unwrap();
+    slot_released(db).await;
+}
+
+/// Waits until no walsender holds the feed's slot: PostgreSQL releases it only once the walsender of a
+/// feed that stopped or was killed has noticed.
+async fn slot_released(db: &tokio_postgres::Client) {
     wait_until(PATIENCE, "the slot to be released", async || {
         let row = db
             .query_one(
@@ -734,6 +740,7 @@ async fn a_feed_restarted_without_its_slot_refuses_to_skip_what_it_missed() {
         return;
     };
     feed.kill().await;
+    slot_released(&db).await;
     db.execute("SELECT pg_drop_replication_slot('feed_slot')", &[])
         .await
         .unwrap();
