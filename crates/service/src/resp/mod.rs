@@ -403,14 +403,22 @@ async fn serve_connection(
 /// elsewhere). A client that has begun a request waits for a reply, so it gets the retryable one every
 /// command read from now on gets (`TRYAGAIN`), rather than a connection closed under it; an idle one is
 /// closed with a FIN (its next command reconnects, through the balancer, to another replica). Both linger
-/// reading, so that bytes already on their way meet no reset.
+/// reading, so that bytes already on their way meet no reset. A request has begun too when its first bytes
+/// have arrived but were not read yet (the connection's task had not run since): one read that does not
+/// wait looks.
 async fn close_at_shutdown(
     io: &mut (impl AsyncRead + AsyncWrite + Unpin),
     input: &BytesMut,
     session: &mut Session,
     output: &mut BytesMut,
 ) {
-    if !input.is_empty() {
+    let mut arrived = [0u8; 1];
+    let begun = !input.is_empty()
+        || matches!(
+            tokio::time::timeout(Duration::ZERO, io.read(&mut arrived)).await,
+            Ok(Ok(n)) if n > 0
+        );
+    if begun {
         session
             .replies(output)
             .error("TRYAGAIN", crate::access::SHUTTING_DOWN);
