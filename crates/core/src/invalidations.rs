@@ -27,6 +27,9 @@ const PER_EVENT_OVERHEAD: usize = 128;
 pub struct Invalidation {
     /// The `Add`'s seq.
     pub seq: u64,
+    /// Its time (unix ms), which decides the filter window its keys went into: what a mirror of the filter
+    /// needs to put them in the same one.
+    pub at_ms: u64,
     /// Its keys.
     pub keys: PackedKeys,
 }
@@ -58,6 +61,8 @@ struct Replay {
     bytes: usize,
     /// Every invalidation with a seq above this is still in `events` (the seq of the last one evicted).
     floor: u64,
+    /// Counts [`Hub::reset`]s: a subscription from before the latest one resyncs, wherever its cursor is.
+    generation: u64,
 }
 
 /// A namespace's invalidation fan-out.
@@ -104,15 +109,19 @@ impl Hub {
         self.newest.send_replace(seq);
     }
 
-    /// Forgets every buffered invalidation and declares everything up to `seq` unservable: after a restore,
-    /// invalidations before the restored state are gone, and a subscriber resuming from before `seq` must be
-    /// told to resync.
+    /// The namespace's filter was replaced whole (a restore, a rebuild swapped in): forgets every buffered
+    /// invalidation, declares everything up to `seq` unservable, and has every open subscription resync —
+    /// a rebuilt filter may hold keys no `Add` announced, so every cached absence and every mirror is
+    /// suspect.
     pub fn reset(&self, seq: u64) {
         let mut replay = self.replay();
         *replay = Replay {
             floor: seq,
+            generation: replay.generation + 1,
             ..Replay::default()
         };
+        drop(replay);
+        self.newest.send_modify(|_| {});
     }
 
     /// Bytes held in the replay buffer.
@@ -139,6 +148,7 @@ impl Hub {
         }
         let wake = self.newest.subscribe();
         let replay = self.replay();
+        let generation = replay.generation;
         let latest = latest_seq.load(Ordering::Acquire);
         let exact = after_seq <= latest && after_seq >= replay.floor;
         let (cursor, resync_first) = match after_seq {
@@ -152,6 +162,7 @@ impl Hub {
             latest_seq: Arc::clone(latest_seq),
             cursor,
             resync_first,
+            generation,
             wake,
         })
     }
@@ -166,6 +177,8 @@ pub struct Subscription {
     cursor: u64,
     /// Whether the next delivery must be a resync (the requested `after_seq` could not be served exactly).
     resync_first: bool,
+    /// The hub's [`Replay::generation`] this subscription has caught up with.
+    generation: u64,
     wake: watch::Receiver<u64>,
 }
 
@@ -193,8 +206,9 @@ impl Subscription {
     pub fn poll_ready(&mut self) -> Option<Delivery> {
         self.wake.borrow_and_update();
         let replay = self.hub.replay();
-        if self.resync_first || self.cursor < replay.floor {
+        if self.resync_first || self.cursor < replay.floor || self.generation != replay.generation {
             self.resync_first = false;
+            self.generation = replay.generation;
             self.cursor = self.latest_seq.load(Ordering::Acquire);
             return Some(Delivery::Resync { seq: self.cursor });
         }
@@ -220,6 +234,7 @@ mod tests {
         hub.publish(
             Invalidation {
                 seq,
+                at_ms: 0,
                 keys: PackedKeys::pack(&[Bytes::from_static(key)]),
             },
             latest,
@@ -274,6 +289,22 @@ mod tests {
         assert_eq!(old.poll_ready(), Some(Delivery::Resync { seq: 10 }));
         publish(&hub, &latest, 11, b"k");
         assert_eq!(added_seq(old.poll_ready()), 11);
+    }
+
+    #[test]
+    fn a_reset_resyncs_every_subscription_even_one_that_was_caught_up() {
+        let hub = Arc::new(Hub::new(1 << 20));
+        let latest = Arc::new(AtomicU64::new(0));
+        publish(&hub, &latest, 1, b"k");
+        let mut caught_up = hub.subscribe(0, &latest, usize::MAX).unwrap();
+        assert_eq!(caught_up.poll_ready(), None);
+        hub.reset(1);
+        assert_eq!(caught_up.poll_ready(), Some(Delivery::Resync { seq: 1 }));
+        assert_eq!(caught_up.poll_ready(), None);
+        let mut after = hub.subscribe(0, &latest, usize::MAX).unwrap();
+        publish(&hub, &latest, 2, b"k");
+        assert_eq!(added_seq(after.poll_ready()), 2);
+        assert_eq!(added_seq(caught_up.poll_ready()), 2);
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl Namespace {
                     .fetch_add(keys.len() as u64, Ordering::Relaxed);
                 self.metrics.keys_added.increment(keys.len() as u64);
                 self.hub
-                    .publish(Invalidation { seq, keys }, &self.latest_seq);
+                    .publish(Invalidation { seq, at_ms, keys }, &self.latest_seq);
                 // A key whose live tombstone this `Add` cleared answered `ABSENT` before it too.
                 let new = new.map(|mut new| {
                     new.extend_from_slice(&cleared);
@@ -120,6 +120,9 @@ impl Namespace {
             } => {
                 let applied = self.apply_rebuild_step(writer, seq, at_ms, step);
                 self.latest_seq.store(seq, Ordering::Release);
+                if matches!(applied, Applied::Rebuilt(_)) {
+                    self.hub.reset(seq);
+                }
                 applied
             }
         }

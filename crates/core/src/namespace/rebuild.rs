@@ -47,11 +47,13 @@ impl Rebuild {
         let mut writer = self.namespace.writer()?;
         writer.shadow = None;
         self.namespace.filter.store(Arc::clone(&self.shadow));
+        let seq = self.namespace.latest_seq();
+        self.namespace.hub.reset(seq);
         self.finished = true;
         Ok(Rebuilt {
             keys: self.keys,
             filter_bytes: self.shadow.bytes(),
-            seq: self.namespace.latest_seq(),
+            seq,
         })
     }
 }

@@ -366,3 +366,26 @@ fn an_observation_of_a_fresh_namespace_still_detects_a_later_add() {
     assert_eq!(recorded.outcome, RecordOutcome::Superseded);
     assert_eq!(namespace.lookup(b"raced", 1_002).answer, Answer::MayExist);
 }
+
+/// A filter swapped in whole — a logged rebuild's commit, one driven in this process — may hold keys no
+/// `Add` announced, so every subscription (a client's cached absences, a mirror) is told to resync, even
+/// one that had seen everything; until then it had only the `Add`s, each with its time.
+#[test]
+fn a_swapped_in_filter_resyncs_every_subscription() {
+    use crate::invalidations::Delivery;
+    let live = namespace();
+    let mut caught_up = live.subscribe(0, usize::MAX).unwrap();
+    live.apply(addition(2, &["a"])).unwrap();
+    match caught_up.poll_ready() {
+        Some(Delivery::Added(added)) => assert_eq!((added.seq, added.at_ms), (2, 1_000)),
+        other => panic!("expected the Add, got {other:?}"),
+    }
+    live.apply(step(3, RebuildStep::Begin)).unwrap();
+    live.apply(step(4, RebuildStep::Commit { began: 3 })).unwrap();
+    assert_eq!(caught_up.poll_ready(), Some(Delivery::Resync { seq: 4 }));
+    assert_eq!(caught_up.poll_ready(), None);
+
+    let rebuild = live.begin_rebuild().unwrap().expect("no rebuild runs");
+    rebuild.finish().unwrap();
+    assert_eq!(caught_up.poll_ready(), Some(Delivery::Resync { seq: 4 }));
+}

@@ -243,6 +243,7 @@ mod tests {
             channel: Arc::from("invalidations:users"),
             delivery: Delivery::Added(Arc::new(Invalidation {
                 seq: 7,
+                at_ms: 0,
                 keys: keys.into(),
             })),
         }
