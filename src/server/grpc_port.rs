@@ -1,4 +1,4 @@
-//! The gRPC port: the contract, admin, health and reflection services behind one tower stack (status
+//! The gRPC port: the contract, mirror, admin, health and reflection services behind one tower stack (status
 //! rewriting, the in-flight limit), served on a listener with a handshake deadline, plaintext or TLS.
 
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use crate::core::gate::Gate;
 use crate::core::replicas::Replicas;
 use crate::core::writes::Writes;
 use crate::proto::admin_server::AdminServer;
+use crate::proto::mirror_server::MirrorServer;
 use crate::service::access::{Access, GrpcResponse, InFlightLimitLayer};
 use crate::service::add_request::AddRoute;
 use crate::service::admin::AdminService;
@@ -20,6 +21,7 @@ use crate::service::auth::Authorizer;
 use crate::service::grpc::GateService;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::listener::{Incoming, Plaintext};
+use crate::service::mirror::{MirrorService, Mirroring};
 
 /// How many streams a client may reset before the server has accepted them, on one connection, before h2
 /// ends the connection with GOAWAY `ENHANCE_YOUR_CALM` (its default is 20, a defence against HTTP/2 rapid
@@ -39,7 +41,7 @@ pub(super) fn serve(
     options: &ServeOptions,
     gate: &Arc<Gate>,
     (access, writes): (&Arc<Access>, &Arc<dyn Writes>),
-    replicas: Option<Arc<dyn Replicas>>,
+    (replicas, mirrors): (Option<Arc<dyn Replicas>>, Mirroring),
     lifecycle: &Arc<Lifecycle>,
     health_service: HealthServer<impl Health>,
     listener: TcpListener,
@@ -49,6 +51,11 @@ pub(super) fn serve(
     let contract =
         GateService::new(Arc::clone(gate), Arc::clone(&access)).with_writes(Arc::clone(writes));
     let gate_service = AddRoute::new(contract, options.max_message_bytes);
+    let mirror_service = MirrorServer::new(MirrorService::new(
+        Arc::clone(gate),
+        Arc::clone(&access),
+        mirrors,
+    ));
     let admin_service = AdminServer::new(
         AdminService::new(Arc::clone(gate), access, Arc::clone(lifecycle)).with_replica(replicas),
     )
@@ -74,6 +81,7 @@ pub(super) fn serve(
         // grpcurl 1.8 and Python's grpcio-reflection speak only v1alpha.
         .add_service(reflection().build_v1alpha().map_err(reflection_failed)?)
         .add_service(gate_service)
+        .add_service(mirror_service)
         .add_service(admin_service);
     let shutdown = lifecycle.shutdown().clone();
     let stopped = async move { shutdown.wait().await };

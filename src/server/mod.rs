@@ -241,12 +241,13 @@ pub async fn start(
     let (health, health_service) = tonic_health::server::health_reporter();
     let lifecycle = Lifecycle::new(Shutdown::default(), mode.has_own_log(), health).await;
     let access = grpc_port::access(&options, &lifecycle)?;
-    let writes = mode.writes(&gate);
+    let mirrors = mode.mirrors(&options.config.mirrors);
+    let writes = mode.writes(&gate, mirrors.as_ref().ok());
     let grpc = grpc_port::serve(
         &options,
         &gate,
         (&access, &writes),
-        mode.replicas(),
+        (mode.replicas(), mirrors),
         &lifecycle,
         health_service,
         grpc_listener,

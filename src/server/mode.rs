@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::loading::Load;
 use super::replicated::{self, Replicated};
 use super::{DurabilityOptions, ServeOptions};
+use crate::core::config::Mirrors as MirrorsConfig;
 use crate::core::gate::Gate;
 use crate::core::lease::ReadLease;
 use crate::core::log::VolatileLog;
@@ -16,6 +17,7 @@ use crate::replication::replica::Replica;
 use crate::replication::replica_snapshots::ReplicaSnapshots;
 use crate::replication::snapshot_store::SnapshotStore;
 use crate::replication::stream::MutationStream;
+use crate::service::mirror::{MirrorRegistry, Mirroring};
 use crate::service::writes::LocalWrites;
 use crate::storage::DataDir;
 
@@ -60,10 +62,37 @@ impl Mode {
         matches!(self, Self::Single(Some(_)))
     }
 
-    /// Where the service sends writes.
-    pub(super) fn writes(&self, gate: &Arc<Gate>) -> Arc<dyn Writes> {
+    /// Where mirrors' sub-leases are kept, or why this gate takes no mirrors (said to each that tries).
+    /// Made once, at start: a single server's rule-5 quiet period runs from here.
+    pub(super) fn mirrors(&self, config: &MirrorsConfig) -> Mirroring {
         match self {
-            Self::Single(_) => Arc::new(LocalWrites::new(Arc::clone(gate))),
+            Self::Replicated(_) => Err("this gate is a replica, and replicas do not grant mirrors \
+                                        sub-leases yet: attach mirrors to a single server (docs/mirrors.md)"
+                .to_string()),
+            Self::Single(_) if !config.enabled() => Err("mirrors are off on this gate: set [mirrors] \
+                                                        max_per_namespace (docs/mirrors.md)"
+                .to_string()),
+            Self::Single(_) => Ok(MirrorRegistry::new(
+                config.terms(),
+                config.max_per_namespace,
+            )),
+        }
+    }
+
+    /// Where the service sends writes; a single server's `Add`s wait on `mirrors`' sub-leases.
+    pub(super) fn writes(
+        &self,
+        gate: &Arc<Gate>,
+        mirrors: Option<&Arc<MirrorRegistry>>,
+    ) -> Arc<dyn Writes> {
+        match self {
+            Self::Single(_) => {
+                let writes = LocalWrites::new(Arc::clone(gate));
+                Arc::new(match mirrors {
+                    Some(mirrors) => writes.with_mirrors(Arc::clone(mirrors)),
+                    None => writes,
+                })
+            }
             Self::Replicated(replicated) => Arc::clone(&replicated.replica) as Arc<dyn Writes>,
         }
     }

@@ -33,7 +33,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use existence_gate::core::config::{GateConfig, Limits, NamespaceSettings};
+use existence_gate::core::config::{GateConfig, Limits, Mirrors, NamespaceSettings};
 
 /// The configuration reference.
 const REFERENCE: &str = "docs/configuration.md";
@@ -42,8 +42,9 @@ const CLI_PAGE: &str = "docs/cli.md";
 
 /// The configuration file's tables: the top-level key, a line of TOML that opens one (where an unknown key
 /// is tried), and the heading of the reference's section whose table lists its keys.
-const TABLES: [(&str, &str, &str); 3] = [
+const TABLES: [(&str, &str, &str); 4] = [
     ("limits", "[limits]", "### `[limits]`"),
+    ("mirrors", "[mirrors]", "### `[mirrors]`"),
     ("namespaces", "[namespaces.probe]", "### Namespaces"),
     ("tokens", "[[tokens]]", "### `[[tokens]]`"),
 ];
@@ -521,8 +522,8 @@ fn every_key_the_reference_names_is_accepted() {
     assert_none(&problems, "keys documented that the parser refuses");
 }
 
-/// The reference says every field has a default, "the values above": the example's `[limits]` and
-/// namespaces, read by the parser, are exactly the defaults. (Its `[[tokens]]` entry has no defaults and a
+/// The reference says every field has a default, "the values above": the example's `[limits]`,
+/// `[mirrors]` and namespaces, read by the parser, are exactly the defaults. (Its `[[tokens]]` entry has no defaults and a
 /// placeholder hash; its keys are checked above.)
 #[test]
 fn the_example_configuration_shows_the_defaults() {
@@ -536,6 +537,11 @@ fn the_example_configuration_shows_the_defaults() {
         config.limits,
         Limits::default(),
         "the example's [limits] are not the defaults"
+    );
+    assert_eq!(
+        config.mirrors,
+        Mirrors::default(),
+        "the example's [mirrors] are not the defaults"
     );
     let namespaces: Vec<&String> = example
         .get("namespaces")

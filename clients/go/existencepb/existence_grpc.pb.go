@@ -607,3 +607,132 @@ var _Admin_serviceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "existence/v1/existence.proto",
 }
+
+// MirrorClient is the client API for Mirror service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type MirrorClient interface {
+	// The first request names the namespace; the gate answers with the filter as of a seq (a MirrorHeader,
+	// then the layers' words in FilterWords), then every later Add in seq order. The mirror asks for
+	// sub-leases (LeaseAsk) and acknowledges what it applied (MirrorApplied); while it holds a sub-lease,
+	// every Add waits for its acknowledgement (or the sub-lease's end) before it is acknowledged. A RESYNC
+	// ends the stream: the filter was replaced (a rebuild, a restore) or the mirror fell behind; attach again.
+	// FAILED_PRECONDITION when mirrors are off or on a replica; RESOURCE_EXHAUSTED at [mirrors]
+	// max_per_namespace or when the filter is larger than max_filter_bytes.
+	Attach(ctx context.Context, opts ...grpc.CallOption) (Mirror_AttachClient, error)
+}
+
+type mirrorClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewMirrorClient(cc grpc.ClientConnInterface) MirrorClient {
+	return &mirrorClient{cc}
+}
+
+func (c *mirrorClient) Attach(ctx context.Context, opts ...grpc.CallOption) (Mirror_AttachClient, error) {
+	stream, err := c.cc.NewStream(ctx, &_Mirror_serviceDesc.Streams[0], "/existence.v1.Mirror/Attach", opts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &mirrorAttachClient{stream}
+	return x, nil
+}
+
+type Mirror_AttachClient interface {
+	Send(*MirrorRequest) error
+	Recv() (*MirrorUpdate, error)
+	grpc.ClientStream
+}
+
+type mirrorAttachClient struct {
+	grpc.ClientStream
+}
+
+func (x *mirrorAttachClient) Send(m *MirrorRequest) error {
+	return x.ClientStream.SendMsg(m)
+}
+
+func (x *mirrorAttachClient) Recv() (*MirrorUpdate, error) {
+	m := new(MirrorUpdate)
+	if err := x.ClientStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// MirrorServer is the server API for Mirror service.
+// All implementations must embed UnimplementedMirrorServer
+// for forward compatibility
+type MirrorServer interface {
+	// The first request names the namespace; the gate answers with the filter as of a seq (a MirrorHeader,
+	// then the layers' words in FilterWords), then every later Add in seq order. The mirror asks for
+	// sub-leases (LeaseAsk) and acknowledges what it applied (MirrorApplied); while it holds a sub-lease,
+	// every Add waits for its acknowledgement (or the sub-lease's end) before it is acknowledged. A RESYNC
+	// ends the stream: the filter was replaced (a rebuild, a restore) or the mirror fell behind; attach again.
+	// FAILED_PRECONDITION when mirrors are off or on a replica; RESOURCE_EXHAUSTED at [mirrors]
+	// max_per_namespace or when the filter is larger than max_filter_bytes.
+	Attach(Mirror_AttachServer) error
+	mustEmbedUnimplementedMirrorServer()
+}
+
+// UnimplementedMirrorServer must be embedded to have forward compatible implementations.
+type UnimplementedMirrorServer struct {
+}
+
+func (UnimplementedMirrorServer) Attach(Mirror_AttachServer) error {
+	return status.Errorf(codes.Unimplemented, "method Attach not implemented")
+}
+func (UnimplementedMirrorServer) mustEmbedUnimplementedMirrorServer() {}
+
+// UnsafeMirrorServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to MirrorServer will
+// result in compilation errors.
+type UnsafeMirrorServer interface {
+	mustEmbedUnimplementedMirrorServer()
+}
+
+func RegisterMirrorServer(s *grpc.Server, srv MirrorServer) {
+	s.RegisterService(&_Mirror_serviceDesc, srv)
+}
+
+func _Mirror_Attach_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MirrorServer).Attach(&mirrorAttachServer{stream})
+}
+
+type Mirror_AttachServer interface {
+	Send(*MirrorUpdate) error
+	Recv() (*MirrorRequest, error)
+	grpc.ServerStream
+}
+
+type mirrorAttachServer struct {
+	grpc.ServerStream
+}
+
+func (x *mirrorAttachServer) Send(m *MirrorUpdate) error {
+	return x.ServerStream.SendMsg(m)
+}
+
+func (x *mirrorAttachServer) Recv() (*MirrorRequest, error) {
+	m := new(MirrorRequest)
+	if err := x.ServerStream.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+var _Mirror_serviceDesc = grpc.ServiceDesc{
+	ServiceName: "existence.v1.Mirror",
+	HandlerType: (*MirrorServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Attach",
+			Handler:       _Mirror_Attach_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "existence/v1/existence.proto",
+}

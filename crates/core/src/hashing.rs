@@ -40,9 +40,44 @@ pub struct KeyHasher {
     /// hashes keys exactly as before.
     seed: [u8; 32],
     /// The fast hash, seeded.
-    fast: FixedState,
+    fast: FilterHasher,
     /// Key of the strong hash.
     strong_key: [u64; 2],
+}
+
+/// The fast keyed hash on its own, from its seed: what a client's mirror of a filter is given. Without the
+/// strong hash's key a mirror cannot name a tombstone, and it never learns the seed both are derived from.
+#[derive(Clone)]
+pub struct FilterHasher {
+    seed: u64,
+    state: FixedState,
+}
+
+impl FilterHasher {
+    /// The fast hash seeded with `seed`.
+    pub fn from_seed(seed: u64) -> Self {
+        Self {
+            seed,
+            state: FixedState::with_seed(seed),
+        }
+    }
+
+    /// Its seed (secret: it lets the holder find keys that pass the filter).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The fast keyed hash of `key`.
+    #[inline]
+    pub fn hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash(self.state.hash_one(key))
+    }
+}
+
+impl std::fmt::Debug for FilterHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilterHasher").finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for KeyHasher {
@@ -65,7 +100,7 @@ impl KeyHasher {
         let mut derive = rand::rngs::StdRng::from_seed(seed);
         Self {
             seed,
-            fast: FixedState::with_seed(derive.next_u64()),
+            fast: FilterHasher::from_seed(derive.next_u64()),
             strong_key: [derive.next_u64(), derive.next_u64()],
         }
     }
@@ -78,7 +113,12 @@ impl KeyHasher {
     /// The fast keyed hash of `key`.
     #[inline]
     pub fn hash(&self, key: &[u8]) -> KeyHash {
-        KeyHash(self.fast.hash_one(key))
+        self.fast.hash(key)
+    }
+
+    /// The fast hash alone: what a filter's mirror needs, and all it is given.
+    pub fn filter_hasher(&self) -> &FilterHasher {
+        &self.fast
     }
 
     /// A value that changes if either hash function's output changes for this seed (a dependency upgrade

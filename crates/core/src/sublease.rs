@@ -204,6 +204,16 @@ impl Sublease {
         now < self.end && applied >= self.from_seq
     }
 
+    /// The end on the mirror's clock until which it holds, having applied through `applied` (0: it does
+    /// not hold): [`holds`](Self::holds) at any moment before it, as a value lookups can read alone.
+    pub fn holding_until(&self, applied: u64) -> Nanos {
+        if applied >= self.from_seq {
+            self.end
+        } else {
+            0
+        }
+    }
+
     /// Gives the sub-lease up (a gap in the mutations, a resync): no `ABSENT` until the next grant.
     pub fn drop_lease(&mut self) {
         self.end = 0;

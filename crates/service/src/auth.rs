@@ -113,6 +113,7 @@ impl Authorizer {
                     Role::Read => "read",
                     Role::Write => "write",
                     Role::Admin => "admin",
+                    Role::Mirror => "mirror",
                 }
             )))
         }

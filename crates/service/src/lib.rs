@@ -10,6 +10,7 @@
 //! - [`lifecycle`]: the one state (loading, ready, failed, draining) that health, `/readyz` and admin read.
 //! - [`memory`]: where the process's memory goes, part by part (`Admin.Stats`, `/metrics`).
 //! - [`metrics`]: the Prometheus recorder and the service's own series.
+//! - [`mirror`]: `Mirror.Attach` — client libraries' copies of filters and their sub-leases.
 //! - [`resp`]: the RESP port — RedisBloom's commands for Redis clients, on the same gate and rules.
 //! - [`shutdown`]: the signal every part watches.
 //! - [`subscriptions`]: how many invalidation streams one token holds, on both ports.
@@ -30,6 +31,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod memory;
 pub mod metrics;
+pub mod mirror;
 pub mod request_keys;
 pub mod resp;
 pub mod shutdown;

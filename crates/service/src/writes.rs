@@ -7,6 +7,7 @@ use crate::core::gate::{Gate, GateError, Logged};
 use crate::core::keys::PackedKeys;
 use crate::core::namespace::{AbsenceReport, Added, NewKeys, Recorded};
 use crate::core::writes::{Pending, Writes};
+use crate::mirror::MirrorRegistry;
 use crate::request_keys::BLOCKING_BATCH_BYTES;
 
 /// How long a write that arrives while the state loads waits for it before it is refused "still loading".
@@ -16,12 +17,24 @@ const LOADING_WAIT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct LocalWrites {
     gate: Arc<Gate>,
+    /// The mirrors attached to this gate, whose sub-leases an `Add` waits on (rule 3 of
+    /// [`crate::core::sublease`]); `None` with mirrors off.
+    mirrors: Option<Arc<MirrorRegistry>>,
 }
 
 impl LocalWrites {
     /// Writes to `gate`.
     pub fn new(gate: Arc<Gate>) -> Self {
-        Self { gate }
+        Self {
+            gate,
+            mirrors: None,
+        }
+    }
+
+    /// These writes, each `Add` acknowledged only once `mirrors` count it applied.
+    pub fn with_mirrors(mut self, mirrors: Arc<MirrorRegistry>) -> Self {
+        self.mirrors = Some(mirrors);
+        self
     }
 
     /// Runs `write` (`large`: over [`BLOCKING_BATCH_BYTES`] of keys) and waits for the log before its
@@ -78,11 +91,17 @@ impl Writes for LocalWrites {
         keys: PackedKeys,
         new_keys: NewKeys,
     ) -> Pending<'a, Result<Added, GateError>> {
-        let namespace = namespace.to_string();
+        let name = namespace.to_string();
         let large = keys.bytes() >= BLOCKING_BATCH_BYTES;
-        Box::pin(self.run(large, move |gate| {
-            gate.add_logged(&namespace, keys, new_keys)
-        }))
+        Box::pin(async move {
+            let added = self
+                .run(large, move |gate| gate.add_logged(&name, keys, new_keys))
+                .await?;
+            if let Some(mirrors) = &self.mirrors {
+                mirrors.applied(namespace, added.seq).await;
+            }
+            Ok(added)
+        })
     }
 
     fn record_absent<'a>(

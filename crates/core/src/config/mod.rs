@@ -23,12 +23,13 @@
 //! Every field has a default; unknown fields and invalid values are startup errors that name the field.
 //! The `default` namespace always exists (a `[namespaces.default]` table tunes it).
 //!
-//! The files: `namespace_settings.rs` (a namespace's sizing and TTLs), `limits.rs` (`[limits]`), `tokens.rs`
-//! (`[[tokens]]`), `duration.rs` (how durations are written); this file holds the whole configuration, its
+//! The files: `namespace_settings.rs` (a namespace's sizing and TTLs), `limits.rs` (`[limits]`),
+//! `mirrors.rs` (`[mirrors]`), `tokens.rs` (`[[tokens]]`), `duration.rs` (how durations are written); this file holds the whole configuration, its
 //! parsing and the checks that span its parts (namespace names).
 
 mod duration;
 mod limits;
+mod mirrors;
 mod namespace_settings;
 mod tokens;
 
@@ -37,6 +38,7 @@ mod tests;
 
 pub use duration::parse_duration;
 pub use limits::{Limits, MAX_KEY_BYTES_LIMIT};
+pub use mirrors::Mirrors;
 pub use namespace_settings::{NamespaceSettings, MAX_TOMBSTONES};
 pub use tokens::{validate_tokens, Role, TokenConfig};
 
@@ -62,6 +64,9 @@ pub struct GateConfig {
     /// Bearer tokens (`[[tokens]]`); none = the gate is open to anyone who can reach it.
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
+    /// Client-side mirrors of filters (`[mirrors]`); off unless `max_per_namespace` is set.
+    #[serde(default)]
+    pub mirrors: Mirrors,
 }
 
 impl Default for GateConfig {
@@ -106,6 +111,7 @@ impl GateConfig {
     /// Checks every value; a caller that changes one after parsing (a command-line override) calls it again.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.validate()?;
+        self.mirrors.validate()?;
         validate_tokens(&self.tokens).map_err(|problem| ConfigError::Invalid {
             field: "tokens".to_string(),
             problem,

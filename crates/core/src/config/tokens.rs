@@ -12,6 +12,9 @@ pub enum Role {
     Write,
     /// The Admin service.
     Admin,
+    /// Attaching a mirror: a copy of a namespace's filter and the secret seed of its hash, which lets the
+    /// holder find keys that pass the filter — so not part of `read`.
+    Mirror,
 }
 
 /// One configured token.

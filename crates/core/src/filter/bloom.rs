@@ -292,7 +292,17 @@ impl BloomLayer {
 
     /// Copies of the raw bit words, block after block (what a snapshot stores).
     pub fn words(&self) -> impl Iterator<Item = u64> + '_ {
-        self.blocks
+        self.words_of_blocks(0..self.blocks.len())
+    }
+
+    /// The words of the blocks in `blocks` (a part of [`words`](Self::words), for sending a layer a part
+    /// at a time); blocks past the end are left out.
+    pub fn words_of_blocks(
+        &self,
+        blocks: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = u64> + '_ {
+        let end = blocks.end.min(self.blocks.len());
+        self.blocks[blocks.start.min(end)..end]
             .iter()
             .flat_map(|block| block.0.iter().map(|word| word.load(Ordering::Relaxed)))
     }

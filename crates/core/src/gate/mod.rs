@@ -20,13 +20,14 @@ use metrics::Counter;
 use crate::answer::{Answer, Lookup, NamespaceStats, Scan};
 use crate::clock::{Clock, ReadTime, StreamTime, WallCheck};
 use crate::config::{GateConfig, Limits};
-use crate::hashing::KeyHasher;
+use crate::hashing::{FilterHasher, KeyHasher};
 use crate::invalidations::Subscription;
 use crate::keys::PackedKeys;
 use crate::lease::ReadLease;
 use crate::log::{Log, LogError, Mutation};
 use crate::namespace::{
-    AbsenceReport, Applied, Namespace, NamespaceImage, NewKeys, WriteError, WritesStopped,
+    AbsenceReport, Applied, MirrorImage, Namespace, NamespaceImage, NewKeys, WriteError,
+    WritesStopped,
 };
 
 /// How a log numbers one namespace's mutations.
@@ -401,6 +402,29 @@ impl Gate {
             entry.lease_fail_opens.increment(failed_open as u64);
         }
         Ok(observed_seq)
+    }
+
+    /// What a mirror of `namespace` starts from: its canonical name, the filter's hash and the filter as of a
+    /// seq with every later `Add` ([`MirrorImage`]). Refused while the state loads: a filter still being
+    /// replayed is not one to copy.
+    pub fn mirror_image(
+        &self,
+        namespace: &str,
+    ) -> Result<(Arc<str>, FilterHasher, MirrorImage), GateError> {
+        let namespace = self.namespace(namespace)?;
+        if !self.is_ready() {
+            return Err(GateError::Unavailable(
+                "the gate is still loading its state; attach the mirror once it serves".to_string(),
+            ));
+        }
+        let image = namespace
+            .mirror_image()
+            .map_err(|stopped| GateError::Unavailable(stopped.to_string()))?;
+        Ok((
+            Arc::clone(namespace.name()),
+            self.hasher.filter_hasher().clone(),
+            image,
+        ))
     }
 
     /// Subscribes to `namespace`'s invalidations after `after_seq`; returns the canonical name with it.

@@ -36,6 +36,21 @@ pub struct NamespaceImage {
     pub rebuild: Option<RebuildImage>,
 }
 
+/// What a client's mirror of the filter downloads: the filter as of `seq`, copied, and the subscription that
+/// carries every later `Add` (and tells of a wholesale replacement: a resync). Taken under the writer lock,
+/// so that no `Add` falls between the copy and the subscription, nor is in both.
+pub struct MirrorImage {
+    /// The seq the copy is exact as of.
+    pub seq: u64,
+    /// The sizing the filter was built with: the mirror builds its copy with the same, so later `Add`s
+    /// rotate and grow it exactly as here.
+    pub spec: crate::filter::FilterSpec,
+    /// The filter's windows, oldest first, each layer copied.
+    pub windows: Vec<WindowImage>,
+    /// Every `Add` after `seq`, in seq order.
+    pub subscription: Subscription,
+}
+
 /// A logged rebuild in progress, as a snapshot holds it: a replica restored from the snapshot goes on with
 /// it when the rest of its steps arrive, exactly as the replicas that applied its first steps do. (A
 /// rebuild driven in this process is not in images: it ends with its caller.)
@@ -140,6 +155,31 @@ impl Namespace {
                 last_step_ms,
                 windows: filter.export(),
             }),
+        })
+    }
+
+    /// The filter and the subscription a mirror starts from ([`MirrorImage`]). The copy of the layers is
+    /// taken under the writer lock, so `Add`s to this namespace wait for it: a memory copy of the filter's
+    /// bytes (lookups do not wait).
+    pub fn mirror_image(&self) -> Result<MirrorImage, WritesStopped> {
+        let _writer = self.writer()?;
+        let seq = self.latest_seq();
+        let windows = self
+            .filter
+            .load()
+            .export()
+            .into_iter()
+            .map(|(id, layers)| (id, layers.iter().map(|l| Arc::new(l.copy())).collect()))
+            .collect();
+        let subscription = self
+            .hub
+            .subscribe(seq, &self.latest_seq, usize::MAX)
+            .expect("no limit");
+        Ok(MirrorImage {
+            seq,
+            spec: self.settings.filter_spec(),
+            windows,
+            subscription,
         })
     }
 

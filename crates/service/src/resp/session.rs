@@ -426,7 +426,7 @@ impl Session {
         let authorizer = self.port.access.authorizer();
         let visible = |name: &str| {
             !authorizer.is_enabled()
-                || [Role::Read, Role::Write, Role::Admin]
+                || [Role::Read, Role::Write, Role::Admin, Role::Mirror]
                     .into_iter()
                     .any(|role| authorizer.allows(self.authorization.as_deref(), role, name))
         };
