@@ -42,7 +42,8 @@ fn node_client() {
 }
 
 /// The Rust client installs like any crate: `cargo package` (which builds the packaged crate on its own,
-/// from a copy that holds only the crate's files, the contract included) succeeds.
+/// from a copy that holds only the crate's files, the contract included) succeeds — with the core, whose
+/// filter a mirror runs, packaged beside it as it would be published.
 #[test]
 #[ignore = "system test: `cargo test -- --include-ignored` runs it, as README and CI do"]
 fn the_rust_client_packages_and_its_package_builds() {
@@ -51,6 +52,8 @@ fn the_rust_client_packages_and_its_package_builds() {
     let output = std::process::Command::new(cargo)
         .args([
             "package",
+            "-p",
+            "existence-gate-core",
             "-p",
             "existence-gate-client",
             "--allow-dirty",

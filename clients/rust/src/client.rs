@@ -25,6 +25,9 @@ pub struct Lookup {
     /// The gate is still loading its state and answers "may exist" for everything; a key then found at
     /// the source should be added once it is warm.
     pub warming: bool,
+    /// A [mirror](crate::Mirror) answered `ABSENT` in-process under its sub-lease, with no call (its
+    /// `observed_seq` is then the seq the mirror had applied).
+    pub local: bool,
     /// Which address answered (an index into the client's addresses).
     pub(crate) address: usize,
 }
@@ -134,6 +137,7 @@ impl GateClient {
                     may_exist: bit(&share.bitmap, share.offset),
                     observed_seq: share.observed_seq,
                     warming: share.warming,
+                    local: false,
                     address: share.address,
                 })
             }
@@ -350,6 +354,7 @@ impl Calls {
             may_exist: response.answer() != proto::Answer::Absent,
             observed_seq: response.observed_seq,
             warming: response.basis() == proto::Basis::Warming,
+            local: false,
             address,
         })
     }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 use crate::options::{AddressPolicy, ClientOptions, ClientTls};
@@ -23,6 +23,8 @@ use crate::whole_request::WholeRequests;
 struct Address {
     name: String,
     client: ExistenceGateClient<WholeRequests>,
+    /// The channel itself, for streams whose requests do not end (a mirror's).
+    channel: Channel,
     /// When it answered `UNAVAILABLE`, while it is skipped.
     down_since: Mutex<Option<Instant>>,
 }
@@ -106,6 +108,12 @@ impl Endpoints {
     /// The client of the address at `index`.
     pub fn client(&self, index: usize) -> ExistenceGateClient<WholeRequests> {
         self.addresses[index].client.clone()
+    }
+
+    /// The channel of the address at `index`, for a stream whose requests go on (see [`WholeRequests`]
+    /// for why the calls use another wrapping of it).
+    pub fn channel(&self, index: usize) -> Channel {
+        self.addresses[index].channel.clone()
     }
 
     /// Marks `index` down if `status` is `UNAVAILABLE`.
@@ -213,9 +221,11 @@ fn connect_lazy(name: String, tls: Option<&ClientTls>) -> Result<Address, Invali
             .tls_config(config)
             .map_err(|e| InvalidAddress(format!("TLS to gate address {name:?}: {e}")))?;
     }
+    let channel = endpoint.connect_lazy();
     Ok(Address {
         name,
-        client: ExistenceGateClient::new(WholeRequests(endpoint.connect_lazy())),
+        client: ExistenceGateClient::new(WholeRequests(channel.clone())),
+        channel,
         down_since: Mutex::new(None),
     })
 }

@@ -20,6 +20,8 @@
 //! - [`client`]: [`GateClient`], the calls, with lookups coalesced by [`coalesce`] and sent to one of
 //!   several addresses by [`endpoints`], over channels whose requests end with their last DATA frame
 //!   ([`whole_request`]);
+//! - [`mirror`]: [`Mirror`], an in-process copy of the namespace's filter that answers `ABSENT` with no
+//!   call while it holds a sub-lease from the gate;
 //! - [`reader`]: [`GatedReader`], the read path, over [`cache`] (the local absences) kept true by
 //!   [`subscription`];
 //! - [`options`] and [`stats`]: what a caller sets and what it can count.
@@ -30,6 +32,7 @@ pub mod cache;
 pub mod client;
 pub mod coalesce;
 pub mod endpoints;
+pub mod mirror;
 pub mod options;
 pub mod reader;
 pub mod stats;
@@ -44,6 +47,7 @@ pub mod proto {
 
 pub use client::{BatchLookup, GateClient, InvalidAddress, Lookup, Recorded};
 pub use coalesce::MAX_BATCH_KEYS;
+pub use mirror::{Mirror, MirrorOptions};
 pub use options::{AddressPolicy, ClientOptions, ClientTls, ReaderOptions};
 pub use proto::{AbsenceKind, RecordOutcome};
 pub use reader::{GatedReader, ReadError, SourceRead};

@@ -26,6 +26,10 @@ pub struct Stats {
     pub invalidations: u64,
     /// Subscriptions reopened.
     pub resubscribes: u64,
+    /// Lookups a mirror answered `ABSENT` with no call (also counted in `lookups`).
+    pub mirror_answers: u64,
+    /// Mirror streams that ended (each then attaches again).
+    pub mirror_attaches: u64,
 }
 
 /// The live counters behind [`Stats`].
@@ -41,6 +45,8 @@ pub(crate) struct Counters {
     pub absences_recorded: AtomicU64,
     pub invalidations: AtomicU64,
     pub resubscribes: AtomicU64,
+    pub mirror_answers: AtomicU64,
+    pub mirror_attaches: AtomicU64,
 }
 
 /// Adds `n` to `counter`.
@@ -61,6 +67,8 @@ impl Counters {
             absences_recorded: self.absences_recorded.load(Relaxed),
             invalidations: self.invalidations.load(Relaxed),
             resubscribes: self.resubscribes.load(Relaxed),
+            mirror_answers: self.mirror_answers.load(Relaxed),
+            mirror_attaches: self.mirror_attaches.load(Relaxed),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! every client library shares. One test binary: each links the whole gate, and linking is most of building one.
 
 mod conformance;
+mod mirror;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -1,0 +1,308 @@
+//! The task that keeps a mirror's copy: attach, download, follow, and attach again when the stream ends.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_epoch as epoch;
+use existence_gate_core::filter::{
+    BloomLayer, FilterSpec, Geometry, Retention, WindowedFilter, MAX_LAYER_BYTES,
+};
+use existence_gate_core::hashing::FilterHasher;
+use existence_gate_core::sublease::{Grant, Nanos, Sublease, Terms};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::{Copy, MirrorOptions, Shared};
+use crate::client::GateClient;
+use crate::endpoints::Endpoints;
+use crate::proto;
+use crate::proto::mirror_client::MirrorClient;
+use crate::proto::mirror_update::Update;
+use crate::stats::count;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The task that keeps the copy.
+pub(super) struct Keeper {
+    shared: Arc<Shared>,
+    gate: GateClient,
+    endpoints: Endpoints,
+    options: MirrorOptions,
+}
+
+impl Keeper {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        gate: GateClient,
+        endpoints: Endpoints,
+        options: MirrorOptions,
+    ) -> Self {
+        Self {
+            shared,
+            gate,
+            endpoints,
+            options,
+        }
+    }
+
+    pub(super) async fn run(self) {
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let address = self.endpoints.order()[0];
+            match self.follow(address).await {
+                Ok(()) => backoff = FIRST_BACKOFF,
+                Err(status) => {
+                    self.endpoints.mark_if_unavailable(address, &status);
+                    tracing::debug!(address = self.endpoints.name(address), %status, "mirror stream ended");
+                }
+            }
+            self.shared.holds_until.store(0, Ordering::Release);
+            self.shared.attached.store(false, Ordering::Release);
+            count(&self.gate.calls().counters.mirror_attaches, 1);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Attaches to `address` and follows its stream until it ends; `Ok` when it ended after a download.
+    async fn follow(&self, address: usize) -> Result<(), Status> {
+        let calls = self.gate.calls();
+        let (sender, requests) = mpsc::channel(64);
+        let open = proto::MirrorOpen {
+            namespace: calls.options.namespace.clone(),
+            max_filter_bytes: self.options.max_filter_bytes,
+        };
+        let _ = sender.try_send(request(proto::mirror_request::Request::Open(open)));
+        let mut stream = MirrorClient::new(self.endpoints.channel(address))
+            .attach(calls.request_without_deadline(ReceiverStream::new(requests)))
+            .await?
+            .into_inner();
+        let (header, copy) = download(&mut stream).await?;
+        // The gate's margin, and two grains of this process's coarse clock ([`super::clock`]).
+        let terms = Terms {
+            length: header.sublease_ns,
+            drift_ppm: header.max_clock_drift_ppm,
+            margin: header.margin_ns + 2 * self.shared.clock.grain(),
+        };
+        self.shared.replace_copy(copy);
+        self.shared.attached.store(true, Ordering::Release);
+        let mut following = Following {
+            shared: &self.shared,
+            sender,
+            sublease: Sublease::new(terms),
+            applied: header.seq,
+            asked: Vec::new(),
+            next_ask: 0,
+            max_filter_bytes: match self.options.max_filter_bytes {
+                0 => u64::MAX,
+                cap => cap,
+            },
+        };
+        following.run(&mut stream, terms).await
+    }
+}
+
+/// One attachment's state: what it applied and its sub-lease.
+struct Following<'a> {
+    shared: &'a Shared,
+    sender: mpsc::Sender<proto::MirrorRequest>,
+    sublease: Sublease,
+    applied: u64,
+    /// Requests for sub-leases not yet answered: their ids and when they were sent.
+    asked: Vec<(u64, Nanos)>,
+    next_ask: u64,
+    /// [`MirrorOptions::max_filter_bytes`] (0: no limit).
+    max_filter_bytes: u64,
+}
+
+impl Following<'_> {
+    async fn run(
+        &mut self,
+        stream: &mut Streaming<proto::MirrorUpdate>,
+        terms: Terms,
+    ) -> Result<(), Status> {
+        let mut asking = tokio::time::interval(
+            Duration::from_nanos(terms.length / 4).max(Duration::from_millis(1)),
+        );
+        loop {
+            tokio::select! {
+                _ = asking.tick() => self.ask(),
+                update = stream.message() => match update?.and_then(|u| u.update) {
+                    Some(Update::Added(added)) => self.apply(&added)?,
+                    Some(Update::Grant(grant)) => self.granted(&grant),
+                    Some(Update::Resync(_)) | None => return Ok(()),
+                    Some(Update::Header(_) | Update::Words(_)) => {
+                        return Err(Status::internal("the gate sent a second filter on one stream"));
+                    }
+                },
+            }
+        }
+    }
+
+    fn ask(&mut self) {
+        self.next_ask += 1;
+        let id = self.next_ask;
+        let ask = proto::mirror_request::Request::Ask(proto::LeaseAsk { id });
+        if self.sender.try_send(request(ask)).is_ok() {
+            // Unanswered requests of a gate that stopped granting are forgotten after a few.
+            if self.asked.len() >= 16 {
+                self.asked.remove(0);
+            }
+            self.asked.push((id, self.shared.clock.now()));
+        }
+    }
+
+    fn apply(&mut self, added: &proto::MirroredAdd) -> Result<(), Status> {
+        let guard = epoch::pin();
+        if let Some(copy) = self.shared.copy(&guard) {
+            let hashes: Vec<_> = added.keys.iter().map(|k| copy.hasher.hash(k)).collect();
+            copy.filter.insert_many(&hashes, added.at_ms);
+            if copy.filter.bytes() > self.max_filter_bytes {
+                return Err(Status::resource_exhausted(format!(
+                    "the mirror's filter grew to {} bytes, more than its max_filter_bytes ({})",
+                    copy.filter.bytes(),
+                    self.max_filter_bytes
+                )));
+            }
+        }
+        self.applied = added.seq;
+        self.publish();
+        let applied =
+            proto::mirror_request::Request::Applied(proto::MirrorApplied { seq: added.seq });
+        // A full queue only delays this acknowledgement to the next one; the gate waits at most a sub-lease.
+        let _ = self.sender.try_send(request(applied));
+        Ok(())
+    }
+
+    fn granted(&mut self, grant: &proto::LeaseGrant) {
+        let Some(position) = self.asked.iter().position(|(id, _)| *id == grant.id) else {
+            return;
+        };
+        let (_, asked) = self.asked[position];
+        self.asked.drain(..=position);
+        if grant.length_ns == 0 {
+            return;
+        }
+        self.shared.now_ms.store(grant.now_ms, Ordering::Relaxed);
+        if let Some(copy) = self.shared.copy(&epoch::pin()) {
+            // Windows no longer live at the gate's time free their memory, as the gate's do.
+            copy.filter.expire(grant.now_ms);
+        }
+        self.sublease.granted(
+            asked,
+            Grant {
+                length: grant.length_ns,
+                from_seq: grant.from_seq,
+            },
+        );
+        self.publish();
+    }
+
+    /// Makes the sub-lease visible to lookups as it now stands.
+    fn publish(&self) {
+        self.shared.applied.store(self.applied, Ordering::Release);
+        let until = self.sublease.holding_until(self.applied);
+        self.shared.holds_until.store(until, Ordering::Release);
+    }
+}
+
+fn request(request: proto::mirror_request::Request) -> proto::MirrorRequest {
+    proto::MirrorRequest {
+        request: Some(request),
+    }
+}
+
+/// Reads the header and the filter's words: the copy as of the header's seq.
+async fn download(
+    stream: &mut Streaming<proto::MirrorUpdate>,
+) -> Result<(proto::MirrorHeader, Copy), Status> {
+    let header = match stream.message().await?.and_then(|u| u.update) {
+        Some(Update::Header(header)) => header,
+        _ => {
+            return Err(Status::internal(
+                "the gate's mirror stream did not begin with its header",
+            ))
+        }
+    };
+    let spec = spec_of(&header)?;
+    let mut windows = Vec::with_capacity(header.filter_windows.len());
+    let mut pending = Vec::new();
+    for window in &header.filter_windows {
+        let mut layers = Vec::with_capacity(window.layers.len());
+        for layer in &window.layers {
+            let words = words_of(layer)?;
+            while pending.len() < words {
+                match stream.message().await?.and_then(|u| u.update) {
+                    Some(Update::Words(chunk)) => {
+                        pending.extend(
+                            chunk
+                                .words
+                                .chunks_exact(8)
+                                .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))),
+                        );
+                    }
+                    _ => {
+                        return Err(Status::internal(
+                            "the gate's filter ended before its words did",
+                        ))
+                    }
+                }
+            }
+            let rest = pending.split_off(words);
+            let geometry = Geometry {
+                blocks: layer.blocks as usize,
+                probes: layer.probes,
+                capacity: layer.capacity,
+            };
+            let restored = BloomLayer::from_words(geometry, layer.inserted, &pending)
+                .map_err(|problem| Status::internal(format!("the gate sent {problem}")))?;
+            layers.push(Arc::new(restored));
+            pending = rest;
+        }
+        windows.push((window.id, layers));
+    }
+    let copy = Copy {
+        filter: WindowedFilter::from_windows(spec, windows),
+        hasher: FilterHasher::from_seed(header.hash_seed),
+    };
+    Ok((header, copy))
+}
+
+/// The words a layer's header announces, refused when absurd.
+fn words_of(layer: &proto::FilterLayer) -> Result<usize, Status> {
+    let bytes = layer.blocks.saturating_mul(64);
+    if bytes == 0 || bytes > MAX_LAYER_BYTES {
+        return Err(Status::internal(format!(
+            "the gate announced a layer of {} blocks",
+            layer.blocks
+        )));
+    }
+    Ok((bytes / 8) as usize)
+}
+
+/// The sizing the header carries, checked against its fingerprint.
+fn spec_of(header: &proto::MirrorHeader) -> Result<FilterSpec, Status> {
+    let spec = FilterSpec {
+        expected_keys: header.expected_keys,
+        false_positive_rate: header.false_positive_rate,
+        retention: match header.retention_ms {
+            0 => Retention::Forever,
+            ms => Retention::Millis(ms),
+        },
+        windows: header.windows,
+        max_bytes: header.max_filter_bytes,
+    };
+    let plausible = spec.false_positive_rate > 0.0
+        && spec.false_positive_rate < 1.0
+        && (spec.retention == Retention::Forever || spec.windows >= 2);
+    if !plausible || spec.fingerprint() != header.fingerprint {
+        return Err(Status::internal(format!(
+            "the gate's filter sizing does not match its fingerprint ({})",
+            spec.describe()
+        )));
+    }
+    Ok(spec)
+}
