@@ -381,7 +381,8 @@ fn a_swapped_in_filter_resyncs_every_subscription() {
         other => panic!("expected the Add, got {other:?}"),
     }
     live.apply(step(3, RebuildStep::Begin)).unwrap();
-    live.apply(step(4, RebuildStep::Commit { began: 3 })).unwrap();
+    live.apply(step(4, RebuildStep::Commit { began: 3 }))
+        .unwrap();
     assert_eq!(caught_up.poll_ready(), Some(Delivery::Resync { seq: 4 }));
     assert_eq!(caught_up.poll_ready(), None);
 
