@@ -22,6 +22,7 @@ mod callers;
 mod calls;
 mod clients;
 mod memory;
+mod mirror;
 mod overload;
 mod report;
 mod resp;
@@ -384,6 +385,9 @@ fn main() {
     }
     if args.iter().any(|a| a == "memory") {
         return runtime.block_on(memory::run());
+    }
+    if args.iter().any(|a| a == "mirror") {
+        return runtime.block_on(mirror::run());
     }
     runtime.block_on(run());
 }

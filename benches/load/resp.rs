@@ -339,6 +339,36 @@ fn compare(gate: &Server, redisbloom: &Server, workloads: Vec<Workload>, suffix:
     rows
 }
 
+/// RedisBloom's `BF.EXISTS` pipelined 16 deep from 8 connections, holding [`FILLED`] keys: its server CPU
+/// per key (µs) and keys per second, the median of `ROUNDS` stretches — `None` without the module. (The
+/// mirror bench's comparison: what the lookups a mirror makes local cost the fastest server.)
+pub async fn exists_pipelined_16() -> Option<(f64, f64)> {
+    let module = procs::redisbloom_module()
+        .inspect_err(|why| eprintln!("{why}: the RedisBloom row is skipped"))
+        .ok()?;
+    let redisbloom = start_redisbloom(&module, &[]).await;
+    println!("filling RedisBloom with {FILLED} keys...");
+    fill(&redisbloom, FILLED).await;
+    let workload = workloads()
+        .into_iter()
+        .find(|w| w.name == "BF.EXISTS, pipelined 16 deep, 8 connections")
+        .expect("the workload");
+    stretch(&redisbloom, &workload);
+    let stretches: Vec<Stretch> = (0..ROUNDS)
+        .map(|_| stretch(&redisbloom, &workload))
+        .collect();
+    let keys = workload.commands as f64;
+    Some((
+        median(
+            stretches
+                .iter()
+                .map(|s| s.cpu_seconds * 1e6 / keys)
+                .collect(),
+        ),
+        median(stretches.iter().map(|s| keys / s.seconds).collect()),
+    ))
+}
+
 fn write_results(file: &str, markdown: &str) {
     println!("\n{markdown}");
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
