@@ -28,14 +28,22 @@ impl Namespace {
 
     /// The positions of `hashes` (an `Add`'s keys, about to be inserted at `at_ms`) that the filter answers
     /// absent for now and that are not earlier among them: with those whose tombstone the `Add` clears, the
-    /// keys it makes new.
+    /// keys it makes new. The filter is asked for all of them at once: one epoch pin, and each key's blocks
+    /// prefetched ahead, where a `contains` per key paid a fence per key that kept the cache misses of
+    /// successive keys from overlapping (16% of the gate's CPU under `BF.MADD` of 100 keys).
     fn new_among(&self, hashes: &[KeyHash], at_ms: u64) -> Vec<u32> {
-        let filter = self.filter.load();
-        let mut earlier = std::collections::HashSet::with_capacity(hashes.len());
+        let mut present = Vec::with_capacity(hashes.len());
+        self.filter
+            .load()
+            .contains_many(hashes, at_ms, &mut present);
+        // The hashes are keyed hashes already: a fast hasher over them is enough (SipHash was 1% of the CPU).
+        let mut earlier =
+            std::collections::HashSet::with_hasher(foldhash::fast::FixedState::default());
         hashes
             .iter()
+            .zip(present)
             .enumerate()
-            .filter(|(_, hash)| !filter.contains(**hash, at_ms) && earlier.insert(**hash))
+            .filter(|(_, (hash, present))| !present && earlier.insert(**hash))
             .map(|(position, _)| position as u32)
             .collect()
     }
