@@ -152,6 +152,18 @@ impl Mirrors {
             .retain(|_, mirror| !(mirror.gone && mirror.server_end <= now));
     }
 
+    /// The lowest seq acknowledged by a mirror whose sub-lease is live at `now` (`u64::MAX`: none): a seq
+    /// above it waits for an acknowledgement, so an acknowledgement that does not raise it lets no seq count
+    /// that did not before (G need not look again).
+    pub fn floor(&self, now: Nanos) -> u64 {
+        self.attached
+            .values()
+            .filter(|mirror| mirror.server_end > now)
+            .map(|mirror| mirror.acked)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     /// Whether G may count `seq` as applied at `now` (rules 3 and 5).
     pub fn applied(&self, seq: u64, now: Nanos) -> Counted {
         if now < self.quiet_until {
@@ -222,3 +234,35 @@ impl Sublease {
 
 #[cfg(test)]
 mod simulation;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TERMS: Terms = Terms {
+        length: 1_000,
+        drift_ppm: 0,
+        margin: 0,
+    };
+
+    /// The floor moves only with the mirror that holds it down, and leaves out sub-leases that ended: what
+    /// lets G look again only when an acknowledgement can have let a seq count.
+    #[test]
+    fn the_floor_is_the_lowest_acknowledgement_among_live_subleases() {
+        let mut mirrors = Mirrors::new(TERMS, 0);
+        let now = TERMS.outlasted();
+        assert_eq!(mirrors.floor(now), u64::MAX);
+        mirrors.grant(1, now, Some(u64::MAX), 5);
+        mirrors.grant(2, now + 500, Some(u64::MAX), 5);
+        assert_eq!(mirrors.floor(now), 0);
+        mirrors.acked(1, 7);
+        assert_eq!(mirrors.floor(now), 0, "mirror 2 still holds it down");
+        assert_eq!(mirrors.applied(7, now), Counted::Wait(now + 1_500));
+        mirrors.acked(2, 9);
+        assert_eq!(mirrors.floor(now), 7);
+        assert_eq!(mirrors.applied(7, now), Counted::Yes);
+        assert_eq!(mirrors.applied(8, now), Counted::Wait(now + 1_000));
+        assert_eq!(mirrors.floor(now + 1_000), 9, "mirror 1's sub-lease ended");
+        assert_eq!(mirrors.applied(8, now + 1_000), Counted::Yes);
+    }
+}

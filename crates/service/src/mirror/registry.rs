@@ -143,11 +143,19 @@ impl Attachment {
         grant
     }
 
-    /// The mirror has applied through `seq`: `Add`s waiting for it look again.
+    /// The mirror has applied through `seq`: if that raised the lowest acknowledgement among live
+    /// sub-leases, `Add`s waiting look again. (Only then can one of them count: waking them on every
+    /// acknowledgement had each `Add` woken once per mirror.)
     pub fn acknowledged(&self, seq: u64) {
-        self.registry
-            .with_namespace(&self.namespace, |e| e.mirrors.acked(self.id, seq));
-        self.registry.acknowledged.notify_waiters();
+        let now = self.registry.now();
+        let raised = self.registry.with_namespace(&self.namespace, |e| {
+            let before = e.mirrors.floor(now);
+            e.mirrors.acked(self.id, seq);
+            e.mirrors.floor(now) > before
+        });
+        if raised {
+            self.registry.acknowledged.notify_waiters();
+        }
     }
 }
 
