@@ -1473,3 +1473,40 @@ async fn a_missing_snapshot_object_falls_back_to_the_older_one() {
         "started from the older snapshot"
     );
 }
+
+/// A replica does not grant mirrors sub-leases yet: `Mirror.Attach` is refused before anything is sent,
+/// with `FAILED_PRECONDITION` saying so and where mirrors do attach.
+#[tokio::test]
+async fn a_replica_refuses_mirrors_saying_why() {
+    let Some((_nats, _dir, replicas)) = deployment(1).await else {
+        return;
+    };
+    replicas[0].serving().await;
+    let mut client = existence_gate::proto::mirror_client::MirrorClient::connect(format!(
+        "http://{}",
+        replicas[0].grpc_addr
+    ))
+    .await
+    .unwrap();
+    let open = existence_gate::proto::MirrorRequest {
+        request: Some(existence_gate::proto::mirror_request::Request::Open(
+            existence_gate::proto::MirrorOpen {
+                namespace: "users".into(),
+                max_filter_bytes: 0,
+            },
+        )),
+    };
+    let refused = client
+        .attach(tokio_stream::iter([open]))
+        .await
+        .expect_err("a replica takes no mirror");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("replica") && refused.message().contains("single server"),
+        "{refused:?}"
+    );
+}
