@@ -72,38 +72,8 @@ impl proto::mirror_server::Mirror for MirrorService {
         let token = authorization(&request).map(str::to_owned);
         let registry = self.registry.clone().map_err(Status::failed_precondition)?;
         let mut inbound = request.into_inner();
-        let mut open = first_open(&mut inbound).await?;
-        resolve_namespace(&mut open.namespace);
-        self.access.admit_with(
-            token.as_deref(),
-            Role::Mirror,
-            Scope::Namespace(&open.namespace),
-        )?;
-        let (namespace, hasher, image) = self.gate.mirror_image(&open.namespace).map_err(status)?;
-        let bytes: u64 = image
-            .windows
-            .iter()
-            .flat_map(|(_, l)| l)
-            .map(|l| l.bytes())
-            .sum();
-        // A filter whose windows are yet to be made (nothing added lately) holds them soon.
-        let bytes = bytes.max(image.spec.initial_bytes());
-        if open.max_filter_bytes != 0 && bytes > open.max_filter_bytes {
-            return Err(Status::resource_exhausted(format!(
-                "the filter of namespace {namespace:?} takes {bytes} bytes, more than this mirror's \
-                 max_filter_bytes ({})",
-                open.max_filter_bytes
-            )));
-        }
-        let attachment = registry
-            .attach(&namespace)
-            .map_err(Status::resource_exhausted)?;
-        let header = header(&namespace, hasher.seed(), &image, registry.terms());
-        let feed = Feed {
-            gate: Arc::clone(&self.gate),
-            namespace,
-            attachment,
-        };
+        let open = first_open(&mut inbound).await?;
+        let (feed, image, header) = self.attach_to(&registry, token.as_deref(), open)?;
         let shutdown = self.access.shutdown().clone();
         let MirrorImage {
             windows,
@@ -146,6 +116,44 @@ impl proto::mirror_server::Mirror for MirrorService {
             }
         };
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+impl MirrorService {
+    /// Admits the mirror `open` describes, takes its place, then its copy: the checks and the place first,
+    /// so that a mirror refused costs no copy of the filter (made under the namespace's writer lock).
+    fn attach_to(
+        &self,
+        registry: &Arc<MirrorRegistry>,
+        token: Option<&str>,
+        mut open: proto::MirrorOpen,
+    ) -> Result<(Feed, MirrorImage, proto::MirrorHeader), Status> {
+        resolve_namespace(&mut open.namespace);
+        self.access
+            .admit_with(token, Role::Mirror, Scope::Namespace(&open.namespace))?;
+        let found = self.gate.namespace(&open.namespace).map_err(status)?;
+        // Its live windows now, or those it makes soon when nothing was added lately.
+        let bytes = (found.stats(self.gate.read_time()).filter.bytes)
+            .max(found.settings().filter_spec().initial_bytes());
+        if open.max_filter_bytes != 0 && bytes > open.max_filter_bytes {
+            return Err(Status::resource_exhausted(format!(
+                "the filter of namespace {:?} takes {bytes} bytes, more than this mirror's \
+                 max_filter_bytes ({})",
+                found.name(),
+                open.max_filter_bytes
+            )));
+        }
+        let attachment = registry
+            .attach(found.name())
+            .map_err(Status::resource_exhausted)?;
+        let (namespace, hasher, image) = self.gate.mirror_image(found.name()).map_err(status)?;
+        let header = header(&namespace, hasher.seed(), &image, registry.terms());
+        let feed = Feed {
+            gate: Arc::clone(&self.gate),
+            namespace,
+            attachment,
+        };
+        Ok((feed, image, header))
     }
 }
 
