@@ -25,8 +25,8 @@ use plotters::prelude::*;
 use crate::drive::{self, Op, Sample, Until};
 use crate::procs::{self, Server};
 use crate::{
-    connect_n, connect_redis_n, fill, fill_redis_bitmap, gate_config, getbit, keys, lookup_index,
-    FILLED_KEYS, ROUNDS, STRETCH, WARM_UP,
+    connect_redis_n, fill_redis_bitmap, gate_config, getbit, keys, lookup_index, FILLED_KEYS,
+    ROUNDS, STRETCH, WARM_UP,
 };
 
 /// Concurrent callers, each with one lookup in flight.
@@ -52,11 +52,7 @@ struct Row {
 
 pub async fn run() {
     let started = Instant::now();
-    let config = tempfile::NamedTempFile::new().expect("a temporary file");
-    std::fs::write(config.path(), gate_config()).expect("writing the configuration");
-    let gate = procs::start_gate(&procs::gate_binary(), config.path(), None);
-    println!("filling the gate with {FILLED_KEYS} keys...");
-    fill(&connect_n(&gate, 4).await, &gate, "", 0, FILLED_KEYS).await;
+    let gate = crate::filled_gate(&gate_config()).await;
     let redis = procs::start_redis();
     let redis_connections = match &redis {
         Some(redis) => {

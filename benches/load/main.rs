@@ -334,6 +334,18 @@ fn scrape_metrics(addr: std::net::SocketAddr, every: Duration) -> JoinHandle<()>
     })
 }
 
+/// The gate's bench-profile binary with the configuration `config`, its `default` filled with
+/// [`FILLED_KEYS`] keys as the main run fills it.
+async fn filled_gate(config: &str) -> Server {
+    let file = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(file.path(), config).expect("writing the configuration");
+    // The gate reads its configuration once, at start.
+    let gate = procs::start_gate(&procs::gate_binary(), file.path(), None);
+    println!("filling the gate with {FILLED_KEYS} keys...");
+    fill(&connect_n(&gate, 4).await, &gate, "", 0, FILLED_KEYS).await;
+    gate
+}
+
 async fn stats(server: &Server, namespace: &str) -> NamespaceStats {
     let mut admin = AdminClient::connect(format!("http://{}", server.addr))
         .await

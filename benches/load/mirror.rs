@@ -25,7 +25,7 @@ use bytes::Bytes;
 use existence_gate_client::{ClientOptions, GateClient, Mirror, MirrorOptions};
 
 use crate::procs::{self, Server};
-use crate::{connect_n, fill, keys, text, ABSENT, FALSE_POSITIVE_RATE, FILLED_KEYS, PRESENT};
+use crate::{keys, text, ABSENT, FALSE_POSITIVE_RATE, FILLED_KEYS, PRESENT};
 
 /// Lookups per measured pass of the mirror.
 const LOOKUPS: usize = 1 << 20;
@@ -180,11 +180,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 pub async fn run() {
     let started = Instant::now();
     let load_at_start = text::load_average();
-    let config_file = tempfile::NamedTempFile::new().expect("a temporary file");
-    std::fs::write(config_file.path(), config()).expect("writing the configuration");
-    let gate = procs::start_gate(&procs::gate_binary(), config_file.path(), None);
-    println!("filling the gate with {FILLED_KEYS} keys...");
-    fill(&connect_n(&gate, 4).await, &gate, "", 0, FILLED_KEYS).await;
+    let gate = crate::filled_gate(&config()).await;
     let mut out = String::new();
 
     println!("attaching mirrors of 10M keys...");
