@@ -185,10 +185,11 @@ async fn take_snapshots(replicated: Replicated, gate: Arc<Gate>, shutdown: Shutd
                          {VOUCH_WAIT:?}: the snapshot stays local this time"
                     );
                 }
+                let applied_everywhere = || replica.applied_everywhere(purge_horizon);
                 let share = vouched.then(|| Sharing {
                     stream: replica.stream(),
                     namespaces: namespaces.clone(),
-                    applied_everywhere: replica.applied_everywhere(purge_horizon),
+                    applied_everywhere: &applied_everywhere,
                 });
                 replicated
                     .snapshots

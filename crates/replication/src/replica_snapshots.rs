@@ -72,14 +72,24 @@ pub struct ReadPoint {
 }
 
 /// What sharing a snapshot needs besides it.
-#[derive(Debug)]
 pub struct Sharing<'a> {
     /// The stream to purge.
     pub stream: &'a MutationStream,
     /// The namespaces whose mutations are purged (the stream's own records stay).
     pub namespaces: Vec<String>,
-    /// The least seq every replica heard from recently has applied.
-    pub applied_everywhere: u64,
+    /// The least seq every replica heard from recently has applied, read when the purge is decided —
+    /// after the snapshot is written and uploaded, not before: a replica that started meanwhile, and
+    /// loaded the snapshot before this one, reports seq 0 while it catches up, which must hold this
+    /// purge back (a purge bound read before the upload once left such a replica stopped on a purged seq).
+    pub applied_everywhere: &'a (dyn Fn() -> u64 + Sync),
+}
+
+impl std::fmt::Debug for Sharing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sharing")
+            .field("namespaces", &self.namespaces)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A replica's snapshots: its data directory (if it keeps one) and the shared bucket.
@@ -290,7 +300,7 @@ impl ReplicaSnapshots {
             .map_err(|e| e.to_string())?;
         // The message each replica read last stays: following again, a replica's new consumer starts there,
         // to check the copy it reads (`protocol::copy`).
-        let below = (oldest + 1).min(sharing.applied_everywhere);
+        let below = (oldest + 1).min((sharing.applied_everywhere)());
         let mut purged = 0;
         for namespace in &sharing.namespaces {
             purged += sharing
