@@ -124,6 +124,11 @@ impl Hub {
         self.newest.send_modify(|_| {});
     }
 
+    /// The seq of the newest invalidation published: the latest `Add` (0: none since start).
+    pub fn newest_seq(&self) -> u64 {
+        *self.newest.borrow()
+    }
+
     /// Bytes held in the replay buffer.
     pub fn bytes(&self) -> usize {
         self.replay().bytes

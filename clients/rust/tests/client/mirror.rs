@@ -31,6 +31,9 @@ retention = "1h"
 windows = 4
 "#;
 
+/// `MIRRORED`'s sub-lease.
+const SUBLEASE: Duration = Duration::from_millis(300);
+
 async fn mirrored() -> RunningServer {
     start_gate(MIRRORED, "127.0.0.1:0", None, None).await
 }
@@ -109,6 +112,47 @@ async fn a_mirror_answers_absent_exactly_where_the_gate_does() {
             assert_eq!(client.stats().mirror_answers, before + 1);
         }
     }
+}
+
+/// A grant names the latest `Add`, not the latest seq: a mirror is sent `Add`s only, so in a namespace
+/// whose latest seq is a tombstone's (absences recorded after the last `Add`) a grant naming that seq would
+/// never hold. The mirror holds, before and after more absences and `Add`s.
+#[tokio::test]
+async fn a_mirror_holds_in_a_namespace_whose_latest_seq_is_a_tombstone() {
+    let server = mirrored().await;
+    let client = client_at(server.grpc_addr, "users");
+    client.add(["deleted-1", "deleted-2"]).await.unwrap();
+    // Deleted at the source: keys the filter holds, so their tombstones are stored, each with a seq.
+    let record = |key: &'static str| {
+        let client = client.clone();
+        async move {
+            let recorded = client
+                .record_absent(key, existence_gate_client::AbsenceKind::Deleted, 0)
+                .await
+                .unwrap();
+            assert_eq!(
+                recorded.outcome,
+                existence_gate_client::RecordOutcome::Recorded
+            );
+        }
+    };
+    record("deleted-1").await;
+    let mirror = client.mirror(MirrorOptions::default()).unwrap();
+    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    client.add(["later"]).await.unwrap();
+    record("deleted-2").await;
+    let recorded = std::time::Instant::now();
+    assert!(!mirror.absent_locally(b"later"));
+    // Held on a grant made after the last tombstone: the grants before it end within two sub-leases.
+    until(
+        "the mirror holds a sub-lease granted after the absences",
+        || {
+            recorded.elapsed() > 2 * SUBLEASE
+                && mirror.holds_sublease()
+                && mirror.absent_locally(b"never")
+        },
+    )
+    .await;
 }
 
 /// `Add`s acknowledged one after another while lookups read every key acknowledged so far: none is ever

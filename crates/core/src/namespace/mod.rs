@@ -143,6 +143,13 @@ impl Namespace {
         self.latest_seq.load(Ordering::Acquire)
     }
 
+    /// The seq of the latest `Add` applied (0: none since start or restore): the last seq that changed the
+    /// filter, and so what a mirror, which is sent `Add`s only, must have applied before a grant holds
+    /// (a tombstone's seq after it would never reach the mirror).
+    pub fn latest_add_seq(&self) -> u64 {
+        self.hub.newest_seq()
+    }
+
     /// The writer lock, unless a writer panicked while holding it (see [`WritesStopped`]).
     fn writer(&self) -> Result<MutexGuard<'_, Writer>, WritesStopped> {
         self.writer.lock().map_err(|_| {

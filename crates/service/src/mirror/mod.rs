@@ -176,11 +176,13 @@ impl Feed {
                 Ok(None)
             }
             Asked::Ask(ask) => {
+                // The latest `Add`, not the latest seq: the mirror is sent `Add`s only, so a tombstone's seq
+                // after it would keep the grant from ever holding.
                 let applied = self
                     .gate
                     .namespace(&self.namespace)
                     .map_err(status)?
-                    .latest_seq();
+                    .latest_add_seq();
                 let grant = self.attachment.grant(applied);
                 Ok(Some(Update::Grant(proto::LeaseGrant {
                     id: ask.id,
