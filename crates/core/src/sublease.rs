@@ -10,6 +10,9 @@
 //!    one only while it may answer `ABSENT` itself (a replica: under its read lease), for
 //!    `min(SUBLEASE, own lease's end − now)` on G's clock, so no sub-lease outlives G's own lease; it records
 //!    the grant's end on its clock (the *server end*), and the grant carries G's applied seq (`from_seq`).
+//!    G renews a mirror's sub-lease only once the mirror has acknowledged the `from_seq` of its previous
+//!    grant: one that keeps asking but does not apply (stuck, or hostile) is not granted again, so it holds
+//!    `Add`s back by at most one sub-lease, as a silent one does. (Refusing a grant is always safe.)
 //! 2. **The mirror's end.** The mirror holds the sub-lease from the moment it has applied `from_seq` until
 //!    `asked + length × (1 − ρ) − margin` on its own clock. It asked before G granted (the request
 //!    travelled), so the travel counts against the mirror; and a mirror clock up to ρ faster than G's still
@@ -69,6 +72,8 @@ struct Attached {
     acked: u64,
     /// Its stream ended: forgotten once its sub-lease is over too.
     gone: bool,
+    /// The `from_seq` of its latest grant, which it must acknowledge before it is granted again.
+    granted_from: Option<u64>,
 }
 
 /// G's side: the mirrors attached to it, their grants and acknowledgements.
@@ -121,7 +126,11 @@ impl Mirrors {
         let own_end = own_end.filter(|end| *end > now)?;
         let length = self.terms.length.min(own_end - now);
         let mirror = self.attached.entry(id).or_default();
+        if mirror.granted_from.is_some_and(|from| mirror.acked < from) {
+            return None;
+        }
         mirror.server_end = mirror.server_end.max(now + length);
+        mirror.granted_from = Some(applied);
         Some(Grant {
             length,
             from_seq: applied,
@@ -264,5 +273,19 @@ mod tests {
         assert_eq!(mirrors.applied(8, now), Counted::Wait(now + 1_000));
         assert_eq!(mirrors.floor(now + 1_000), 9, "mirror 1's sub-lease ended");
         assert_eq!(mirrors.applied(8, now + 1_000), Counted::Yes);
+    }
+
+    /// A mirror that keeps asking but never acknowledges is not granted again: the `Add`s waiting for it
+    /// wait out one sub-lease, not for as long as it asks.
+    #[test]
+    fn a_mirror_that_asks_but_does_not_apply_is_not_granted_again() {
+        let mut mirrors = Mirrors::new(TERMS, 0);
+        let now = TERMS.outlasted();
+        assert!(mirrors.grant(1, now, Some(u64::MAX), 5).is_some());
+        assert_eq!(mirrors.grant(1, now + 250, Some(u64::MAX), 6), None);
+        assert_eq!(mirrors.applied(6, now + 999), Counted::Wait(now + 1_000));
+        assert_eq!(mirrors.applied(6, now + 1_000), Counted::Yes);
+        mirrors.acked(1, 5);
+        assert!(mirrors.grant(1, now + 1_000, Some(u64::MAX), 6).is_some());
     }
 }

@@ -88,6 +88,11 @@ impl Keeper {
             margin: header.margin_ns + 2 * self.shared.clock.grain(),
         };
         self.shared.replace_copy(copy);
+        // The copy is the gate's filter as of the header's seq: acknowledged like an applied `Add`, since
+        // the gate grants again only once the previous grant's seq is acknowledged.
+        let downloaded =
+            proto::mirror_request::Request::Applied(proto::MirrorApplied { seq: header.seq });
+        let _ = sender.try_send(request(downloaded));
         self.shared.attached.store(true, Ordering::Release);
         let mut following = Following {
             shared: &self.shared,
