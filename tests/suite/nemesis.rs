@@ -31,7 +31,7 @@ use common::faketime::SteppedClock;
 use common::nats::ProxiedCluster;
 use common::proxy::Mode;
 use common::replicas::{agreed_digests, config_file, start_in_turn, Launch, Replica};
-use common::{wait_until, PATIENCE};
+use common::PATIENCE;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
 use existence_gate::proto::{AddRequest, Answer, MayExistRequest};
 use rand::rngs::StdRng;
@@ -154,11 +154,7 @@ async fn a_nemesis_run_finds_no_false_absent_and_replicas_agree() {
         history.acked.len()
     );
     for replica in &replicas {
-        let what = format!("{} to serve again once every fault is undone", replica.id);
-        wait_until(PATIENCE * 2, &what, async || {
-            (replica.readiness().await.0 == 200).then_some(())
-        })
-        .await;
+        replica.serving_within(PATIENCE * 2).await;
     }
     for replica in &replicas {
         for keys in history.acked.chunks(1_000) {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use existence_gate::proto::admin_client::AdminClient;
 use existence_gate::proto::existence_gate_client::ExistenceGateClient;
@@ -202,7 +203,12 @@ impl Replica {
     /// Waits until it reports `SERVING` (caught up, with a read lease); past [`PATIENCE`], fails with its
     /// `/readyz` and its last lines of log.
     pub async fn serving(&self) {
-        let served = tokio::time::timeout(PATIENCE, async {
+        self.serving_within(PATIENCE).await
+    }
+
+    /// [`Replica::serving`] with a patience of one's own (a run that just undid many faults may need more).
+    pub async fn serving_within(&self, patience: Duration) {
+        let served = tokio::time::timeout(patience, async {
             while self.health().await != Some(ServingStatus::Serving) {
                 tokio::time::sleep(crate::POLL_PAUSE).await;
             }
@@ -212,7 +218,7 @@ impl Replica {
             let readiness = try_http_get(self.http_addr, "/readyz").await;
             let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
             panic!(
-                "gave up after {PATIENCE:?} waiting for replica {} to serve; /readyz: {readiness:?}; its last \
+                "gave up after {patience:?} waiting for replica {} to serve; /readyz: {readiness:?}; its last \
                  lines of log:\n{}",
                 self.id,
                 recent.iter().cloned().collect::<Vec<_>>().join("\n")
