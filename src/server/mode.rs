@@ -17,7 +17,7 @@ use crate::replication::replica::Replica;
 use crate::replication::replica_snapshots::ReplicaSnapshots;
 use crate::replication::snapshot_store::SnapshotStore;
 use crate::replication::stream::MutationStream;
-use crate::service::mirror::{MirrorRegistry, Mirroring};
+use crate::service::mirror::{MirrorRegistry, Mirroring, OwnLease};
 use crate::service::writes::LocalWrites;
 use crate::storage::DataDir;
 
@@ -45,13 +45,19 @@ impl Mode {
         let snapshots = ReplicaSnapshots::new(data_dir.map(Arc::new), store, stream.seed());
         let mut replica_options = replication.replica.clone();
         replica_options.origin = format!("{}, gRPC {grpc_addr}", replica_options.origin);
-        let replica = Replica::new(stream, Arc::clone(gate), lease, replica_options);
+        let replica = Replica::new(
+            stream,
+            Arc::clone(gate),
+            Arc::clone(&lease),
+            replica_options,
+        );
         let snapshot_interval = options
             .durability
             .as_ref()
             .map_or(Duration::MAX, |d| d.snapshot_interval);
         Self::Replicated(Box::new(replicated::Replicated {
             replica,
+            lease,
             snapshots,
             snapshot_interval,
         }))
@@ -63,20 +69,28 @@ impl Mode {
     }
 
     /// Where mirrors' sub-leases are kept, or why this gate takes no mirrors (said to each that tries).
-    /// Made once, at start: a single server's rule-5 quiet period runs from here.
+    /// Made once, at start: a single server's rule-5 quiet period runs from here, and a replica's `Add`s
+    /// and reports wait on them from here on.
     pub(super) fn mirrors(&self, config: &MirrorsConfig) -> Mirroring {
-        match self {
-            Self::Replicated(_) => Err("this gate is a replica, and replicas do not grant mirrors \
-                                        sub-leases yet: attach mirrors to a single server (docs/mirrors.md)"
-                .to_string()),
-            Self::Single(_) if !config.enabled() => Err("mirrors are off on this gate: set [mirrors] \
-                                                        max_per_namespace (docs/mirrors.md)"
-                .to_string()),
-            Self::Single(_) => Ok(MirrorRegistry::new(
-                config.terms(),
-                config.max_per_namespace,
-            )),
+        if !config.enabled() {
+            return Err(
+                "mirrors are off on this gate: set [mirrors] max_per_namespace \
+                        (docs/mirrors.md)"
+                    .to_string(),
+            );
         }
+        let (terms, max) = (config.terms(), config.max_per_namespace);
+        Ok(match self {
+            Self::Single(_) => MirrorRegistry::new(terms, max, OwnLease::Always),
+            Self::Replicated(replicated) => {
+                let own = OwnLease::Replica(Arc::clone(&replicated.lease));
+                let registry = MirrorRegistry::new(terms, max, own);
+                replicated
+                    .replica
+                    .wait_for_mirrors(Arc::clone(&registry) as _);
+                registry
+            }
+        })
     }
 
     /// Where the service sends writes; a single server's `Add`s wait on `mirrors`' sub-leases.

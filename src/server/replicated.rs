@@ -9,6 +9,7 @@ use super::background::Background;
 use super::ServerError;
 use crate::core::config::GateConfig;
 use crate::core::gate::Gate;
+use crate::core::lease::ReadLease;
 use crate::replication::replica::{Replica, ReplicaOptions};
 use crate::replication::replica_snapshots::{ReadPoint, ReplicaSnapshots, Sharing};
 use crate::replication::snapshot_store::SnapshotStore;
@@ -68,6 +69,8 @@ pub(super) async fn join(
 /// A replica ready to load: what its loops need.
 pub(super) struct Replicated {
     pub(super) replica: Arc<Replica>,
+    /// The replica's read lease: what the sub-leases it grants its mirrors rest on.
+    pub(super) lease: Arc<ReadLease>,
     pub(super) snapshots: ReplicaSnapshots,
     /// How often it takes a snapshot (with a data directory).
     pub(super) snapshot_interval: Duration,

@@ -56,6 +56,7 @@ mod resp_compat;
 // nemesis run mixing every fault.
 mod failover;
 mod nemesis;
+mod replica_mirrors;
 mod replicas;
 mod stream;
 mod three_replicas_script;

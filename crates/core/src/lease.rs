@@ -93,6 +93,12 @@ impl ReadLease {
         held
     }
 
+    /// The lease's end on its clock (0: not held), as last granted: what bounds the sub-leases a replica
+    /// grants its mirrors ([`crate::sublease`], rule 1).
+    pub fn until(&self) -> u64 {
+        self.until_ns.load(Ordering::Acquire)
+    }
+
     /// Whether the lease holds at `at` (nanoseconds on the lease's clock).
     pub fn holds_at(&self, at: u64) -> bool {
         at < self.until_ns.load(Ordering::Acquire)

@@ -25,7 +25,9 @@
 //! 4. **Lookups.** A mirror checks its sub-lease, then reads its filter; only `ABSENT` needs the sub-lease.
 //! 5. **Restarts.** G forgets its mirrors when it restarts, while a mirror may still hold a sub-lease it
 //!    granted before; so a G that has just started counts nothing as applied until one sub-lease (with the
-//!    drift and margin) has passed on its clock since it started.
+//!    drift and margin) has passed on its clock since it started. (A replica needs none: the replicas'
+//!    writers already wait out a previous incarnation's lease, and with it every sub-lease it granted;
+//!    [`Mirrors::of_replica`].)
 //!
 //! Why that is P1: let an `Add` at seq N be acknowledged at true time T, and a mirror lookup start at t ≥ T
 //! under a sub-lease granted at G-time g. If G granted it after T, G had applied N by then (a single server
@@ -112,6 +114,18 @@ impl Mirrors {
         }
     }
 
+    /// The mirrors of a replica: no quiet period at its start. Every sub-lease a previous incarnation
+    /// granted ended, on its clock, no later than that incarnation's read lease (rule 1), and the replicas'
+    /// writers wait for a displaced or removed incarnation until its lease is over (the replication
+    /// protocol's grace and fallback): what rule 5 waits for is already waited for.
+    pub fn of_replica(terms: Terms) -> Self {
+        Self {
+            terms,
+            attached: HashMap::new(),
+            quiet_until: 0,
+        }
+    }
+
     /// Mirror `id` asks for a sub-lease at `now` on G's clock; G has applied through `applied` and may itself
     /// answer `ABSENT` until `own_end` (`None`: it may not now; `Some(u64::MAX)`: a single server, always).
     /// Rule 1.
@@ -186,6 +200,17 @@ impl Mirrors {
         }
         until.map_or(Counted::Yes, Counted::Wait)
     }
+}
+
+/// Rule 3 as a gate's writes see it, implemented where the gate keeps its mirrors (the service's registry):
+/// a single server's `Add` waits on it before it is acknowledged, a replica before it reports another
+/// writer's `Add` applied and before it acknowledges its own.
+pub trait MirrorWait: Send + Sync + std::fmt::Debug {
+    /// Whether `seq` of `namespace` counts as applied now.
+    fn counted(&self, namespace: &str, seq: u64) -> bool;
+
+    /// Resolves once `seq` of `namespace` counts as applied.
+    fn applied<'a>(&'a self, namespace: &'a str, seq: u64) -> crate::writes::Pending<'a, ()>;
 }
 
 /// The mirror's side: its sub-lease as it holds it.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::{write_id, Replica, FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE};
+use crate::core::log::Mutation;
 use crate::core::namespace::NewKeys;
 use crate::protocol::copy::{self, CopyCheck, MessageDigest};
 use crate::protocol::gap::{self, Gap};
@@ -78,6 +79,7 @@ impl Replica {
                 self.check_copy(last_read, first)?;
             }
             let mut reads = writes_read(&batch);
+            let adds = adds_read(&batch);
             let applying = self.applying.lock().await;
             let gap = self.apply_in_order(batch)?;
             drop(applying);
@@ -89,7 +91,8 @@ impl Replica {
             let recipients = self
                 .protocol()
                 .recipients(reads.iter().map(|read| read.write.writer));
-            self.report(recipients, reads).await;
+            self.report_once_mirrored(recipients, reads, adds, applied)
+                .await;
             self.report_history().await;
             if let Some(missing) = gap {
                 return Err(self.explain_gap(missing).await);
@@ -302,6 +305,41 @@ impl Replica {
         Ok(())
     }
 
+    /// [`report`](Self::report)s `reads` once this replica's mirrors count the `Add`s among them (`adds`,
+    /// those applied through `applied`) as applied: rule 3 of [`crate::core::sublease`], so a writer counting
+    /// this report counts the mirrors with it. At once when they do (no mirror attached, or all caught up);
+    /// else from a task of its own, so the applier goes on meanwhile: a silent mirror holds the report back
+    /// until its sub-lease ends, at most one sub-lease.
+    async fn report_once_mirrored(
+        &self,
+        recipients: Recipients,
+        reads: Vec<WriteRead>,
+        adds: Vec<(Arc<str>, u64)>,
+        applied: u64,
+    ) {
+        let waits = match self.mirrors.get() {
+            Some(mirrors) if !matches!(recipients, Recipients::Nobody) => {
+                latest_per_namespace(adds, applied)
+                    .into_iter()
+                    .filter(|(namespace, seq)| !mirrors.counted(namespace, *seq))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let (Some(replica), Some(mirrors), false) =
+            (self.this.upgrade(), self.mirrors.get(), waits.is_empty())
+        else {
+            return self.report(recipients, reads).await;
+        };
+        let mirrors = Arc::clone(mirrors);
+        tokio::spawn(async move {
+            for (namespace, seq) in waits {
+                mirrors.applied(&namespace, seq).await;
+            }
+            replica.report(recipients, reads).await;
+        });
+    }
+
     /// Tells `recipients` how far this one has applied, and which writes it read where (`reads`, the
     /// writes of the batch just applied: what a writer's acknowledgement counts). A report that fails to
     /// leave is logged and counted by its absence: its writers wait the fallback.
@@ -365,4 +403,30 @@ fn writes_read(batch: &[Result<Streamed, StreamError>]) -> Vec<WriteRead> {
             })
         })
         .collect()
+}
+
+/// The `Add`s in `batch`, each with its namespace and seq: what this replica's mirrors must have applied
+/// before a report of the batch leaves.
+fn adds_read(batch: &[Result<Streamed, StreamError>]) -> Vec<(Arc<str>, u64)> {
+    batch
+        .iter()
+        .flatten()
+        .filter_map(|read| match &read.mutation {
+            Some(Mutation::Add { namespace, .. }) => Some((Arc::clone(namespace), read.seq)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The latest of `adds` per namespace, leaving out those after `applied` (not applied yet): mirrors apply in
+/// seq order, so counting the latest counts every earlier one.
+fn latest_per_namespace(adds: Vec<(Arc<str>, u64)>, applied: u64) -> Vec<(Arc<str>, u64)> {
+    let mut latest: Vec<(Arc<str>, u64)> = Vec::new();
+    for (namespace, seq) in adds.into_iter().filter(|(_, seq)| *seq <= applied) {
+        match latest.iter_mut().find(|(n, _)| *n == namespace) {
+            Some((_, latest_seq)) => *latest_seq = (*latest_seq).max(seq),
+            None => latest.push((namespace, seq)),
+        }
+    }
+    latest
 }

@@ -10,6 +10,8 @@
 //!               N" on a core subject, to that writer alone (several writers: to all; see Protocol::recipients)
 //!  write RPC answered when: applied here, and every member as of N reported N (or departed over a fallback
 //!                           ago) — or lease × (1 + ρ) + margin after the publish ack (Protocol::ack)
+//!  mirrors (with [mirrors] on): an Add counts as applied here — for this replica's acknowledgement and its
+//!           reports — only once the mirrors holding sub-leases from it applied it (core::sublease, rule 3)
 //!  lease keeper: every lease/4 — report to all; every quarter lease while lookups asked for the lease in the last
 //!                30 s (or to catch up and join, or once a second as a probe) publish a barrier at t, stored
 //!                at B; once applied through B as a member, ABSENT may be answered until t + lease. Joins
@@ -41,7 +43,7 @@ pub use health::Lagging;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
@@ -56,6 +58,7 @@ use crate::core::gate::{Gate, GateError};
 use crate::core::lease::ReadLease;
 use crate::core::namespace::{Applied, NewKeys};
 use crate::core::replicas::{LoggedRebuild, Replicas};
+use crate::core::sublease::MirrorWait;
 use crate::core::writes::Pending;
 use crate::replicated_rebuild::ReplicatedRebuild;
 
@@ -207,6 +210,10 @@ pub struct Replica {
     lease_lost_at: Mutex<Option<Instant>>,
     /// Held while a batch is applied: a snapshot holding it sees the state as of exactly the applied seq.
     applying: Arc<tokio::sync::Mutex<()>>,
+    /// The mirrors attached to this replica, whose sub-leases hold back its `Add`s' acknowledgements and its
+    /// reports of others' (rule 3 of [`crate::core::sublease`]); unset while mirrors are off. Its lock (the
+    /// service's registry) is taken with none of the replica's held.
+    mirrors: OnceLock<Arc<dyn MirrorWait>>,
     metrics: ReplicaMetrics,
 }
 
@@ -298,8 +305,16 @@ impl Replica {
             history_reported_at: AtomicU64::new(0),
             lease_lost_at: Mutex::new(None),
             applying: Arc::default(),
+            mirrors: OnceLock::new(),
             metrics: ReplicaMetrics::new(),
         })
+    }
+
+    /// Mirrors attach to this replica, kept by `mirrors`: from now on an `Add` counts as applied here (for
+    /// this replica's acknowledgements and its reports to other writers) only once `mirrors` count it. Set
+    /// once, at start, before the replica takes writes; a second call changes nothing.
+    pub fn wait_for_mirrors(&self, mirrors: Arc<dyn MirrorWait>) {
+        let _ = self.mirrors.set(mirrors);
     }
 
     /// Starts from a restored snapshot covering stream seq `seq` (before [`apply`](Self::apply) runs),

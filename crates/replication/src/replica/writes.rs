@@ -126,8 +126,9 @@ impl Replica {
         }
     }
 
-    /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule; returns its
-    /// seq and what applying it did. Each wait has its histogram (publish acknowledgement, applied here,
+    /// Publishes `mutation`, waits until this replica has applied it, then for the safety rule (and, an
+    /// `Add`, for this replica's mirrors: rule 3 of [`crate::core::sublease`]); returns its seq and what
+    /// applying it did. Each wait has its histogram (publish acknowledgement, applied here,
     /// the members' reports), so a slow `Add` says whether NATS, this replica or another member held it.
     pub(crate) async fn publish_and_apply(
         &self,
@@ -148,6 +149,10 @@ impl Replica {
         new_keys: NewKeys,
     ) -> Result<(u64, Option<Applied>), GateError> {
         let (id, write) = self.message_id()?;
+        let mirrored = match &mutation {
+            Mutation::Add { namespace, .. } => Some(Arc::clone(namespace)),
+            _ => None,
+        };
         let (applied_tx, applied_rx) = oneshot::channel();
         let waiting = Waiting::register(&self.waiting, id.clone(), (applied_tx, new_keys));
         let published = self.publish_retrying(&mutation, &id).await;
@@ -178,7 +183,15 @@ impl Replica {
                 ))
             })?;
         drop(waiting);
-        self.wait_for_replicas(published, write, acked, calls).await;
+        let mirrors = async {
+            if let (Some(mirrors), Some(namespace)) = (self.mirrors.get(), &mirrored) {
+                mirrors.applied(namespace, published).await;
+            }
+        };
+        tokio::join!(
+            self.wait_for_replicas(published, write, acked, calls),
+            mirrors
+        );
         self.metrics
             .members_wait
             .record(applied_at.elapsed().as_secs_f64());

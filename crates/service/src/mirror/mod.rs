@@ -27,7 +27,7 @@ use crate::grpc::{resolve_namespace, status};
 use crate::proto;
 use crate::proto::mirror_request::Request as Asked;
 use crate::proto::mirror_update::Update;
-pub use registry::{Attachment, MirrorRegistry};
+pub use registry::{Attachment, MirrorRegistry, OwnLease};
 
 /// How long a mirror may take to send its `open` once its stream is up.
 const OPEN_WAIT: Duration = Duration::from_secs(10);
@@ -178,12 +178,8 @@ impl Feed {
             Asked::Ask(ask) => {
                 // The latest `Add`, not the latest seq: the mirror is sent `Add`s only, so a tombstone's seq
                 // after it would keep the grant from ever holding.
-                let applied = self
-                    .gate
-                    .namespace(&self.namespace)
-                    .map_err(status)?
-                    .latest_add_seq();
-                let grant = self.attachment.grant(applied);
+                let namespace = self.gate.namespace(&self.namespace).map_err(status)?;
+                let (applied, grant) = self.attachment.grant(|| namespace.latest_add_seq());
                 Ok(Some(Update::Grant(proto::LeaseGrant {
                     id: ask.id,
                     length_ns: grant.map_or(0, |g| g.length),

@@ -1,0 +1,183 @@
+//! Mirrors of a replica, as real processes: two replicas on a real nats-server, a Rust mirror attached to
+//! one of them (r1) through a faulty proxy. A replica grants sub-leases only under its own read lease, and
+//! counts an `Add` as applied — before acknowledging its own, and before reporting another writer's — only
+//! once its mirrors applied it or their sub-leases ended ([`existence_gate::core::sublease`]). So no `Add`
+//! acknowledged through either replica is answered `ABSENT` by the mirror: while they race its lookups,
+//! while its link is silent, and while its replica is cut off from NATS.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::nats::Nats;
+use common::proxy::{Mode, Proxy};
+use common::replicas::{config_file, start_serving, Launch, Replica};
+use common::PATIENCE;
+use existence_gate::proto::AddRequest;
+use existence_gate_client::{ClientOptions, GateClient, Mirror, MirrorOptions};
+
+const CONFIG: &str = r#"
+[mirrors]
+max_per_namespace = 2
+sublease = "300ms"
+
+[namespaces.users]
+expected_keys = 100000
+"#;
+
+/// Long enough for sub-leases a loaded 2-core machine renews in time (a replica grants no longer than its
+/// own lease has left).
+const READ_LEASE: &str = "400ms";
+
+/// Two replicas serving, and a mirror of `users` attached to r1 through a proxy.
+struct Deployment {
+    _nats: Nats,
+    _dir: tempfile::TempDir,
+    replicas: Vec<Replica>,
+    proxy: Proxy,
+    mirror: Mirror,
+}
+
+async fn deployment() -> Option<Deployment> {
+    let nats = Nats::start().await?;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), CONFIG);
+    let replicas = start_serving(&nats.url, &config, 2, &["--read-lease", READ_LEASE]).await;
+    let proxy = Proxy::start(replicas[1].grpc_addr).await;
+    let client =
+        GateClient::new([proxy.addr.to_string()], ClientOptions::namespace("users")).unwrap();
+    let mirror = client.mirror(MirrorOptions::default()).unwrap();
+    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    Some(Deployment {
+        _nats: nats,
+        _dir: dir,
+        replicas,
+        proxy,
+        mirror,
+    })
+}
+
+/// Waits until `condition` holds, or fails saying what it waited for.
+async fn until(what: &str, condition: impl Fn() -> bool) {
+    let waited = tokio::time::timeout(PATIENCE, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "gave up after {PATIENCE:?} waiting until {what}"
+    );
+}
+
+async fn add(replica: &Replica, key: &str) {
+    let request = AddRequest {
+        namespace: "users".to_string(),
+        keys: vec![key.as_bytes().to_vec().into()],
+        ..Default::default()
+    };
+    replica
+        .client()
+        .add(request)
+        .await
+        .unwrap_or_else(|status| panic!("Add {key:?} through {}: {status:?}", replica.id));
+}
+
+/// 400 `Add`s through both replicas in turn, each looked up in the mirror as soon as it is acknowledged,
+/// and never answered `ABSENT` there; meanwhile the mirror answers for keys never added on its own (it held
+/// sub-leases throughout, renewed by a replica whose lookups it takes away).
+#[tokio::test]
+async fn a_replicas_mirror_never_answers_absent_for_an_add_acknowledged_through_any_replica() {
+    let Some(d) = deployment().await else {
+        return;
+    };
+    let mut answered_locally = 0;
+    for n in 0..400 {
+        let key = format!("raced-{n}");
+        let writer = &d.replicas[n % 2];
+        add(writer, &key).await;
+        assert!(
+            !d.mirror.absent_locally(key.as_bytes()),
+            "the mirror of r1 answered ABSENT for {key:?}, acknowledged through {}",
+            writer.id
+        );
+        if d.mirror.absent_locally(format!("never-{n}").as_bytes()) {
+            answered_locally += 1;
+        }
+    }
+    assert!(
+        answered_locally > 0,
+        "the mirror never answered on its own: it held no sub-lease while the Adds ran"
+    );
+}
+
+/// A mirror whose link goes silent while it holds a sub-lease: an `Add` through the other replica is
+/// acknowledged only once r1 reported it, which waits for the mirror's sub-lease to end (or by the
+/// writers' fallback, which outlasts it too), and one through r1 itself waits the same; so when either
+/// returns, the mirror, which never saw it, answers it no `ABSENT`. Once the link passes again the mirror
+/// holds again, with both keys.
+#[tokio::test]
+async fn a_silent_mirror_holds_its_replicas_reports_and_adds_until_its_sublease_ends() {
+    let Some(d) = deployment().await else {
+        return;
+    };
+    for (writer, key) in [(0, "silent-through-r0"), (1, "silent-through-r1")] {
+        until("the mirror holds a sub-lease", || d.mirror.holds_sublease()).await;
+        d.proxy.set(Mode::Silent);
+        add(&d.replicas[writer], key).await;
+        assert!(
+            !d.mirror.absent_locally(key.as_bytes()),
+            "{key:?} was acknowledged while the silent mirror still answered ABSENT for it"
+        );
+        d.proxy.set(Mode::Pass);
+        until("the mirror holds again, with the Add it missed", || {
+            d.mirror.holds_sublease() && !d.mirror.absent_locally(key.as_bytes())
+        })
+        .await;
+    }
+}
+
+/// A replica cut off from NATS loses its read lease, and its mirror its sub-lease with it (no grant
+/// outlives the replica's own lease); an `Add` acknowledged through the other replica meanwhile is not
+/// answered `ABSENT` by the mirror. Reconnected, the replica leases again and so does its mirror.
+#[tokio::test]
+async fn a_replica_cut_off_from_nats_takes_its_mirrors_sublease_with_its_lease() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), CONFIG);
+    let nats_addr = nats.url.trim_start_matches("nats://").parse().unwrap();
+    let nats_link = Proxy::start(nats_addr).await;
+    let mut launches = [
+        Launch::new(&nats.url, &config, "r0"),
+        Launch::new(&nats_link.url(), &config, "r1"),
+    ];
+    for launch in &mut launches {
+        launch.args = vec!["--read-lease".to_string(), READ_LEASE.to_string()];
+    }
+    let replicas = common::replicas::start_in_turn(&launches).await;
+    let client = GateClient::new(
+        [replicas[1].grpc_addr.to_string()],
+        ClientOptions::namespace("users"),
+    )
+    .unwrap();
+    let mirror = client.mirror(MirrorOptions::default()).unwrap();
+    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    nats_link.set(Mode::Silent);
+    add(&replicas[0], "while-r1-is-cut-off").await;
+    assert!(
+        !mirror.absent_locally(b"while-r1-is-cut-off"),
+        "an Add acknowledged through r0 was answered ABSENT by the mirror of r1, cut off from NATS"
+    );
+    until("the mirror's sub-lease ended with r1's lease", || {
+        !mirror.holds_sublease()
+    })
+    .await;
+    nats_link.set(Mode::Pass);
+    until("the mirror holds again, with the Add r1 missed", || {
+        mirror.holds_sublease() && !mirror.absent_locally(b"while-r1-is-cut-off")
+    })
+    .await;
+}
