@@ -101,12 +101,13 @@ impl Keeper {
             applied: header.seq,
             asked: Vec::new(),
             next_ask: 0,
+            ask_every: quarter(terms.length),
             max_filter_bytes: match self.options.max_filter_bytes {
                 0 => u64::MAX,
                 cap => cap,
             },
         };
-        following.run(&mut stream, terms).await
+        following.run(&mut stream).await
     }
 }
 
@@ -119,22 +120,22 @@ struct Following<'a> {
     /// Requests for sub-leases not yet answered: their ids and when they were sent.
     asked: Vec<(u64, Nanos)>,
     next_ask: u64,
+    /// A quarter of the latest grant's length (at first, of the longest the gate grants): a replica grants
+    /// no longer than its own read lease has left, often much less than `[mirrors] sublease`.
+    ask_every: Duration,
     /// [`MirrorOptions::max_filter_bytes`] (0: no limit).
     max_filter_bytes: u64,
 }
 
 impl Following<'_> {
-    async fn run(
-        &mut self,
-        stream: &mut Streaming<proto::MirrorUpdate>,
-        terms: Terms,
-    ) -> Result<(), Status> {
-        let mut asking = tokio::time::interval(
-            Duration::from_nanos(terms.length / 4).max(Duration::from_millis(1)),
-        );
+    async fn run(&mut self, stream: &mut Streaming<proto::MirrorUpdate>) -> Result<(), Status> {
+        let mut next_ask = tokio::time::Instant::now();
         loop {
             tokio::select! {
-                _ = asking.tick() => self.ask(),
+                () = tokio::time::sleep_until(next_ask) => {
+                    self.ask();
+                    next_ask = tokio::time::Instant::now() + self.ask_every;
+                }
                 update = stream.message() => match update?.and_then(|u| u.update) {
                     Some(Update::Added(added)) => self.apply(&added)?,
                     Some(Update::Grant(grant)) => self.granted(&grant),
@@ -191,6 +192,7 @@ impl Following<'_> {
         if grant.length_ns == 0 {
             return;
         }
+        self.ask_every = quarter(grant.length_ns);
         self.shared.now_ms.store(grant.now_ms, Ordering::Relaxed);
         if let Some(copy) = self.shared.copy(&epoch::pin()) {
             // Windows no longer live at the gate's time free their memory, as the gate's do.
@@ -310,4 +312,9 @@ fn spec_of(header: &proto::MirrorHeader) -> Result<FilterSpec, Status> {
         )));
     }
     Ok(spec)
+}
+
+/// A quarter of a sub-lease of `length` ns, at least a millisecond: how often a mirror asks to keep it.
+fn quarter(length: Nanos) -> Duration {
+    Duration::from_nanos(length / 4).max(Duration::from_millis(1))
 }
