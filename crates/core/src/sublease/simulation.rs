@@ -7,20 +7,23 @@
 //! sub-lease); links go silent and heal; mirrors pause; G is cut off from the stream (it reads nothing and
 //! its lease lapses, while writers acknowledge by the fallback); streams break — G sees it at once, the
 //! mirror only later, answering on its sub-lease meanwhile — and mirrors reconnect with a fresh copy on a
-//! new attachment; G restarts under them knowing none; monotonic clocks run at rates up to ρ apart, and
-//! every process reads its clock in whole grains of 250 µs (the margin is two grains). Every
-//! mirror lookup is checked: one that finds its sub-lease held must find every `Add` acknowledged before it
-//! started.
+//! new attachment; G restarts under them knowing none — as a single server (rule 5's quiet period) or, half
+//! the seeds, as a replica (no quiet period; the writer waits for the incarnation it displaced, which never
+//! reports, so acknowledges by the fallback for a fallback after the restart); monotonic clocks run at rates
+//! up to ρ apart, and every process reads its clock in whole grains of 250 µs (the margin is two grains).
+//! Every mirror lookup is checked: one that finds its sub-lease held must find every `Add` acknowledged
+//! before it started.
 //!
 //! One seed is one run; `EXISTENCE_GATE_SUBLEASE_SEEDS` runs more (2,000 by default, about 2 s),
 //! `EXISTENCE_GATE_SUBLEASE_SEED=N` replays one with its trace. Removing a rule fails a seed within 10,000:
 //! a sub-lease not capped at G's own lease, seed 0 (the writer's fallback, which waits for no mirror, ends
 //! before a mirror's sub-lease); the mirror's end counted from the grant's arrival instead of its request,
-//! seed 2; without the drift (`× (1 − ρ)`), seed 939; without the margin, seed 357 (a mirror's reading a
-//! grain early holds past G's end, read a grain early too); `from_seq` not waited for, seed 0;
+//! seed 6; without the drift (`× (1 − ρ)`), seed 4445; without the margin, seed 3 (a mirror's reading a
+//! grain early holds past G's end, read a grain early too); `from_seq` not waited for, seed 1;
 //! acknowledgements that do not wait for mirrors, seed 0; an attachment forgotten when G sees its stream
-//! end, seed 0; no quiet sub-lease after G starts, seed 4. (Half the margin, one grain, failed no seed of
-//! 10,000: the two readings are each a full grain early only together, rarely.)
+//! end, seed 17; no quiet sub-lease after a single server starts, seed 4; a restarted replica's reports
+//! counted at once (no wait for the incarnation it displaced), seed 17. (Half the margin, one grain, failed
+//! no seed of 10,000: the two readings are each a full grain early only together, rarely.)
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -125,6 +128,12 @@ struct Sim {
     g_cut_until: u64,
     /// The end of G's own read lease, on its clock.
     g_lease_end: Nanos,
+    /// G restarts as a replica does — a new incarnation, no quiet period ([`Mirrors::of_replica`]), the
+    /// writers waiting for the one it displaced — rather than as a single server (rule 5's quiet period).
+    g_is_replica: bool,
+    /// The writer acknowledges by the fallback alone until then: it waits for G's displaced incarnation,
+    /// which never reports (the replicas' grace for a departed member, counted here from the restart).
+    g_displaced_until: u64,
     applied: u64,
     /// `Add`s applied and not acknowledged yet.
     pending: BTreeSet<u64>,
@@ -178,6 +187,8 @@ impl Sim {
             stored: 0,
             g_cut_until: 0,
             g_lease_end: 0,
+            g_is_replica: false,
+            g_displaced_until: 0,
             applied: 0,
             pending: BTreeSet::new(),
             acked: Vec::new(),
@@ -205,6 +216,7 @@ impl Sim {
             let when = sim.rng.random_range(0..RUN_FOR);
             sim.at(when, Event::Fault);
         }
+        sim.g_is_replica = sim.rng.random_bool(0.5);
         sim
     }
 
@@ -222,6 +234,15 @@ impl Sim {
                 what()
             ));
         }
+    }
+
+    /// The replicas' fallback on the writer's clock (true time here): G's lease × (1 + ρ) + margin.
+    fn fallback(&self) -> u64 {
+        Terms {
+            length: G_LEASE,
+            ..self.terms
+        }
+        .outlasted()
     }
 
     /// G's clock at `real`.
@@ -300,12 +321,7 @@ impl Sim {
                 self.at(read, Event::Read);
                 // The writer waits for G's report, or the fallback: G's lease × (1 + ρ) + margin on the
                 // writer's clock (true time here), after which no lease G held before the Add can hold.
-                let fallback = Terms {
-                    length: G_LEASE,
-                    ..self.terms
-                }
-                .outlasted();
-                self.at(self.now + fallback, Event::Fallback { seq });
+                self.at(self.now + self.fallback(), Event::Fallback { seq });
             }
             Event::Read => self.read_stream(),
             Event::Fallback { seq } => {
@@ -451,6 +467,10 @@ impl Sim {
     /// for the others it looks again when the earliest sub-lease in the way ends (or an acknowledgement
     /// arrives).
     fn check_pending(&mut self) {
+        if self.now < self.g_displaced_until {
+            // The writer waits for the displaced incarnation too, which never reports: the fallback acks.
+            return;
+        }
         let now = read(self.g_local(self.now));
         let mut next = None::<Nanos>;
         for seq in self.pending.clone() {
@@ -481,7 +501,14 @@ impl Sim {
                 // G restarts: its mirrors' streams end, and it knows none of them; each reconnects.
                 self.note(|| "G restarts".to_string());
                 let now = read(self.g_local(self.now));
-                self.mirrors_at_g = Mirrors::new(self.terms, now);
+                self.mirrors_at_g = if self.g_is_replica {
+                    // A new incarnation: writers wait for the one it displaced for a fallback, by which
+                    // its lease, and every sub-lease it granted, has ended.
+                    self.g_displaced_until = self.now + self.fallback();
+                    Mirrors::of_replica(self.terms)
+                } else {
+                    Mirrors::new(self.terms, now)
+                };
                 self.g_lease_end = 0;
                 self.streams.iter_mut().for_each(|stream| *stream = None);
                 for m in 0..self.mirrors.len() {
