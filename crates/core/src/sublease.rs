@@ -151,11 +151,12 @@ impl Mirrors {
         })
     }
 
-    /// Mirror `id` has applied through `seq`.
+    /// Mirror `id` has applied through `seq`. Kept even before its first grant: a mirror acknowledges the
+    /// copy it downloaded before it asks, and without that acknowledgement it would be granted once and then
+    /// not again until an `Add` came (rule 1's renewal waits for the grant's `from_seq`).
     pub fn acked(&mut self, id: u64, seq: u64) {
-        if let Some(mirror) = self.attached.get_mut(&id) {
-            mirror.acked = mirror.acked.max(seq);
-        }
+        let mirror = self.attached.entry(id).or_default();
+        mirror.acked = mirror.acked.max(seq);
     }
 
     /// Mirror `id` is gone (its stream ended): it is still waited for until its server end, since nothing
@@ -298,6 +299,22 @@ mod tests {
         assert_eq!(mirrors.applied(8, now), Counted::Wait(now + 1_000));
         assert_eq!(mirrors.floor(now + 1_000), 9, "mirror 1's sub-lease ended");
         assert_eq!(mirrors.applied(8, now + 1_000), Counted::Yes);
+    }
+
+    /// A mirror acknowledges its download before it first asks: that counts, so it is granted again with
+    /// no `Add` in between (a replica's sub-leases, capped by its read lease, need renewing every few tens of
+    /// milliseconds).
+    #[test]
+    fn an_acknowledgement_before_the_first_grant_counts_for_the_renewal() {
+        let mut mirrors = Mirrors::new(TERMS, 0);
+        let now = TERMS.outlasted();
+        mirrors.acked(1, 5);
+        assert!(mirrors.grant(1, now, Some(u64::MAX), 5).is_some());
+        assert!(
+            mirrors.grant(1, now + 250, Some(u64::MAX), 5).is_some(),
+            "renewed with no Add in between"
+        );
+        assert_eq!(mirrors.floor(now), 5);
     }
 
     /// A mirror that keeps asking but never acknowledges is not granted again: the `Add`s waiting for it

@@ -16,13 +16,13 @@
 //!
 //! One seed is one run; `EXISTENCE_GATE_SUBLEASE_SEEDS` runs more (2,000 by default, about 2 s),
 //! `EXISTENCE_GATE_SUBLEASE_SEED=N` replays one with its trace. Removing a rule fails a seed within 10,000:
-//! a sub-lease not capped at G's own lease, seed 0 (the writer's fallback, which waits for no mirror, ends
+//! a sub-lease not capped at G's own lease, seed 2 (the writer's fallback, which waits for no mirror, ends
 //! before a mirror's sub-lease); the mirror's end counted from the grant's arrival instead of its request,
-//! seed 6; without the drift (`× (1 − ρ)`), seed 4445; without the margin, seed 3 (a mirror's reading a
-//! grain early holds past G's end, read a grain early too); `from_seq` not waited for, seed 1;
+//! seed 6; without the drift (`× (1 − ρ)`), seed 4445; without the margin, seed 421 (a mirror's reading a
+//! grain early holds past G's end, read a grain early too); `from_seq` not waited for, seed 2;
 //! acknowledgements that do not wait for mirrors, seed 0; an attachment forgotten when G sees its stream
-//! end, seed 17; no quiet sub-lease after a single server starts, seed 4; a restarted replica's reports
-//! counted at once (no wait for the incarnation it displaced), seed 17. (Half the margin, one grain, failed
+//! end, seed 2; no quiet sub-lease after a single server starts, seed 6; a restarted replica's reports
+//! counted at once (no wait for the incarnation it displaced), seed 9. (Half the margin, one grain, failed
 //! no seed of 10,000: the two readings are each a full grain early only together, rarely.)
 
 use std::cmp::Reverse;
