@@ -17,7 +17,8 @@
 //!
 //! and writes `benches/results/replicated.md`. `cargo bench --bench replicated -- sync [r3]` measures `Add`s
 //! with the NATS servers syncing before they acknowledge against NATS's default, side by side
-//! (`benches/results/replicated-sync.md`). `cargo bench --bench replicated -- bootstrap` measures
+//! (`benches/results/replicated-sync.md`). `cargo bench --bench replicated -- mirrors` measures what mirrors
+//! cost a replica's `Add`s (see [`mirrors`]). `cargo bench --bench replicated -- bootstrap` measures
 //! instead how long a wiped replica takes to serve a stream of 10,000,000 keys (see [`bootstrap`]). The harness, the NATS servers and the replicas share the
 //! machine's cores, so throughput is end to end on a crowded machine; server CPU per call (from
 //! `/proc/<pid>/stat`) is the figure that carries over to a machine of their own.
@@ -31,6 +32,7 @@ use existence_gate_testkit::{drive, keys, ports, procs, proxy, text};
 mod bootstrap;
 mod deployment;
 mod faults;
+mod mirrors;
 mod report;
 
 use std::collections::BTreeMap;
@@ -655,6 +657,9 @@ fn main() {
         runtime.block_on(run_bootstrap());
     } else if args.iter().any(|a| a == "faults") {
         runtime.block_on(run_faults());
+    } else if args.iter().any(|a| a == "mirrors") {
+        let measured = runtime.block_on(mirrors::run(&procs::gate_binary()));
+        write_results("replicated-mirrors.md", &measured);
     } else if let Some(at) = args.iter().position(|a| a == "sync") {
         let servers = if args.get(at + 1).is_some_and(|a| a == "r3") {
             3
