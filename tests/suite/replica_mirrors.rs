@@ -7,12 +7,10 @@
 
 use crate::common;
 
-use std::time::Duration;
-
 use common::nats::Nats;
 use common::proxy::{Mode, Proxy};
 use common::replicas::{config_file, start_serving, Launch, Replica};
-use common::PATIENCE;
+use common::{wait_until, PATIENCE};
 use existence_gate::proto::AddRequest;
 use existence_gate_client::{ClientOptions, GateClient, Mirror, MirrorOptions};
 
@@ -59,16 +57,7 @@ async fn deployment() -> Option<Deployment> {
 
 /// Waits until `condition` holds, or fails saying what it waited for.
 async fn until(what: &str, condition: impl Fn() -> bool) {
-    let waited = tokio::time::timeout(PATIENCE, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(
-        waited.is_ok(),
-        "gave up after {PATIENCE:?} waiting until {what}"
-    );
+    wait_until(PATIENCE, what, async || condition().then_some(())).await
 }
 
 async fn add(replica: &Replica, key: &str) {
