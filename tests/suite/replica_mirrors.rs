@@ -3,7 +3,7 @@
 //! counts an `Add` as applied — before acknowledging its own, and before reporting another writer's — only
 //! once its mirrors applied it or their sub-leases ended ([`existence_gate::core::sublease`]). So no `Add`
 //! acknowledged through either replica is answered `ABSENT` by the mirror: while they race its lookups,
-//! while its link is silent, and while its replica is cut off from NATS.
+//! while its link is silent, while its replica is cut off from NATS, and once its replica has left.
 
 use crate::common;
 
@@ -11,7 +11,7 @@ use common::nats::Nats;
 use common::proxy::{Mode, Proxy};
 use common::replicas::{config_file, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
-use existence_gate::proto::AddRequest;
+use existence_gate::proto::{AddRequest, ListReplicasRequest};
 use existence_gate_client::{ClientOptions, GateClient, Mirror, MirrorOptions};
 
 const CONFIG: &str = r#"
@@ -40,7 +40,8 @@ async fn deployment() -> Option<Deployment> {
     let nats = Nats::start().await?;
     let dir = tempfile::tempdir().unwrap();
     let config = config_file(dir.path(), CONFIG);
-    let replicas = start_serving(&nats.url, &config, 2, &["--read-lease", READ_LEASE]).await;
+    let args = ["--read-lease", READ_LEASE, "--drain-delay", "0s"];
+    let replicas = start_serving(&nats.url, &config, 2, &args).await;
     let proxy = Proxy::start(replicas[1].grpc_addr).await;
     let client =
         GateClient::new([proxy.addr.to_string()], ClientOptions::namespace("users")).unwrap();
@@ -169,4 +170,38 @@ async fn a_replica_cut_off_from_nats_takes_its_mirrors_sublease_with_its_lease()
         mirror.holds_sublease() && !mirror.absent_locally(b"while-r1-is-cut-off")
     })
     .await;
+}
+
+/// A replica stopped gracefully gives its lease up and leaves the membership, after which writers no longer
+/// wait for it; it publishes the leave only once every sub-lease it granted has ended. So an `Add`
+/// acknowledged through the other replica after the leave is not answered `ABSENT` by a mirror that never
+/// heard its replica stop (its link silent), which may still hold a sub-lease when the stop begins.
+#[tokio::test]
+async fn a_replica_leaving_waits_out_its_mirrors_subleases() {
+    let Some(mut d) = deployment().await else {
+        return;
+    };
+    until("the mirror holds a sub-lease", || d.mirror.holds_sublease()).await;
+    d.proxy.set(Mode::Silent);
+    let leaving = d.replicas.pop().expect("r1");
+    leaving.signal("TERM");
+    let r0 = &d.replicas[0];
+    wait_until(PATIENCE, "r1 to have left, as r0 sees it", async || {
+        let listed = r0.admin().list_replicas(ListReplicasRequest {}).await;
+        let ids: Vec<String> = listed
+            .unwrap()
+            .into_inner()
+            .replicas
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        (ids == ["r0"]).then_some(())
+    })
+    .await;
+    add(r0, "after-r1-left").await;
+    assert!(
+        !d.mirror.absent_locally(b"after-r1-left"),
+        "an Add acknowledged after r1 left was answered ABSENT by r1's mirror"
+    );
+    leaving.kill().await;
 }

@@ -35,7 +35,9 @@
 //! own P1), so `from_seq ≥ N` and the mirror, holding, has applied N. If G granted it before T and its server
 //! end had not passed by T, rule 3 made G wait for this mirror's acknowledgement of N — unless (a replica G)
 //! the writer acknowledged N by the replicas' fallback without G's report: then every lease G held before N
-//! was over by T, and with it (rule 1) every sub-lease it granted. If its server end had passed by T, rule 2
+//! was over by T, and with it (rule 1) every sub-lease it granted; or without waiting for G at all, G having
+//! left the membership: G gave its lease up, then published its leave only once every sub-lease it granted
+//! had ended ([`MirrorWait::all_ended`]), so before T. If its server end had passed by T, rule 2
 //! ended the mirror's hold before T.
 //!
 //! The sub-lease's cost is rule 3: one round trip from G to its slowest mirror on every acknowledgement, and
@@ -188,6 +190,15 @@ impl Mirrors {
             .unwrap_or(u64::MAX)
     }
 
+    /// The latest server end among the sub-leases granted (0: none): until then a mirror may hold one.
+    pub fn last_end(&self) -> Nanos {
+        self.attached
+            .values()
+            .map(|mirror| mirror.server_end)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Whether G may count `seq` as applied at `now` (rules 3 and 5).
     pub fn applied(&self, seq: u64, now: Nanos) -> Counted {
         if now < self.quiet_until {
@@ -212,6 +223,12 @@ pub trait MirrorWait: Send + Sync + std::fmt::Debug {
 
     /// Resolves once `seq` of `namespace` counts as applied.
     fn applied<'a>(&'a self, namespace: &'a str, seq: u64) -> crate::writes::Pending<'a, ()>;
+
+    /// Resolves once every sub-lease granted so far has ended on the gate's clock. A replica leaving the
+    /// membership gives its read lease up, so grants no more, then waits for this before it publishes its
+    /// leave: writers stop waiting for it once they applied the leave, and a mirror holding a sub-lease
+    /// from it past that point could answer `ABSENT` for an `Add` it never saw.
+    fn all_ended(&self) -> crate::writes::Pending<'_, ()>;
 }
 
 /// The mirror's side: its sub-lease as it holds it.

@@ -9,21 +9,24 @@
 //! mirror only later, answering on its sub-lease meanwhile — and mirrors reconnect with a fresh copy on a
 //! new attachment; G restarts under them knowing none — as a single server (rule 5's quiet period) or, half
 //! the seeds, as a replica (no quiet period; the writer waits for the incarnation it displaced, which never
-//! reports, so acknowledges by the fallback for a fallback after the restart); monotonic clocks run at rates
-//! up to ρ apart, and every process reads its clock in whole grains of 250 µs (the margin is two grains).
+//! reports, so acknowledges by the fallback for a fallback after the restart), and a replica G also stops
+//! gracefully (its lease given up, its leave published once its sub-leases ended; the writer then waits for
+//! it no more) and starts again; monotonic clocks run at rates up to ρ apart, and every process reads its
+//! clock in whole grains of 250 µs (the margin is two grains).
 //! Every mirror lookup is checked: one that finds its sub-lease held must find every `Add` acknowledged
 //! before it started.
 //!
 //! One seed is one run; `EXISTENCE_GATE_SUBLEASE_SEEDS` runs more (2,000 by default, about 2 s),
 //! `EXISTENCE_GATE_SUBLEASE_SEED=N` replays one with its trace. Removing a rule fails a seed within 10,000:
-//! a sub-lease not capped at G's own lease, seed 2 (the writer's fallback, which waits for no mirror, ends
+//! a sub-lease not capped at G's own lease, seed 0 (the writer's fallback, which waits for no mirror, ends
 //! before a mirror's sub-lease); the mirror's end counted from the grant's arrival instead of its request,
-//! seed 6; without the drift (`× (1 − ρ)`), seed 4445; without the margin, seed 421 (a mirror's reading a
-//! grain early holds past G's end, read a grain early too); `from_seq` not waited for, seed 2;
+//! seed 1; without the drift (`× (1 − ρ)`), seed 4445; without the margin, seed 427 (a mirror's reading a
+//! grain early holds past G's end, read a grain early too); `from_seq` not waited for, seed 0;
 //! acknowledgements that do not wait for mirrors, seed 0; an attachment forgotten when G sees its stream
-//! end, seed 2; no quiet sub-lease after a single server starts, seed 6; a restarted replica's reports
-//! counted at once (no wait for the incarnation it displaced), seed 9. (Half the margin, one grain, failed
-//! no seed of 10,000: the two readings are each a full grain early only together, rarely.)
+//! end, seed 17; no quiet sub-lease after a single server starts, seed 0; a restarted replica's reports
+//! counted at once (no wait for the incarnation it displaced), seed 9; a leave published without waiting
+//! out the sub-leases, seed 26. (Half the margin, one grain, failed no seed of 10,000: the two readings are
+//! each a full grain early only together, rarely.)
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -85,6 +88,11 @@ enum Event {
     Heal { m: usize },
     /// Mirror `m` reconnects to G (after G restarted).
     Reconnect { m: usize },
+    /// G (a replica stopping gracefully, its lease given up) publishes its leave: the writer waits for it no
+    /// more. (Each names the incarnation it belongs to: one that restarted meanwhile ignores it.)
+    Leave { incarnation: u64 },
+    /// G starts again after it left.
+    Restart { incarnation: u64 },
 }
 
 /// A mirror process.
@@ -134,6 +142,13 @@ struct Sim {
     /// The writer acknowledges by the fallback alone until then: it waits for G's displaced incarnation,
     /// which never reports (the replicas' grace for a departed member, counted here from the restart).
     g_displaced_until: u64,
+    /// G is stopping gracefully: its lease given up, its leave not yet published.
+    g_leaving: bool,
+    /// G left the membership: the writer acknowledges without it; G reads and grants nothing until it
+    /// starts again.
+    g_left: bool,
+    /// Counts G's starts.
+    g_incarnation: u64,
     applied: u64,
     /// `Add`s applied and not acknowledged yet.
     pending: BTreeSet<u64>,
@@ -189,6 +204,9 @@ impl Sim {
             g_lease_end: 0,
             g_is_replica: false,
             g_displaced_until: 0,
+            g_leaving: false,
+            g_left: false,
+            g_incarnation: 0,
             applied: 0,
             pending: BTreeSet::new(),
             acked: Vec::new(),
@@ -317,6 +335,11 @@ impl Sim {
                 self.stored += 1;
                 let seq = self.stored;
                 self.note(|| format!("the stream stores the Add at seq {seq}"));
+                if self.g_left && self.now >= self.g_displaced_until {
+                    // G is no member (nor an incarnation it displaced): the writer acknowledges at once.
+                    self.acked.push(seq);
+                    return Ok(());
+                }
                 let read = self.now + self.rng.random_range(20 * US..300 * US);
                 self.at(read, Event::Read);
                 // The writer waits for G's report, or the fallback: G's lease × (1 + ρ) + margin on the
@@ -333,7 +356,7 @@ impl Sim {
             Event::Barrier => {
                 // Read back where the stream stored it, everything before it read first, it renews G's lease
                 // from when it was sent.
-                if self.now >= self.g_cut_until {
+                if self.now >= self.g_cut_until && !self.g_leaving {
                     self.read_stream();
                     self.g_lease_end = self.g_local(self.now) + G_LEASE;
                 }
@@ -376,6 +399,9 @@ impl Sim {
             }
             Event::Heal { m } => self.note(|| format!("m{m}'s link heals")),
             Event::Reconnect { m } => self.reconnect(m),
+            Event::Leave { incarnation } if incarnation == self.g_incarnation => self.left(),
+            Event::Restart { incarnation } if incarnation == self.g_incarnation => self.restart(),
+            Event::Leave { .. } | Event::Restart { .. } => {}
             Event::Fault => self.fault(),
             Event::Mutation { m, .. }
             | Event::Renew { m }
@@ -444,7 +470,7 @@ impl Sim {
     /// G applies what the stream stored since it last read, in order, and sends it to its mirrors — unless
     /// it is cut off.
     fn read_stream(&mut self) {
-        if self.now < self.g_cut_until {
+        if self.now < self.g_cut_until || self.g_left {
             return;
         }
         while self.applied < self.stored {
@@ -492,30 +518,13 @@ impl Sim {
 
     fn fault(&mut self) {
         let m = self.rng.random_range(0..self.mirrors.len());
-        match self.rng.random_range(0..5) {
+        match self.rng.random_range(0..6) {
             4 => {
                 let until = self.now + self.rng.random_range(MS..30 * MS);
                 self.at(self.now, Event::CutOff { until });
             }
-            3 => {
-                // G restarts: its mirrors' streams end, and it knows none of them; each reconnects.
-                self.note(|| "G restarts".to_string());
-                let now = read(self.g_local(self.now));
-                self.mirrors_at_g = if self.g_is_replica {
-                    // A new incarnation: writers wait for the one it displaced for a fallback, by which
-                    // its lease, and every sub-lease it granted, has ended.
-                    self.g_displaced_until = self.now + self.fallback();
-                    Mirrors::of_replica(self.terms)
-                } else {
-                    Mirrors::new(self.terms, now)
-                };
-                self.g_lease_end = 0;
-                self.streams.iter_mut().for_each(|stream| *stream = None);
-                for m in 0..self.mirrors.len() {
-                    let when = self.now + self.rng.random_range(0..5 * MS);
-                    self.at(when, Event::Reconnect { m });
-                }
-            }
+            5 if self.g_is_replica && !self.g_leaving => self.leave(),
+            3 => self.restart(),
             0 => {
                 let d = self.rng.random_range(MS..40 * MS);
                 self.note(|| format!("m{m} pauses for {:.3} ms", d as f64 / MS as f64));
@@ -541,6 +550,57 @@ impl Sim {
         if self.rng.random_bool(0.5) {
             self.at(when, Event::Fault);
         }
+    }
+
+    /// G restarts: its mirrors' streams end, and it knows none of them; each reconnects.
+    fn restart(&mut self) {
+        self.note(|| "G restarts".to_string());
+        let now = read(self.g_local(self.now));
+        self.mirrors_at_g = if self.g_is_replica {
+            // A new incarnation: writers wait for the one it displaced for a fallback, by which its lease,
+            // and every sub-lease it granted, has ended.
+            self.g_displaced_until = self.now + self.fallback();
+            Mirrors::of_replica(self.terms)
+        } else {
+            Mirrors::new(self.terms, now)
+        };
+        (self.g_lease_end, self.g_leaving, self.g_left) = (0, false, false);
+        self.g_incarnation += 1;
+        self.streams.iter_mut().for_each(|stream| *stream = None);
+        for m in 0..self.mirrors.len() {
+            let when = self.now + self.rng.random_range(0..5 * MS);
+            self.at(when, Event::Reconnect { m });
+        }
+    }
+
+    /// G (a replica) stops gracefully: it gives its lease up, so grants no more, and publishes its leave
+    /// once every sub-lease it granted has ended on its clock.
+    fn leave(&mut self) {
+        self.note(|| "G gives its lease up to leave".to_string());
+        (self.g_lease_end, self.g_leaving) = (0, true);
+        let last_end = self.mirrors_at_g.last_end();
+        let when = self.g_real(last_end.next_multiple_of(GRAIN)).max(self.now);
+        let incarnation = self.g_incarnation;
+        self.at(when, Event::Leave { incarnation });
+    }
+
+    /// G's leave is stored: the writer acknowledges every `Add` without G from now on; G starts again later,
+    /// a new incarnation.
+    fn left(&mut self) {
+        self.note(|| "G's leave is stored".to_string());
+        self.g_left = true;
+        // An incarnation G displaced is still waited for, within its grace: those `Add`s wait their fallback.
+        if self.now >= self.g_displaced_until {
+            for seq in 1..=self.stored {
+                if !self.acked.contains(&seq) {
+                    self.acked.push(seq);
+                }
+            }
+            self.pending.clear();
+        }
+        let when = self.now + self.rng.random_range(MS..20 * MS);
+        let incarnation = self.g_incarnation;
+        self.at(when, Event::Restart { incarnation });
     }
 
     /// G sees mirror `m`'s stream end.

@@ -119,6 +119,11 @@ impl Replica {
             record
         };
         if let Some(record) = record {
+            if let Some(mirrors) = self.mirrors.get() {
+                // Its lease given up, it grants no more; the sub-leases it granted must end before writers
+                // stop waiting for it (rule 1 of the sub-leases rests on the protocol's case 5).
+                mirrors.all_ended().await;
+            }
             match tokio::time::timeout(LEAVE_WAIT, self.stream.publish_member(&record)).await {
                 Ok(Ok(seq)) => {
                     tracing::info!(seq, "left the replicas");

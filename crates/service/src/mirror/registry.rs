@@ -175,6 +175,23 @@ impl MirrorRegistry {
     }
 }
 
+impl MirrorRegistry {
+    /// Waits until every sub-lease granted so far has ended ([`MirrorWait::all_ended`]).
+    async fn all_ended(&self) {
+        loop {
+            let now = self.now();
+            let last = (self.namespaces().values())
+                .map(|e| e.mirrors.last_end())
+                .max()
+                .unwrap_or(0);
+            if last <= now {
+                return;
+            }
+            tokio::time::sleep(Duration::from_nanos(last - now)).await;
+        }
+    }
+}
+
 impl MirrorWait for MirrorRegistry {
     fn counted(&self, namespace: &str, seq: u64) -> bool {
         self.counted_at(namespace, seq, self.now()) == Counted::Yes
@@ -182,6 +199,10 @@ impl MirrorWait for MirrorRegistry {
 
     fn applied<'a>(&'a self, namespace: &'a str, seq: u64) -> Pending<'a, ()> {
         Box::pin(MirrorRegistry::applied(self, namespace, seq))
+    }
+
+    fn all_ended(&self) -> Pending<'_, ()> {
+        Box::pin(MirrorRegistry::all_ended(self))
     }
 }
 
