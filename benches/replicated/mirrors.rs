@@ -76,7 +76,11 @@ pub async fn run(binary: &Path) -> String {
     for (round, mirrors) in MIRROR_COUNTS.into_iter().enumerate() {
         println!("{mirrors} mirrors of r0...");
         let attached: Vec<Mirror> = (0..mirrors)
-            .map(|_| attaching.mirror(MirrorOptions::default()).expect("a mirror"))
+            .map(|_| {
+                attaching
+                    .mirror(MirrorOptions::default())
+                    .expect("a mirror")
+            })
             .collect();
         for mirror in &attached {
             held(mirror).await;
