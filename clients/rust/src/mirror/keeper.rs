@@ -194,6 +194,13 @@ impl Following<'_> {
         }
         self.ask_every = quarter(grant.length_ns);
         self.shared.now_ms.store(grant.now_ms, Ordering::Relaxed);
+        // Before the sub-lease is published: a lookup that sees it holding sees this grant's bound. An older
+        // grant arriving late lowers it, which claims less: a lost tombstone, never a wrong one.
+        let observable = match grant.observable_seq {
+            0 => u64::MAX,
+            bound => bound,
+        };
+        self.shared.observable.store(observable, Ordering::Release);
         if let Some(copy) = self.shared.copy(&epoch::pin()) {
             // Windows no longer live at the gate's time free their memory, as the gate's do.
             copy.filter.expire(grant.now_ms);

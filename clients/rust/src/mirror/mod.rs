@@ -30,6 +30,7 @@ use bytes::Bytes;
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use existence_gate_core::filter::WindowedFilter;
 use existence_gate_core::hashing::FilterHasher;
+use existence_gate_core::lease::observable_seq;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
@@ -76,8 +77,11 @@ struct Shared {
     holds_until: AtomicU64,
     /// The gate's time (unix ms) at the latest grant: which windows are live.
     now_ms: AtomicU64,
-    /// The seq the copy has applied through: a local answer's `observed_seq`.
+    /// The seq the copy has applied through: a local answer's `observed_seq`, up to `observable`.
     applied: AtomicU64,
+    /// The highest seq a local answer may claim as observed, from the latest grant (`u64::MAX`: no bound, a
+    /// single server): a replica's copy of the log is known to be the shared log's only that far.
+    observable: AtomicU64,
     /// Whether the copy is attached and downloaded (for callers that want to wait for it).
     attached: AtomicBool,
 }
@@ -98,7 +102,8 @@ impl Drop for TaskGuard {
 
 impl GateClient {
     /// A mirror of this client's namespace, attached to its first address. Needs the `mirror` role and a
-    /// gate with `[mirrors] max_per_namespace` set (a single server). Must be called within a tokio runtime.
+    /// gate with `[mirrors] max_per_namespace` set (a single server or a replica). Must be called within a tokio
+    /// runtime.
     pub fn mirror(&self, options: MirrorOptions) -> Result<Mirror, crate::InvalidAddress> {
         let calls = self.calls();
         let endpoints = Endpoints::new(
@@ -112,6 +117,7 @@ impl GateClient {
             holds_until: AtomicU64::new(0),
             now_ms: AtomicU64::new(0),
             applied: AtomicU64::new(0),
+            observable: AtomicU64::new(0),
             attached: AtomicBool::new(false),
         });
         let keeper = Keeper::new(Arc::clone(&shared), self.clone(), endpoints, options);
@@ -164,7 +170,10 @@ impl Mirror {
             count(&calls.counters.mirror_answers, 1);
             return Ok(Lookup {
                 may_exist: false,
-                observed_seq: self.shared.applied.load(Ordering::Acquire),
+                observed_seq: observable_seq(
+                    self.shared.applied.load(Ordering::Acquire),
+                    self.shared.observable.load(Ordering::Acquire),
+                ),
                 warming: false,
                 local: true,
                 address: 0,

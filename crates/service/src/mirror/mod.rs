@@ -185,6 +185,7 @@ impl Feed {
                     length_ns: grant.map_or(0, |g| g.length),
                     from_seq: grant.map_or(applied, |g| g.from_seq),
                     now_ms: self.gate.read_time().windows_ms,
+                    observable_seq: self.attachment.observable_seq(),
                 })))
             }
         }

@@ -225,6 +225,15 @@ impl Attachment {
         (applied, grant)
     }
 
+    /// The highest seq the mirror's answers may claim as observed: a replica's vouched seq (see
+    /// [`ReadLease::observed_seq`]); 0 for a single server, whose log is the log.
+    pub fn observable_seq(&self) -> u64 {
+        match &self.registry.own {
+            OwnLease::Always => 0,
+            OwnLease::Replica(lease) => lease.observed_seq(u64::MAX),
+        }
+    }
+
     /// The mirror has applied through `seq`: if that raised the lowest acknowledgement among live
     /// sub-leases, `Add`s waiting look again. (Only then can one of them count: waking them on every
     /// acknowledgement had each `Add` woken once per mirror.)
