@@ -173,9 +173,7 @@ impl MirrorRegistry {
                 .record(since.elapsed().as_secs_f64());
         }
     }
-}
 
-impl MirrorRegistry {
     /// Waits until every sub-lease granted so far has ended ([`MirrorWait::all_ended`]).
     async fn all_ended(&self) {
         loop {
