@@ -3,7 +3,8 @@
 //! counts an `Add` as applied — before acknowledging its own, and before reporting another writer's — only
 //! once its mirrors applied it or their sub-leases ended ([`existence_gate::core::sublease`]). So no `Add`
 //! acknowledged through either replica is answered `ABSENT` by the mirror: while they race its lookups,
-//! while its link is silent, while its replica is cut off from NATS, and once its replica has left.
+//! while its link is silent, while its replica is cut off from NATS, once its replica has left, and once its
+//! replica was displaced by a new process with its id.
 
 use crate::common;
 
@@ -216,4 +217,42 @@ async fn a_replica_leaving_waits_out_its_mirrors_subleases() {
         "an Add acknowledged after r1 left was answered ABSENT by r1's mirror"
     );
     leaving.kill().await;
+}
+
+/// A replica frozen (SIGSTOP: its connections stay open, its mirror hears nothing) and displaced by a new
+/// process with its id, under a mirror holding a sub-lease from it: the new incarnation knows nothing of
+/// that sub-lease and takes no quiet period, yet an `Add` acknowledged through the other replica after it
+/// joined is not answered `ABSENT` by the mirror — writers wait for the incarnation it displaced until that
+/// one's lease is over, and the sub-lease ended no later. Leases and sub-leases of seconds, so that the
+/// sub-lease outlasts the new process's start.
+#[tokio::test]
+async fn a_replica_displaced_under_its_mirror_counts_on_the_writers_grace() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &CONFIG.replace("300ms", "5s"));
+    let launch = |id: &str| {
+        let mut launch = Launch::new(&nats.url, &config, id);
+        launch.args = ["--read-lease", "3s"].map(String::from).to_vec();
+        launch
+    };
+    let replicas = common::replicas::start_in_turn(&[launch("r0"), launch("r1")]).await;
+    let client = GateClient::new(
+        [replicas[1].grpc_addr.to_string()],
+        ClientOptions::namespace("users"),
+    )
+    .unwrap();
+    let mirror = client.mirror(MirrorOptions::default()).unwrap();
+    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    replicas[1].signal("STOP");
+    let mut twin = launch("r1");
+    twin.data_dir = dir.path().join("r1-twin");
+    let twin = twin.start().await;
+    twin.serving().await;
+    add(&replicas[0], "after-r1-was-displaced").await;
+    assert!(
+        !mirror.absent_locally(b"after-r1-was-displaced"),
+        "an Add acknowledged after r1's twin joined was answered ABSENT by the mirror of the r1 it displaced"
+    );
 }
