@@ -8,6 +8,8 @@
 
 use crate::common;
 
+use std::net::SocketAddr;
+
 use common::nats::Nats;
 use common::proxy::{Mode, Proxy};
 use common::replicas::{config_file, start_serving, Launch, Replica};
@@ -44,10 +46,7 @@ async fn deployment() -> Option<Deployment> {
     let args = ["--read-lease", READ_LEASE, "--drain-delay", "0s"];
     let replicas = start_serving(&nats.url, &config, 2, &args).await;
     let proxy = Proxy::start(replicas[1].grpc_addr).await;
-    let client =
-        GateClient::new([proxy.addr.to_string()], ClientOptions::namespace("users")).unwrap();
-    let mirror = client.mirror(MirrorOptions::default()).unwrap();
-    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    let mirror = holding_mirror(proxy.addr).await;
     Some(Deployment {
         _nats: nats,
         _dir: dir,
@@ -55,6 +54,14 @@ async fn deployment() -> Option<Deployment> {
         proxy,
         mirror,
     })
+}
+
+/// A mirror of `users` attached through `address`, once it holds a sub-lease.
+async fn holding_mirror(address: SocketAddr) -> Mirror {
+    let client = GateClient::new([address.to_string()], ClientOptions::namespace("users")).unwrap();
+    let mirror = client.mirror(MirrorOptions::default()).unwrap();
+    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    mirror
 }
 
 /// Waits until `condition` holds, or fails saying what it waited for.
@@ -161,13 +168,7 @@ async fn a_replica_cut_off_from_nats_takes_its_mirrors_sublease_with_its_lease()
         launch.args = vec!["--read-lease".to_string(), READ_LEASE.to_string()];
     }
     let replicas = common::replicas::start_in_turn(&launches).await;
-    let client = GateClient::new(
-        [replicas[1].grpc_addr.to_string()],
-        ClientOptions::namespace("users"),
-    )
-    .unwrap();
-    let mirror = client.mirror(MirrorOptions::default()).unwrap();
-    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    let mirror = holding_mirror(replicas[1].grpc_addr).await;
     nats_link.set(Mode::Silent);
     add(&replicas[0], "while-r1-is-cut-off").await;
     assert!(
@@ -238,13 +239,7 @@ async fn a_replica_displaced_under_its_mirror_counts_on_the_writers_grace() {
         launch
     };
     let replicas = common::replicas::start_in_turn(&[launch("r0"), launch("r1")]).await;
-    let client = GateClient::new(
-        [replicas[1].grpc_addr.to_string()],
-        ClientOptions::namespace("users"),
-    )
-    .unwrap();
-    let mirror = client.mirror(MirrorOptions::default()).unwrap();
-    until("the mirror holds a sub-lease", || mirror.holds_sublease()).await;
+    let mirror = holding_mirror(replicas[1].grpc_addr).await;
     replicas[1].signal("STOP");
     let mut twin = launch("r1");
     twin.data_dir = dir.path().join("r1-twin");
