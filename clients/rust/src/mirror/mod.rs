@@ -138,9 +138,10 @@ impl Mirror {
             return false;
         }
         let guard = epoch::pin();
-        self.shared
-            .copy(&guard)
-            .is_some_and(|copy| !copy.filter.contains(copy.hasher.hash(key), self.now_ms()))
+        self.shared.copy(&guard).is_some_and(|copy| {
+            let hash = copy.hasher.hash(key);
+            !copy.filter.contains_cold(hash, self.now_ms(), &guard)
+        })
     }
 
     /// [`absent_locally`](Self::absent_locally) for each of `keys`, in order: one epoch pin and one reading
