@@ -112,7 +112,10 @@ type Answer struct {
 	ObservedSeq uint64
 	// Warming is true while the gate is still loading (every answer is then MAY_EXIST).
 	Warming bool
-	addr    int // the address that answered (RecordAbsent of this key goes there); -1 when unknown
+	// Local is true when a Mirror answered with no call: ABSENT by its copy of the filter (basis FILTER)
+	// under a sub-lease.
+	Local bool
+	addr  int // the address that answered (RecordAbsent of this key goes there); -1 when unknown
 }
 
 // AbsenceKind says why the source lacks a key.
@@ -164,13 +167,18 @@ type RecordResult struct {
 	ExpiresIn time.Duration
 }
 
-// Stats is a snapshot of monotonically increasing counters. A GateClient fills the first four; a
-// GatedReader's Stats adds its own to its client's.
+// Stats is a snapshot of monotonically increasing counters. A GateClient fills the first four and its
+// mirrors' (Mirror*); a GatedReader's Stats adds its own to its client's.
 type Stats struct {
-	Lookups     uint64 // single-key lookups asked of the client
+	Lookups     uint64 // single-key lookups asked of the client (a Mirror's included)
 	GateCalls   uint64 // lookup RPCs sent (MayExist or BatchMayExist)
 	BatchedKeys uint64 // keys sent in coalesced batches (BatchedKeys / GateCalls = mean batch size)
 	Retries     uint64 // calls retried on another address
+
+	MirrorAnswers  uint64 // lookups a Mirror answered ABSENT with no call (also counted in Lookups)
+	MirrorAttaches uint64 // filters a Mirror downloaded (its first attachment and each one after a stream ended)
+	MirrorResyncs  uint64 // RESYNCs a Mirror was sent (a rebuild, a restore, or it fell behind)
+	MirrorGrants   uint64 // sub-leases granted to a Mirror (refusals not counted)
 
 	CacheHits          uint64 // Gets answered by the local absence cache
 	FailOpens          uint64 // Gets that read the source because the gate failed
@@ -224,6 +232,8 @@ type GateClient struct {
 	rr        atomic.Uint64
 
 	lookups, gateCalls, batchedKeys, retries atomic.Uint64
+
+	mirrorAnswers, mirrorAttaches, mirrorResyncs, mirrorGrants atomic.Uint64
 
 	coal      *coalescer // nil with coalescing off
 	closed    chan struct{}
@@ -293,7 +303,8 @@ func (c *GateClient) Namespace() string { return c.namespace }
 // Stats returns the client's counters (the reader's are zero).
 func (c *GateClient) Stats() Stats {
 	return Stats{Lookups: c.lookups.Load(), GateCalls: c.gateCalls.Load(), BatchedKeys: c.batchedKeys.Load(),
-		Retries: c.retries.Load()}
+		Retries: c.retries.Load(), MirrorAnswers: c.mirrorAnswers.Load(), MirrorAttaches: c.mirrorAttaches.Load(),
+		MirrorResyncs: c.mirrorResyncs.Load(), MirrorGrants: c.mirrorGrants.Load()}
 }
 
 // Close fails the lookups still waiting for a batch with CANCELED, waits for the batches in flight and
