@@ -90,13 +90,16 @@ impl Keeper {
         self.shared.replace_copy(copy);
         // The copy is the gate's filter as of the header's seq: acknowledged like an applied `Add`, since
         // the gate grants again only once the previous grant's seq is acknowledged.
-        let downloaded =
-            proto::mirror_request::Request::Applied(proto::MirrorApplied { seq: header.seq });
-        let _ = sender.try_send(request(downloaded));
+        let mut acks = Acks {
+            sender: sender.clone(),
+            unsent: None,
+        };
+        acks.applied(header.seq);
         self.shared.attached.store(true, Ordering::Release);
         let mut following = Following {
             shared: &self.shared,
             sender,
+            acks,
             sublease: Sublease::new(terms),
             applied: header.seq,
             asked: Vec::new(),
@@ -115,6 +118,7 @@ impl Keeper {
 struct Following<'a> {
     shared: &'a Shared,
     sender: mpsc::Sender<proto::MirrorRequest>,
+    acks: Acks,
     sublease: Sublease,
     applied: u64,
     /// Requests for sub-leases not yet answered: their ids and when they were sent.
@@ -130,12 +134,14 @@ struct Following<'a> {
 impl Following<'_> {
     async fn run(&mut self, stream: &mut Streaming<proto::MirrorUpdate>) -> Result<(), Status> {
         let mut next_ask = tokio::time::Instant::now();
+        let room = self.sender.clone();
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(next_ask) => {
                     self.ask();
                     next_ask = tokio::time::Instant::now() + self.ask_every;
                 }
+                Ok(permit) = room.reserve(), if self.acks.unsent.is_some() => self.acks.send_unsent(permit),
                 update = stream.message() => match update?.and_then(|u| u.update) {
                     Some(Update::Added(added)) => self.apply(&added)?,
                     Some(Update::Grant(grant)) => self.granted(&grant),
@@ -176,10 +182,7 @@ impl Following<'_> {
         }
         self.applied = added.seq;
         self.publish();
-        let applied =
-            proto::mirror_request::Request::Applied(proto::MirrorApplied { seq: added.seq });
-        // A full queue only delays this acknowledgement to the next one; the gate waits at most a sub-lease.
-        let _ = self.sender.try_send(request(applied));
+        self.acks.applied(added.seq);
         Ok(())
     }
 
@@ -221,6 +224,36 @@ impl Following<'_> {
         let until = self.sublease.holding_until(self.applied);
         self.shared.holds_until.store(until, Ordering::Release);
     }
+}
+
+/// Acknowledgements to the gate. Each says "applied through `seq`", so only the newest counts: one that
+/// finds the queue to the gate full is kept (in place of any older one kept) and sent as soon as there is
+/// room. Dropped, the last one before a pause in `Add`s would hold that `Add` until this mirror's sub-lease
+/// ended on the gate, which would not grant it again meanwhile (it grants only once the previous grant's
+/// seq is acknowledged): one `Add` a sub-lease late, and a sub-lease lost, for a full queue.
+struct Acks {
+    sender: mpsc::Sender<proto::MirrorRequest>,
+    /// The newest seq applied whose acknowledgement is not yet queued.
+    unsent: Option<u64>,
+}
+
+impl Acks {
+    /// Acknowledges everything through `seq`, now or once the queue has room.
+    fn applied(&mut self, seq: u64) {
+        let sent = self.sender.try_send(request(applied(seq)));
+        self.unsent = sent.err().map(|_| seq);
+    }
+
+    /// Queues the kept acknowledgement in the room `permit` holds.
+    fn send_unsent(&mut self, permit: mpsc::Permit<'_, proto::MirrorRequest>) {
+        if let Some(seq) = self.unsent.take() {
+            permit.send(request(applied(seq)));
+        }
+    }
+}
+
+fn applied(seq: u64) -> proto::mirror_request::Request {
+    proto::mirror_request::Request::Applied(proto::MirrorApplied { seq })
 }
 
 fn request(request: proto::mirror_request::Request) -> proto::MirrorRequest {
@@ -324,4 +357,37 @@ fn spec_of(header: &proto::MirrorHeader) -> Result<FilterSpec, Status> {
 /// A quarter of a sub-lease of `length` ns, at least a millisecond: how often a mirror asks to keep it.
 fn quarter(length: Nanos) -> Duration {
     Duration::from_nanos(length / 4).max(Duration::from_millis(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acknowledged(request: Option<proto::MirrorRequest>) -> Option<u64> {
+        match request?.request? {
+            proto::mirror_request::Request::Applied(applied) => Some(applied.seq),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_acknowledgement_that_finds_the_queue_full_is_sent_once_there_is_room() {
+        let (sender, mut queue) = mpsc::channel(1);
+        let mut acks = Acks {
+            sender: sender.clone(),
+            unsent: None,
+        };
+        acks.applied(1);
+        acks.applied(2);
+        acks.applied(3);
+        assert_eq!(
+            acks.unsent,
+            Some(3),
+            "the newest is kept, the older one it covers is not"
+        );
+        assert_eq!(acknowledged(queue.recv().await), Some(1));
+        acks.send_unsent(sender.reserve().await.expect("room"));
+        assert_eq!(acks.unsent, None);
+        assert_eq!(acknowledged(queue.recv().await), Some(3));
+    }
 }
