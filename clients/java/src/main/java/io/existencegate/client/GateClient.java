@@ -39,14 +39,13 @@ import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
-import java.util.concurrent.atomic.AtomicInteger;
-import java.util.concurrent.atomic.AtomicLongArray;
 import java.util.concurrent.atomic.LongAdder;
 
 /**
@@ -75,8 +74,6 @@ public final class GateClient implements AutoCloseable {
   public static final int MAX_BATCH_KEYS = 10_000;
   /** The server's default {@code max_key_bytes}; longer (and empty) keys are not coalesced (see below). */
   static final int MAX_KEY_BYTES = 1_024;
-  /** How long an address that answered UNAVAILABLE is skipped. */
-  static final long DOWN_NANOS = TimeUnit.SECONDS.toNanos(1);
 
   /** Starts a client of the given gate addresses ({@code host:port}, replicas of one deployment). */
   public static Builder builder(String... addresses) {
@@ -191,15 +188,6 @@ public final class GateClient implements AutoCloseable {
     }
   }
 
-  /** One started RPC: the stub (with its deadline) and where to deliver the answer. */
-  @FunctionalInterface
-  interface Rpc<R> {
-    void start(ExistenceGateGrpc.ExistenceGateStub stub, StreamObserver<R> observer);
-  }
-
-  /** An RPC's response and the address that gave it. */
-  record Answered<R>(R response, String address) {}
-
   /**
    * A caller waiting for a coalesced batch: one key ({@link #mayExist}) or a part of {@link #mayExistMany}. A
    * batch takes whole waiters and never splits one.
@@ -234,17 +222,13 @@ public final class GateClient implements AutoCloseable {
   private final long windowNanos;
   private final int maxKeys;
   private final Duration deadline;
-  private final AddressPolicy policy;
   private final String token;
   private final boolean plaintext;
   private final ChannelCredentials credentials;
   private final String authority;
   private final List<ManagedChannel> channels = new ArrayList<>();
-  private final List<ExistenceGateGrpc.ExistenceGateStub> stubs = new ArrayList<>();
-  /** Per address: until when (nanos since {@link #base}) it is down; 0 = up. */
-  private final AtomicLongArray downUntil;
-  private final long base = System.nanoTime();
-  private final AtomicInteger roundRobin = new AtomicInteger();
+  /** Where each call's attempts go, and its retries. */
+  private final AddressRouter router;
   /** Batch windows and per-caller deadlines. */
   private final ScheduledThreadPoolExecutor timers;
 
@@ -259,10 +243,13 @@ public final class GateClient implements AutoCloseable {
   private ScheduledFuture<?> windowTimer;
   private volatile boolean closed;
 
-  private final LongAdder lookups = new LongAdder();
+  /** Lookups asked, local answers of its mirrors included. */
+  final LongAdder lookups = new LongAdder();
+  final Mirror.Counters mirrorCounters = new Mirror.Counters();
+  /** The mirrors open on this client, closed with it. */
+  private final List<Mirror> mirrors = new CopyOnWriteArrayList<>();
   private final LongAdder gateCalls = new LongAdder();
   private final LongAdder batchedKeys = new LongAdder();
-  private final LongAdder retries = new LongAdder();
 
   private GateClient(Builder b) {
     this.addresses = b.addresses;
@@ -270,17 +257,17 @@ public final class GateClient implements AutoCloseable {
     this.windowNanos = b.coalesceWindow.toNanos();
     this.maxKeys = b.coalesceMaxKeys;
     this.deadline = b.deadline;
-    this.policy = b.addressPolicy;
     this.token = b.token;
     this.plaintext = b.plaintext;
     this.credentials = b.credentials;
     this.authority = b.authority;
-    this.downUntil = new AtomicLongArray(addresses.size());
+    List<ExistenceGateGrpc.ExistenceGateStub> stubs = new ArrayList<>();
     for (String address : addresses) {
       ManagedChannel channel = newChannel(address);
       channels.add(channel);
       stubs.add(ExistenceGateGrpc.newStub(channel));
     }
+    this.router = new AddressRouter(addresses, b.addressPolicy, stubs, () -> closed);
     this.timers =
         new ScheduledThreadPoolExecutor(
             1,
@@ -440,7 +427,7 @@ public final class GateClient implements AutoCloseable {
 
   private void unaryLookup(ByteString key, CompletableFuture<Lookup> future, Deadline callDeadline) {
     MayExistRequest request = MayExistRequest.newBuilder().setNamespace(namespace).setKey(key).build();
-    this.<MayExistResponse>invoke(
+    router.<MayExistResponse>invoke(
             (stub, observer) -> stub.mayExist(request, observer), callDeadline, -1, gateCalls::increment)
         .whenComplete(
             (answered, error) -> {
@@ -596,7 +583,7 @@ public final class GateClient implements AutoCloseable {
     BatchMayExistRequest request =
         BatchMayExistRequest.newBuilder().setNamespace(namespace).setPackedKeys(pack(keys)).build();
     int count = keys.size();
-    this.<BatchMayExistResponse>invoke(
+    router.<BatchMayExistResponse>invoke(
             (stub, observer) -> stub.batchMayExist(request, observer),
             latest,
             -1,
@@ -620,7 +607,8 @@ public final class GateClient implements AutoCloseable {
   }
 
   /** Gives each waiter of {@code batch} its keys' bits, or the batch's status. */
-  private static void answer(List<Waiter> batch, Answered<BatchMayExistResponse> answered, Throwable error) {
+  private static void answer(
+      List<Waiter> batch, AddressRouter.Answered<BatchMayExistResponse> answered, Throwable error) {
     if (error != null) {
       Status status = Status.fromThrowable(error);
       Metadata trailers = Status.trailersFromThrowable(error);
@@ -697,7 +685,7 @@ public final class GateClient implements AutoCloseable {
         BatchMayExistRequest request =
             BatchMayExistRequest.newBuilder().setNamespace(namespace).setPackedKeys(pack(part)).build();
         parts.add(
-            this.<BatchMayExistResponse>invoke(
+            router.<BatchMayExistResponse>invoke(
                     (stub, observer) -> stub.batchMayExist(request, observer), callDeadline, -1,
                     gateCalls::increment)
                 .thenApply(answered -> new Share(answered.response(), 0, answered.address())));
@@ -757,7 +745,7 @@ public final class GateClient implements AutoCloseable {
       chain =
           chain.thenCompose(
               seq ->
-                  this.<AddResponse>invoke((stub, observer) -> stub.add(request, observer), callDeadline, -1,
+                  router.<AddResponse>invoke((stub, observer) -> stub.add(request, observer), callDeadline, -1,
                           null)
                       .thenApply(answered -> Math.max(seq, answered.response().getSeq())));
     }
@@ -793,7 +781,7 @@ public final class GateClient implements AutoCloseable {
             .setObservedSeq(observedSeq)
             .build();
     int preferred = address == null ? -1 : addresses.indexOf(address);
-    return this.<RecordAbsentResponse>invoke(
+    return router.<RecordAbsentResponse>invoke(
             (stub, observer) -> stub.recordAbsent(request, observer), newDeadline(), preferred, null)
         .thenApply(
             answered -> {
@@ -811,144 +799,41 @@ public final class GateClient implements AutoCloseable {
   }
 
   // ------------------------------------------------------------------------------------------------------
-  // Addresses and retries.
 
   /**
-   * Starts {@code rpc} on an address chosen by the policy ({@code preferred} first when it is up) and, when
-   * an address answers UNAVAILABLE, or does not answer within half of what is left of {@code callDeadline}
-   * while another address not tried yet is up, marks it down for 1 s and retries on the next address that is
-   * up and not tried yet, within {@code callDeadline}. Every other status ends the call as it is.
+   * A {@link Mirror} of this client's namespace: a copy of its filter that answers ABSENT with no call while
+   * it holds a sub-lease, attached to the first of the client's addresses that is up. Needs a gate with
+   * {@code [mirrors] max_per_namespace} set and, with tokens, the {@code mirror} role. Closed with the client.
    */
-  <R> CompletableFuture<Answered<R>> invoke(Rpc<R> rpc, Deadline callDeadline, int preferred, Runnable onAttempt) {
-    CompletableFuture<Answered<R>> result = new CompletableFuture<>();
-    boolean[] tried = new boolean[addresses.size()];
-    attempt(rpc, callDeadline, pick(tried, preferred, -1), tried, onAttempt, result);
-    return result;
+  public Mirror mirror(MirrorOptions options) {
+    Mirror mirror = new Mirror(this, Objects.requireNonNull(options));
+    mirrors.add(mirror);
+    return mirror;
   }
 
-  private <R> void attempt(
-      Rpc<R> rpc,
-      Deadline callDeadline,
-      int index,
-      boolean[] tried,
-      Runnable onAttempt,
-      CompletableFuture<Answered<R>> result) {
-    tried[index] = true;
-    if (onAttempt != null) {
-      onAttempt.run();
-    }
-    // An address that accepts and never answers (a stopped replica, its connections open) would hold the call
-    // to its deadline: while another untried address is up, it gets half of what remains, then the call moves
-    // on. With none up, it gets all of it: a slow replica alone still answers within the deadline.
-    Deadline attemptDeadline =
-        anotherUp(tried)
-            ? Deadline.after(callDeadline.timeRemaining(TimeUnit.NANOSECONDS) / 2, TimeUnit.NANOSECONDS)
-            : callDeadline;
-    StreamObserver<R> observer =
-        new StreamObserver<>() {
-          private R response;
-
-          @Override
-          public void onNext(R value) {
-            response = value;
-          }
-
-          @Override
-          public void onError(Throwable error) {
-            Status status = Status.fromThrowable(error);
-            boolean silent =
-                status.getCode() == Status.Code.DEADLINE_EXCEEDED && !callDeadline.isExpired();
-            if (status.getCode() == Status.Code.UNAVAILABLE || silent) {
-              markDown(index);
-              int next = callDeadline.isExpired() || closed ? -1 : pick(tried, -1, index);
-              if (next >= 0) {
-                retries.increment();
-                attempt(rpc, callDeadline, next, tried, onAttempt, result);
-                return;
-              }
-            }
-            result.completeExceptionally(asStatusException(error));
-          }
-
-          @Override
-          public void onCompleted() {
-            downUntil.set(index, 0);
-            result.complete(new Answered<>(response, addresses.get(index)));
-          }
-        };
-    try {
-      rpc.start(stubs.get(index).withDeadline(attemptDeadline), observer);
-    } catch (RuntimeException e) {
-      result.completeExceptionally(asStatusException(e));
-    }
+  void forget(Mirror mirror) {
+    mirrors.remove(mirror);
   }
 
-  private long now() {
-    return System.nanoTime() - base;
+  AddressRouter router() {
+    return router;
   }
 
-  private void markDown(int index) {
-    downUntil.set(index, Math.max(1, now() + DOWN_NANOS));
+  ManagedChannel channel(int index) {
+    return channels.get(index);
   }
-
-  /** Whether an address not tried yet is up: somewhere for the call to go if this attempt gets no answer. */
-  private boolean anotherUp(boolean[] tried) {
-    long now = now();
-    for (int i = 0; i < tried.length; i++) {
-      if (!tried[i] && downUntil.get(i) <= now) {
-        return true;
-      }
-    }
-    return false;
-  }
-
-  /**
-   * The address for an attempt: {@code preferred} if up; else, by the policy, the next one that is up and not
-   * tried (after {@code last} for a retry). A first attempt with every address down goes to the one down the
-   * longest; a retry with none left returns -1.
-   */
-  private int pick(boolean[] tried, int preferred, int last) {
-    int n = addresses.size();
-    long now = now();
-    if (preferred >= 0 && downUntil.get(preferred) <= now) {
-      return preferred;
-    }
-    int start;
-    if (policy == AddressPolicy.PICK_FIRST) {
-      start = 0;
-    } else if (last >= 0) {
-      start = last + 1;
-    } else {
-      start = Math.floorMod(roundRobin.getAndIncrement(), n);
-    }
-    for (int k = 0; k < n; k++) {
-      int i = (start + k) % n;
-      if (!tried[i] && downUntil.get(i) <= now) {
-        return i;
-      }
-    }
-    if (last >= 0) {
-      return -1;
-    }
-    int longest = 0;
-    for (int i = 1; i < n; i++) {
-      if (downUntil.get(i) < downUntil.get(longest)) {
-        longest = i;
-      }
-    }
-    return longest;
-  }
-
-  // ------------------------------------------------------------------------------------------------------
 
   /** The client's counters (the reader counters are 0 here; see {@link GatedReader#stats()}). */
   public Stats stats() {
-    return new Stats(lookups.sum(), gateCalls.sum(), batchedKeys.sum(), retries.sum(), 0, 0, 0, 0, 0, 0, 0);
+    return new Stats(lookups.sum(), gateCalls.sum(), batchedKeys.sum(), router.retries(), 0, 0, 0, 0, 0, 0, 0,
+        mirrorCounters.answers.sum(), mirrorCounters.grants.sum(), mirrorCounters.attaches.sum(),
+        mirrorCounters.resyncs.sum());
   }
 
   /** Sends the batch being gathered, then closes the channels (in-flight calls get a moment to finish). */
   @Override
   public void close() {
+    mirrors.forEach(Mirror::close);
     List<List<Waiter>> last;
     synchronized (batchLock) {
       closed = true;

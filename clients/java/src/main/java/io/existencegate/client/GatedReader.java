@@ -450,7 +450,11 @@ public final class GatedReader<V> implements AutoCloseable {
         absencesRecorded.sum(),
         invalidations.sum(),
         resubscribes.sum(),
-        warmingAddsDropped.sum());
+        warmingAddsDropped.sum(),
+        c.mirrorAnswers(),
+        c.mirrorGrants(),
+        c.mirrorAttaches(),
+        c.mirrorResyncs());
   }
 
   /** Ends the subscription and closes its channels (not the client's: close the client too). */

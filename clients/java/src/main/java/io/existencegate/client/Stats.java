@@ -20,6 +20,12 @@ import java.util.Map;
  * @param resubscribes subscriptions reopened
  * @param warmingAddsDropped keys found while the gate was warming that could not wait to be added (more
  *     than 10,000 waiting)
+ * @param mirrorAnswers lookups a {@link Mirror} answered ABSENT in-process, with no call (also counted in
+ *     {@code lookups}; the mirror's other lookups are the client's, counted as usual)
+ * @param mirrorGrants sub-leases granted to the client's mirrors
+ * @param mirrorAttaches filters the client's mirrors downloaded (the first attach and every one after)
+ * @param mirrorResyncs mirror streams the gate ended with RESYNC (a rebuild, a restore, a mirror left
+ *     behind): each is followed by a fresh attach
  */
 public record Stats(
     long lookups,
@@ -32,7 +38,28 @@ public record Stats(
     long absencesRecorded,
     long invalidations,
     long resubscribes,
-    long warmingAddsDropped) {
+    long warmingAddsDropped,
+    long mirrorAnswers,
+    long mirrorGrants,
+    long mirrorAttaches,
+    long mirrorResyncs) {
+
+  /** The counters of a client without mirrors (the mirror counters at 0). */
+  public Stats(
+      long lookups,
+      long gateCalls,
+      long batchedKeys,
+      long retries,
+      long cacheHits,
+      long failOpens,
+      long sourceReads,
+      long absencesRecorded,
+      long invalidations,
+      long resubscribes,
+      long warmingAddsDropped) {
+    this(lookups, gateCalls, batchedKeys, retries, cacheHits, failOpens, sourceReads, absencesRecorded,
+        invalidations, resubscribes, warmingAddsDropped, 0, 0, 0, 0);
+  }
 
   /** The counters by their contract names ({@code gate_calls}, ...), in a stable order. */
   public Map<String, Long> toMap() {
@@ -48,6 +75,10 @@ public record Stats(
     out.put("invalidations", invalidations);
     out.put("resubscribes", resubscribes);
     out.put("warming_adds_dropped", warmingAddsDropped);
+    out.put("mirror_answers", mirrorAnswers);
+    out.put("mirror_grants", mirrorGrants);
+    out.put("mirror_attaches", mirrorAttaches);
+    out.put("mirror_resyncs", mirrorResyncs);
     return out;
   }
 

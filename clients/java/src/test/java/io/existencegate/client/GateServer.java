@@ -106,6 +106,22 @@ final class GateServer implements AutoCloseable {
     return launch(Files.createTempDirectory("existence-gate-java-test"), config, null, List.of(), null);
   }
 
+  /**
+   * Starts a server with the configuration {@code config}, whose tokens include {@code token} (with the
+   * {@code read} role on the namespace {@code default}): the reference stub sends it.
+   */
+  static GateServer startWithConfig(String config, String token) throws Exception {
+    return launch(Files.createTempDirectory("existence-gate-java-test"), config, token, List.of(), null);
+  }
+
+  /** A {@code [[tokens]]} entry of the configuration: {@code secret}'s digest, its roles and namespaces. */
+  static String tokenEntry(String name, String secret, String roles, String namespaces) throws Exception {
+    byte[] digest = java.security.MessageDigest.getInstance("SHA-256")
+        .digest(secret.getBytes(StandardCharsets.UTF_8));
+    return "[[tokens]]\nname = \"" + name + "\"\nsha256 = \"" + java.util.HexFormat.of().formatHex(digest)
+        + "\"\nroles = " + roles + "\nnamespaces = " + namespaces + "\n";
+  }
+
   private static GateServer launch(Path dir, String config, String token, List<String> extraArgs,
       ChannelCredentials reference) throws Exception {
     String bin = System.getenv("EXISTENCE_GATE_BIN");
@@ -217,6 +233,17 @@ final class GateServer implements AutoCloseable {
 
   boolean isAlive() {
     return process.isAlive();
+  }
+
+  /**
+   * Sends the server {@code signal} ({@code STOP}, {@code CONT}, {@code KILL}) with kill(1), returning once
+   * kill has: a stopped server answers nothing and keeps its connections open, as a paused machine does.
+   */
+  void signal(String signal) throws Exception {
+    Process kill = new ProcessBuilder("kill", "-" + signal, Long.toString(process.pid())).inheritIO().start();
+    if (kill.waitFor() != 0) {
+      throw new IllegalStateException("kill -" + signal + " failed");
+    }
   }
 
   /** A loopback address nothing listens on (a port bound, noted and closed). */
