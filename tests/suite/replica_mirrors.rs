@@ -3,8 +3,8 @@
 //! counts an `Add` as applied — before acknowledging its own, and before reporting another writer's — only
 //! once its mirrors applied it or their sub-leases ended ([`existence_gate::core::sublease`]). So no `Add`
 //! acknowledged through either replica is answered `ABSENT` by the mirror: while they race its lookups,
-//! while its link is silent, while its replica is cut off from NATS, once its replica has left, and once its
-//! replica was displaced by a new process with its id.
+//! while its link is silent, while its replica is cut off from NATS, once its replica has left, once its
+//! replica was displaced by a new process with its id, and once it was removed by an operator.
 
 use crate::common;
 
@@ -14,7 +14,7 @@ use common::nats::Nats;
 use common::proxy::{Mode, Proxy};
 use common::replicas::{config_file, start_serving, Launch, Replica};
 use common::{wait_until, PATIENCE};
-use existence_gate::proto::{AddRequest, ListReplicasRequest};
+use existence_gate::proto::{AddRequest, ListReplicasRequest, RemoveReplicaRequest};
 use existence_gate_client::{ClientOptions, GateClient, Mirror, MirrorOptions};
 
 const CONFIG: &str = r#"
@@ -224,30 +224,80 @@ async fn a_replica_leaving_waits_out_its_mirrors_subleases() {
 /// process with its id, under a mirror holding a sub-lease from it: the new incarnation knows nothing of
 /// that sub-lease and takes no quiet period, yet an `Add` acknowledged through the other replica after it
 /// joined is not answered `ABSENT` by the mirror — writers wait for the incarnation it displaced until that
-/// one's lease is over, and the sub-lease ended no later. Leases and sub-leases of seconds, so that the
-/// sub-lease outlasts the new process's start.
+/// one's lease is over, and the sub-lease ended no later.
 #[tokio::test]
 async fn a_replica_displaced_under_its_mirror_counts_on_the_writers_grace() {
-    let Some(nats) = Nats::start().await else {
+    let Some(frozen) = FrozenUnderMirror::start().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &CONFIG.replace("300ms", "5s"));
-    let launch = |id: &str| {
-        let mut launch = Launch::new(&nats.url, &config, id);
-        launch.args = ["--read-lease", "3s"].map(String::from).to_vec();
-        launch
-    };
-    let replicas = common::replicas::start_in_turn(&[launch("r0"), launch("r1")]).await;
-    let mirror = holding_mirror(replicas[1].grpc_addr).await;
-    replicas[1].signal("STOP");
-    let mut twin = launch("r1");
-    twin.data_dir = dir.path().join("r1-twin");
+    let mut twin = frozen.launch("r1");
+    twin.data_dir = frozen.dir.path().join("r1-twin");
     let twin = twin.start().await;
     twin.serving().await;
-    add(&replicas[0], "after-r1-was-displaced").await;
+    add(&frozen.replicas[0], "after-r1-was-displaced").await;
     assert!(
-        !mirror.absent_locally(b"after-r1-was-displaced"),
+        !frozen.mirror.absent_locally(b"after-r1-was-displaced"),
         "an Add acknowledged after r1's twin joined was answered ABSENT by the mirror of the r1 it displaced"
     );
+}
+
+/// The same frozen replica removed by an operator instead: writers no longer wait for its reports once
+/// they applied the removal, but wait for it a fallback more, as it may still hold a lease — and its
+/// mirror a sub-lease under it. So an `Add` acknowledged after the removal is not answered `ABSENT` by
+/// the mirror, which never heard of either.
+#[tokio::test]
+async fn a_replica_removed_under_its_mirror_counts_on_the_writers_grace() {
+    let Some(frozen) = FrozenUnderMirror::start().await else {
+        return;
+    };
+    frozen.replicas[0]
+        .admin()
+        .remove_replica(RemoveReplicaRequest { id: "r1".into() })
+        .await
+        .expect("r1 removed");
+    add(&frozen.replicas[0], "after-r1-was-removed").await;
+    assert!(
+        !frozen.mirror.absent_locally(b"after-r1-was-removed"),
+        "an Add acknowledged after r1's removal was answered ABSENT by the mirror of the removed r1"
+    );
+}
+
+/// Two replicas with leases of seconds (sub-leases of up to 5 s under read leases of 3 s, so that a
+/// sub-lease outlasts what a test does next), a mirror of r1 holding a sub-lease, and r1 then frozen.
+struct FrozenUnderMirror {
+    nats: Nats,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+    replicas: Vec<Replica>,
+    mirror: Mirror,
+}
+
+impl FrozenUnderMirror {
+    async fn start() -> Option<Self> {
+        let nats = Nats::start().await?;
+        let dir = tempfile::tempdir().unwrap();
+        let config = config_file(dir.path(), &CONFIG.replace("300ms", "5s"));
+        let launches = ["r0", "r1"].map(|id| long_leased(&nats.url, &config, id));
+        let replicas = common::replicas::start_in_turn(&launches).await;
+        let mirror = holding_mirror(replicas[1].grpc_addr).await;
+        replicas[1].signal("STOP");
+        Some(Self {
+            nats,
+            dir,
+            config,
+            replicas,
+            mirror,
+        })
+    }
+
+    /// A replica with r0's and r1's leases: `id` r1 for a twin that displaces the frozen one.
+    fn launch(&self, id: &str) -> Launch {
+        long_leased(&self.nats.url, &self.config, id)
+    }
+}
+
+fn long_leased(nats: &str, config: &std::path::Path, id: &str) -> Launch {
+    let mut launch = Launch::new(nats, config, id);
+    launch.args = ["--read-lease", "3s"].map(String::from).to_vec();
+    launch
 }

@@ -174,7 +174,10 @@ mod tests {
     /// change, see above).
     #[test]
     fn the_clients_hash_vectors_are_the_gates() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/testdata/filter-hash.txt");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../clients/testdata/filter-hash.txt"
+        );
         let mut expected = String::from(
             "# The gate's fast keyed hash (FilterHasher: foldhash fast, hash_one of the key's bytes).\n\
              # seed (hex), key (hex, '-' for empty), hash (decimal). Checked by crates/core/src/hashing.rs.\n",
@@ -183,7 +186,9 @@ mod tests {
         for seed in [0, 1, 0xdead_beef_cafe_babe, u64::MAX] {
             let hasher = FilterHasher::from_seed(seed);
             for length in lengths.clone() {
-                let key: Vec<u8> = (0..length).map(|i| (i * 31 + length) as u8 ^ seed as u8).collect();
+                let key: Vec<u8> = (0..length)
+                    .map(|i| (i * 31 + length) as u8 ^ seed as u8)
+                    .collect();
                 let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
                 let hex = if hex.is_empty() { "-".to_string() } else { hex };
                 expected += &format!("{seed:016x} {hex} {}\n", hasher.hash(&key).0);
@@ -193,7 +198,10 @@ mod tests {
             std::fs::write(path, &expected).expect("writing the vectors");
         }
         let found = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(found == expected, "{path} is not the gate's hash (EXISTENCE_GATE_BLESS=1 writes it)");
+        assert!(
+            found == expected,
+            "{path} is not the gate's hash (EXISTENCE_GATE_BLESS=1 writes it)"
+        );
     }
 
     #[test]
