@@ -1,7 +1,9 @@
 //! A small TCP proxy on a free loopback port in front of one address: the faults a network makes, on demand.
 //! `Pass` forwards bytes as they come; `Delay(d)` forwards each chunk `d` after it arrived (order kept,
 //! throughput not); `Silent` holds every byte in both directions with the connections left open (a partition
-//! that TCP outlasts: what is held flows once the link passes again); `Cut` closes every connection and each
+//! that TCP outlasts: what is held flows once the link passes again) — but a side that closes its end has
+//! its close passed on once nothing it sent is held, where a real partition would hold the FIN as well
+//! (no test relies on either); `Cut` closes every connection and each
 //! new one at once. It also keeps what it has written upstream, so a test can wait until a request is in
 //! the server's socket (even a stopped server's) instead of hoping it got there.
 
