@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Runs BenchmarkCoalescedLookups64 (bench_test.go) in GOPATH mode against Debian's Go packages, as test.sh
-# runs the tests: 64 goroutines' coalesced lookups against a gate of its own ($EXISTENCE_GATE_BIN), this
-# process's CPU per lookup. Prints go test's benchmark line.
+# Runs benchmarks in GOPATH mode against Debian's Go packages, as test.sh runs the tests, against gates of
+# their own ($EXISTENCE_GATE_BIN). By default BenchmarkCoalescedLookups64 (bench_test.go): 64 goroutines'
+# coalesced lookups, this process's CPU per lookup. BENCH=Mirror10M runs BenchmarkMirror10M
+# (mirror_bench_test.go): a mirror's local lookups at 10M keys beside the coalesced calls, its attach time
+# and memory. Prints go test's benchmark lines.
 #   EXISTENCE_GATE_BIN   the server binary (required; `cargo build --release` makes target/release/existence-gate)
-#   BENCH_LOOKUPS        lookups measured (default 200000)
+#   BENCH                the benchmarks to run (go test -bench; default Coalesced)
+#   BENCH_TIME           go test -benchtime (default ${BENCH_LOOKUPS}x)
+#   BENCH_LOOKUPS        lookups measured by the default benchmark (default 200000)
+#   BENCH_FLAGS          more go test flags (e.g. -cpuprofile /tmp/cpu.out)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -20,4 +25,5 @@ cp -r "$here" "$copy"
 rm -rf "$copy/vendor"
 export GOPROXY=off GOFLAGS='' GO111MODULE=off GOPATH=$work/gopath:/usr/share/gocode
 cd "$copy"
-go test -run '^$' -bench Coalesced -benchtime "${BENCH_LOOKUPS:-200000}x" .
+# shellcheck disable=SC2086 # BENCH_FLAGS is a list of flags
+go test -run '^$' -bench "${BENCH:-Coalesced}" -benchtime "${BENCH_TIME:-${BENCH_LOOKUPS:-200000}x}" ${BENCH_FLAGS:-} .

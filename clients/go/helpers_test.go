@@ -160,6 +160,9 @@ func TestMain(m *testing.M) {
 	if second != nil {
 		second.stop()
 	}
+	if benchGate != nil {
+		benchGate.stop()
+	}
 	os.Exit(code)
 }
 
