@@ -1,5 +1,6 @@
 // Package existencegate is the Go client of existence-gate: the gate's calls with coalescing of
-// single-key lookups (GateClient) and the recommended read path over a source of truth (GatedReader).
+// single-key lookups (GateClient), the recommended read path over a source of truth (GatedReader), and a
+// mirror of a namespace's filter that answers ABSENT with no call while it holds a sub-lease (Mirror).
 //
 //	client, err := existencegate.NewGateClient([]string{"10.0.0.1:50051", "10.0.0.2:50051"}, "users")
 //	if err != nil { ... }
