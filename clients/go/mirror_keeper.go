@@ -51,6 +51,10 @@ func (m *Mirror) keep(ctx context.Context) {
 		case <-ctx.Done():
 			m.setState(mirrorState{err: closedError()})
 			return
+		case <-m.client.closed:
+			// Its channels are closed: no attachment can succeed again.
+			m.setState(mirrorState{err: closedError()})
+			return
 		}
 		if backoff *= 2; backoff > mirrorMaxBackoff {
 			backoff = mirrorMaxBackoff
@@ -378,6 +382,10 @@ func (s *wordStream) next() error {
 	if chunk == nil {
 		return status.Error(codes.Internal, "existencegate: the gate's filter ended before its words did")
 	}
-	s.pending = append(s.pending, chunk.Words...)
+	if len(s.pending) == 0 {
+		s.pending = chunk.Words
+	} else {
+		s.pending = append(s.pending, chunk.Words...)
+	}
 	return nil
 }

@@ -541,3 +541,30 @@ func TestAMirrorWithoutTheMirrorRoleIsDenied(t *testing.T) {
 	waitHolding(t, m)
 	waitAbsentLocally(t, m, "never")
 }
+
+// A client closed under its mirror ends the mirror too (its channel is gone, no attachment can succeed):
+// its keeper stops trying, it answers nothing locally, and WaitReady says CANCELED instead of waiting.
+func TestAMirrorOfAClosedClientStops(t *testing.T) {
+	gate := mirroredGate(t, "")
+	c, err := NewGateClient([]string{gate.addr}, "users")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMirror(t, c, MirrorOptions{})
+	waitHolding(t, m)
+	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	eventually(t, "the mirror stops", func() bool { return status.Code(m.WaitReady(ctx)) == codes.Canceled })
+	eventually(t, "its keeper ends", func() bool {
+		select {
+		case <-m.done:
+			return true
+		default:
+			return false
+		}
+	})
+	if m.AbsentLocally("never") || m.HoldsSublease() {
+		t.Fatal("the mirror of a closed client answers locally")
+	}
+}
