@@ -13,6 +13,8 @@ package io.existencegate.client;
  */
 final class BloomLayer {
   static final int WORDS_PER_BLOCK = BloomGeometry.BLOCK_BITS / 64;
+  /** The most blocks a layer holds here: its words are one Java array (16 GiB). */
+  static final long MAX_BLOCKS = (Integer.MAX_VALUE - 8) / WORDS_PER_BLOCK;
   private static final int REMIX = 0x9E37_79B9;
 
   private final BloomGeometry geometry;
@@ -40,11 +42,10 @@ final class BloomLayer {
    * 16 GiB, far past any mirror's memory cap).
    */
   static int wordsOf(BloomGeometry geometry) {
-    long words = geometry.blocks() * WORDS_PER_BLOCK;
-    if (geometry.blocks() <= 0 || words > Integer.MAX_VALUE - 8) {
+    if (geometry.blocks() <= 0 || geometry.blocks() > MAX_BLOCKS) {
       throw new IllegalArgumentException("a layer of " + geometry.blocks() + " blocks");
     }
-    return (int) words;
+    return (int) (geometry.blocks() * WORDS_PER_BLOCK);
   }
 
   BloomGeometry geometry() {

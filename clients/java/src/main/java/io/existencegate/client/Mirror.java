@@ -98,6 +98,26 @@ public final class Mirror implements AutoCloseable {
     return held != null && !held.filter().contains(held.hash().hash(key), nowMs);
   }
 
+  /**
+   * {@link #absentLocally(byte[])} for each of {@code keys}, in order, with one reading of the sub-lease and
+   * of the clock for them all. The clock is read after the probes, so the answers hold at that later moment
+   * too; read once per batch, its fence (the TSC read waits for every load before it) no longer keeps the CPU
+   * from overlapping one key's cache miss with the next's.
+   */
+  public boolean[] absentLocally(byte[][] keys) {
+    boolean[] absent = new boolean[keys.length];
+    long until = holdsUntil; // the sub-lease first: see the class comment
+    Copy held = copy;
+    if (held == null || until == 0) {
+      return absent;
+    }
+    long at = nowMs;
+    for (int i = 0; i < keys.length; i++) {
+      absent[i] = !held.filter().contains(held.hash().hash(keys[i]), at);
+    }
+    return clock() < until ? absent : new boolean[keys.length];
+  }
+
   /** {@link #absentLocally(byte[])} of {@code key}'s UTF-8 bytes. */
   public boolean absentLocally(String key) {
     return absentLocally(key.getBytes(StandardCharsets.UTF_8));

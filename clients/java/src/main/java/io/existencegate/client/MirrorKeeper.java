@@ -90,6 +90,11 @@ final class MirrorKeeper {
         }
       } catch (InterruptedException e) {
         break;
+      } catch (RuntimeException e) {
+        // A stream this copy cannot follow (a layer no Java array holds, a message it cannot read): the
+        // thread goes on attaching, and says why it is not attached.
+        mirror.lastError = Status.INTERNAL.withDescription("the mirror could not follow the gate's stream")
+            .withCause(e).asRuntimeException();
       }
       detach();
       try {
@@ -396,6 +401,10 @@ final class MirrorKeeper {
         throw Status.INTERNAL.withDescription("the gate sent a window without layers").asRuntimeException();
       }
       for (FilterLayer layer : window.getLayersList()) {
+        if (layer.getBlocks() > BloomLayer.MAX_BLOCKS && layer.getBlocks() <= MAX_LAYER_BLOCKS) {
+          throw Status.RESOURCE_EXHAUSTED.withDescription("a layer of " + layer.getBlocks()
+              + " blocks is more than a Java array holds").asRuntimeException();
+        }
         boolean sane = layer.getBlocks() > 0 && layer.getBlocks() <= MAX_LAYER_BLOCKS
             && layer.getProbes() >= 1 && layer.getProbes() <= BloomGeometry.MAX_PROBES
             && Long.compareUnsigned(layer.getInserted(), layer.getBlocks() * BloomGeometry.BLOCK_BITS) <= 0;

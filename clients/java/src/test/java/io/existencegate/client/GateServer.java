@@ -235,12 +235,16 @@ final class GateServer implements AutoCloseable {
     return process.isAlive();
   }
 
+  long pid() {
+    return process.pid();
+  }
+
   /**
    * Sends the server {@code signal} ({@code STOP}, {@code CONT}, {@code KILL}) with kill(1), returning once
    * kill has: a stopped server answers nothing and keeps its connections open, as a paused machine does.
    */
   void signal(String signal) throws Exception {
-    Process kill = new ProcessBuilder("kill", "-" + signal, Long.toString(process.pid())).inheritIO().start();
+    Process kill = new ProcessBuilder("kill", "-" + signal, Long.toString(pid())).inheritIO().start();
     if (kill.waitFor() != 0) {
       throw new IllegalStateException("kill -" + signal + " failed");
     }

@@ -98,10 +98,16 @@ public class MirrorTest {
       for (int i = 0; i < absent.length; i++) {
         absent[i] = mirror.absentLocally(probes.get(i));
       }
+      boolean[] batched = mirror.absentLocally(utf8(probes));
       if (mirror.holdsSublease()) {
+        assertArrayEquals("one key at a time and in one batch", absent, batched);
         return absent;
       }
     }
+  }
+
+  private static byte[][] utf8(List<String> keys) {
+    return keys.stream().map(k -> k.getBytes(java.nio.charset.StandardCharsets.UTF_8)).toArray(byte[][]::new);
   }
 
   /**
@@ -291,9 +297,11 @@ public class MirrorTest {
       try {
         paused.signal("STOP");
         stopped = mirror.clock();
+        List<String> batch = keys("never-batched-", 0, 16);
         for (int i = 0; mirror.clock() < stopped + 3 * SUBLEASE_NANOS; i++) {
           long asked = mirror.clock();
-          if (mirror.absentLocally("never-" + i)) {
+          boolean[] batched = mirror.absentLocally(utf8(batch));
+          if (mirror.absentLocally("never-" + i) || batched[i % batched.length]) {
             lastLocal = asked;
           }
         }
