@@ -806,6 +806,9 @@ public final class GateClient implements AutoCloseable {
    * {@code [mirrors] max_per_namespace} set and, with tokens, the {@code mirror} role. Closed with the client.
    */
   public Mirror mirror(MirrorOptions options) {
+    if (closed) {
+      throw new IllegalStateException("the client is closed: its mirror would have no channel to attach on");
+    }
     Mirror mirror = new Mirror(this, Objects.requireNonNull(options));
     mirrors.add(mirror);
     return mirror;
