@@ -15,6 +15,8 @@ import io.existencegate.v1.MirroredAdd;
 import io.grpc.Context;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
+import io.grpc.stub.ClientCallStreamObserver;
+import io.grpc.stub.ClientResponseObserver;
 import io.grpc.stub.StreamObserver;
 import java.nio.ByteOrder;
 import java.nio.LongBuffer;
@@ -37,6 +39,12 @@ final class MirrorKeeper {
   private static final int MAX_ASKED = 16;
   /** What the gRPC observer queues when the gate ends the stream without an error. */
   private static final Object ENDED = new Object();
+  /**
+   * Messages the gate may send ahead of what the keeper took: HTTP/2's flow control holds the rest back, so a
+   * mirror that applies too slowly leaves the gate behind in its invalidation buffer (which ends in a RESYNC)
+   * rather than queueing without bound in this process.
+   */
+  private static final int INBOUND_WINDOW = 16;
 
   private final Mirror mirror;
   private final GateClient client;
@@ -108,8 +116,9 @@ final class MirrorKeeper {
   }
 
   /**
-   * The sub-lease dropped at once (whatever ended the stream, the gate no longer waits for this copy's
-   * acknowledgements past the sub-lease it granted), then the copy, whose memory the next download replaces.
+   * The sub-lease dropped at once rather than left to run out: the copy is fed no more, and what would still
+   * cover it (a gate waits out a detached mirror's sub-lease, a restarted gate one sub-lease) is the gate's
+   * to keep, nothing this mirror can check. Then the copy, whose memory the next download replaces.
    */
   private void detach() {
     mirror.holdsUntil = 0;
@@ -119,7 +128,7 @@ final class MirrorKeeper {
 
   /** Attaches to address {@code index} and follows its stream until it ends (normally: a RESYNC). */
   private void follow(int index) throws InterruptedException {
-    BlockingQueue<Object> inbox = new LinkedBlockingQueue<>();
+    Inbox inbox = new Inbox();
     Context.CancellableContext context = Context.current().withCancellation();
     stream = context;
     try {
@@ -129,7 +138,7 @@ final class MirrorKeeper {
       StreamObserver<MirrorRequest> requests;
       Context previous = context.attach();
       try {
-        requests = MirrorGrpc.newStub(client.channel(index)).attach(new Inbox(inbox));
+        requests = MirrorGrpc.newStub(client.channel(index)).attach(inbox);
       } finally {
         context.detach(previous);
       }
@@ -144,8 +153,38 @@ final class MirrorKeeper {
     }
   }
 
-  /** The gRPC stream's messages, queued for the keeper's thread, then its end (an error or {@link #ENDED}). */
-  private record Inbox(BlockingQueue<Object> queue) implements StreamObserver<MirrorUpdate> {
+  /**
+   * The gRPC stream's messages, queued for the keeper's thread, then its end (an error or {@link #ENDED});
+   * each message taken asks the gate for one more ({@link #INBOUND_WINDOW}).
+   */
+  private static final class Inbox implements ClientResponseObserver<MirrorRequest, MirrorUpdate> {
+    private final BlockingQueue<Object> queue = new LinkedBlockingQueue<>();
+    /** The call, to ask for more; set before the call starts, used by the keeper's thread alone. */
+    private ClientCallStreamObserver<MirrorRequest> call;
+
+    @Override
+    public void beforeStart(ClientCallStreamObserver<MirrorRequest> starting) {
+      call = starting;
+      call.disableAutoRequestWithInitial(INBOUND_WINDOW);
+    }
+
+    /** The next item, waiting for it. */
+    Object take() throws InterruptedException {
+      return taken(queue.take());
+    }
+
+    /** The next item, or null when none came within {@code nanos}. */
+    Object poll(long nanos) throws InterruptedException {
+      return taken(queue.poll(nanos, TimeUnit.NANOSECONDS));
+    }
+
+    private Object taken(Object item) {
+      if (item instanceof MirrorUpdate) {
+        call.request(1);
+      }
+      return item;
+    }
+
     @Override
     public void onNext(MirrorUpdate update) {
       queue.add(update);
@@ -168,7 +207,7 @@ final class MirrorKeeper {
   /** One attachment: the download, then what it applied and its sub-lease. */
   private final class Following {
     private final StreamObserver<MirrorRequest> requests;
-    private final BlockingQueue<Object> inbox;
+    private final Inbox inbox;
     private final ArrayDeque<Asked> asked = new ArrayDeque<>();
     private Sublease sublease;
     private WindowedFilter filter;
@@ -181,7 +220,7 @@ final class MirrorKeeper {
      */
     private long askEveryNanos;
 
-    Following(StreamObserver<MirrorRequest> requests, BlockingQueue<Object> inbox) {
+    Following(StreamObserver<MirrorRequest> requests, Inbox inbox) {
       this.requests = requests;
       this.inbox = inbox;
     }
@@ -202,7 +241,7 @@ final class MirrorKeeper {
       long nextAsk = mirror.clock();
       while (true) {
         long wait = nextAsk - mirror.clock();
-        Object item = wait > 0 ? inbox.poll(wait, TimeUnit.NANOSECONDS) : null;
+        Object item = wait > 0 ? inbox.poll(wait) : null;
         if (item == null) {
           ask();
           nextAsk = mirror.clock() + askEveryNanos;
