@@ -11,6 +11,12 @@ import java.util.Arrays;
  * older than the live ones are dropped. Only what applying the gate's stream needs is here: every rule the
  * gate applies to an {@code Add} is applied the same way, so the copy's bits stay the gate's bits.
  *
+ * <p>Where a copy can differ from the gate's: near the growth cap. Whether a full layer grows or its window
+ * saturates depends on the bytes of the windows still held, and the gate drops dead windows on its own
+ * schedule while a mirror drops them at each grant; so there one may grow where the other saturates. Every key
+ * is still inserted into the newest window (no key is lost); only the layer it lands in, and with it the false
+ * positives, differ until that window expires.
+ *
  * <p>One writer (the keeper) and many readers: the window list is an immutable array replaced whole (a
  * volatile field), so a reader sees one consistent list, and the layers' words only gain bits
  * ({@link BloomLayer}).
