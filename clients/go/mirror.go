@@ -36,6 +36,8 @@ type Mirror struct {
 	client  *GateClient
 	options MirrorOptions
 	clock   monotonicClock
+	// ticks is the clock lookups read where it is the monotonic clock (nil elsewhere: they read clock).
+	ticks *tickClock
 
 	// copy is the filter and its hash (nil until downloaded, and after the stream ends), replaced whole
 	// on each attach.
@@ -43,6 +45,8 @@ type Mirror struct {
 	// holdsUntil is the sub-lease's end on clock (0: none holds). Stored after the filter changes it
 	// covers and read before the filter: a lookup that sees it holding sees those changes.
 	holdsUntil atomic.Uint64
+	// holdsUntilTicks is the same end in ticks (0: none holds), never later, when lookups read ticks.
+	holdsUntilTicks atomic.Uint64
 	// nowMs is the gate's time at the latest grant: which windows are live.
 	nowMs atomic.Uint64
 	// applied is the seq the copy has applied through.
@@ -85,8 +89,9 @@ func (c *GateClient) Mirror(options MirrorOptions) (*Mirror, error) {
 		options.MaxFilterBytes = DefaultMirrorMaxFilterBytes
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	m := &Mirror{client: c, options: options, clock: newMonotonicClock(), changed: make(chan struct{}),
-		stop: stop, done: make(chan struct{})}
+	clock := newMonotonicClock()
+	m := &Mirror{client: c, options: options, clock: clock, ticks: newTickClock(clock),
+		changed: make(chan struct{}), stop: stop, done: make(chan struct{})}
 	go m.keep(ctx)
 	return m, nil
 }
@@ -122,8 +127,20 @@ func (m *Mirror) MayExist(ctx context.Context, key string) (Answer, error) {
 
 // HoldsSublease reports whether a sub-lease holds now: lookups the copy answers ABSENT need no call.
 func (m *Mirror) HoldsSublease() bool {
+	if m.ticks != nil {
+		until := m.holdsUntilTicks.Load()
+		return until != 0 && cpuTicks() < until
+	}
 	until := m.holdsUntil.Load()
 	return until != 0 && m.clock.now() < until
+}
+
+// setHoldsUntil publishes the sub-lease's end (0: none holds) for lookups.
+func (m *Mirror) setHoldsUntil(end uint64) {
+	m.holdsUntil.Store(end)
+	if m.ticks != nil {
+		m.holdsUntilTicks.Store(m.ticks.until(end))
+	}
 }
 
 // Attached reports whether the copy is downloaded and following the gate (it may hold no sub-lease yet).

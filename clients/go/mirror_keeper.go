@@ -36,7 +36,7 @@ func (m *Mirror) keep(ctx context.Context) {
 	backoff := mirrorFirstBackoff
 	for {
 		err := m.follow(ctx)
-		m.holdsUntil.Store(0)
+		m.setHoldsUntil(0)
 		m.copy.Store(nil)
 		if ctx.Err() != nil {
 			m.setState(mirrorState{err: closedError()})
@@ -282,7 +282,7 @@ func (f *following) granted(grant *existencepb.LeaseGrant) {
 func (f *following) publish() {
 	m := f.mirror
 	m.applied.Store(f.applied)
-	m.holdsUntil.Store(f.lease.holdingUntil(f.applied))
+	m.setHoldsUntil(f.lease.holdingUntil(f.applied))
 }
 
 // quarter is how often a mirror asks to keep a sub-lease of length ns: a quarter of it, at least 1 ms.

@@ -3,7 +3,6 @@ package existencegate
 import (
 	"math"
 	"math/bits"
-	"time"
 )
 
 // The mirror's side of a sub-lease (crates/core/src/sublease.rs, rules 2 and 4): what lets a copy answer
@@ -68,17 +67,6 @@ func (s *sublease) holdingUntil(applied uint64) uint64 {
 	}
 	return 0
 }
-
-// monotonicClock is this process's monotonic clock in nanoseconds since the mirror was made: the Go
-// runtime's (CLOCK_MONOTONIC, read through the vDSO, to the nanosecond), so a reading is never early and
-// the sub-lease needs no margin of its own for it. The wall clock must not be used: a step back would let
-// the mirror hold past its end.
-type monotonicClock struct{ zero time.Time }
-
-func newMonotonicClock() monotonicClock { return monotonicClock{zero: time.Now()} }
-
-// now is never 0, which stands for "no end".
-func (c monotonicClock) now() uint64 { return uint64(time.Since(c.zero)) + 1 }
 
 // observableSeq is the observed_seq a local answer may claim (crates/core/src/lease.rs): what the copy
 // applied, no further than the grant's bound (a replica vouches for its copy of the log only that far),
