@@ -149,22 +149,25 @@ public final class Mirror implements AutoCloseable {
   }
 
   /**
-   * The local ABSENT for {@code key}, counted, or null. Its observed seq is what the copy applied, but no
-   * more than the grant's bound: a replica vouches for its copy of the log only that far, and a seq claimed
-   * beyond it could let a RecordAbsent stand over a later Add (a lower one only loses a tombstone).
+   * The local ABSENT for {@code key}, counted, or null. Its observed seq is what the copy applied, read before
+   * the filter (the keeper stores it after the filter changes it covers), so the probe saw every Add through
+   * it: read after, it could name an Add applied after the probe, one the answer never saw. And no more than
+   * the grant's bound: a replica vouches for its copy of the log only that far, and a seq claimed beyond it
+   * could let a RecordAbsent stand over a later Add (a lower one only loses a tombstone).
    */
   private Lookup localAnswer(byte[] key) {
+    long seq = applied;
     if (!absentLocally(key)) {
       return null;
     }
     client.lookups.increment();
     client.mirrorCounters.answers.increment();
-    long seq = applied;
     long bound = observableBound;
     if (bound != 0 && Long.compareUnsigned(bound, seq) < 0) {
       seq = bound;
     }
-    return new Lookup(false, Long.compareUnsigned(seq, GENESIS_SEQ) < 0 ? GENESIS_SEQ : seq, false, address, true);
+    long observed = Long.compareUnsigned(seq, GENESIS_SEQ) < 0 ? GENESIS_SEQ : seq;
+    return new Lookup(false, observed, false, address, true);
   }
 
   /** Whether the copy is downloaded and following the gate (it may still hold no sub-lease). */

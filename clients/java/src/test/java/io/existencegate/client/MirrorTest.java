@@ -128,7 +128,7 @@ public class MirrorTest {
       gate.add(keys("before-", 0, 3_000));
       try (Mirror mirror = gate.mirror(MirrorOptions.defaults())) {
         eventually("the mirror holds a sub-lease", mirror::holdsSublease);
-        gate.add(keys("after-", 0, 3_000));
+        long afterSeq = gate.add(keys("after-", 0, 3_000));
         List<String> probes = new ArrayList<>(keys("before-", 0, 3_000));
         probes.addAll(keys("after-", 0, 3_000));
         probes.addAll(keys("never-", 0, 20_000));
@@ -142,7 +142,7 @@ public class MirrorTest {
         int falsePositives = 20_000 - absent;
         assertTrue(falsePositives + " of the 20,000 never added pass the filter", falsePositives > 20);
         assertTrue(falsePositives + " of the 20,000 never added pass the filter", falsePositives < 1_000);
-        answeredLocally(gate, mirror, probes.get(6_000 + indexOfFirst(local, 6_000)));
+        answeredLocally(gate, mirror, probes.get(6_000 + indexOfFirst(local, 6_000)), afterSeq);
         assertTrue("the gate's answer for a key it holds", mirror.mayExist("before-7").mayExist());
         assertFalse(mirror.mayExist("before-7").local());
         Stats stats = gate.stats();
@@ -151,8 +151,12 @@ public class MirrorTest {
     }
   }
 
-  /** {@code mayExist(key)} of a key the copy lacks: ABSENT, local, counted, no call. */
-  private static void answeredLocally(GateClient gate, Mirror mirror, String key) throws Exception {
+  /**
+   * {@code mayExist(key)} of a key the copy lacks: ABSENT, local, counted, no call, observed at a seq no
+   * earlier than {@code acknowledged} (an Add acknowledged before: under a sub-lease the copy applied it).
+   */
+  private static void answeredLocally(GateClient gate, Mirror mirror, String key, long acknowledged)
+      throws Exception {
     Lookup lookup;
     do { // tried again only if the sub-lease lapsed in between, as it may on a loaded machine
       eventually("the mirror holds a sub-lease", mirror::holdsSublease);
@@ -167,7 +171,8 @@ public class MirrorTest {
     } while (!lookup.local());
     assertFalse(lookup.mayExist());
     assertEquals(server.address, lookup.address());
-    assertTrue(lookup.observedSeq() >= 1);
+    assertTrue(lookup.observedSeq() + " before the acknowledged " + acknowledged,
+        lookup.observedSeq() >= acknowledged);
   }
 
   private static int indexOfFirst(boolean[] values, int from) {
