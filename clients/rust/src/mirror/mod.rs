@@ -165,16 +165,20 @@ impl Mirror {
     /// gate's answer through the client (coalesced).
     pub async fn may_exist(&self, key: impl Into<Bytes>) -> Result<Lookup, Status> {
         let key = key.into();
+        // Read before the probe: the copy then holds every `Add` through it (stored with `Release` after
+        // the filter changed). Read after, it could name an `Add` the probe missed, and a `RecordAbsent`
+        // carrying it would stand over that `Add` instead of being refused as `SUPERSEDED`.
+        let observed = observable_seq(
+            self.shared.applied.load(Ordering::Acquire),
+            self.shared.observable.load(Ordering::Acquire),
+        );
         if self.absent_locally(&key) {
             let calls = self.gate.calls();
             count(&calls.counters.lookups, 1);
             count(&calls.counters.mirror_answers, 1);
             return Ok(Lookup {
                 may_exist: false,
-                observed_seq: observable_seq(
-                    self.shared.applied.load(Ordering::Acquire),
-                    self.shared.observable.load(Ordering::Acquire),
-                ),
+                observed_seq: observed,
                 warming: false,
                 local: true,
                 address: 0,
