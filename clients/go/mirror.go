@@ -115,12 +115,14 @@ func (m *Mirror) AbsentLocally(key string) bool {
 }
 
 // MayExist answers ABSENT from the local copy when it can (Answer.Local set), else asks the gate through
-// the client (coalesced).
+// the client (coalesced). The seq a local answer claims is read before the copy: the copy then holds at
+// least that much, and a claim past what the lookup read could let a RecordAbsent stand over a later Add.
 func (m *Mirror) MayExist(ctx context.Context, key string) (Answer, error) {
+	observed := observableSeq(m.applied.Load(), m.observable.Load())
 	if m.AbsentLocally(key) {
 		m.client.lookups.Add(1)
 		m.client.mirrorAnswers.Add(1)
-		return Answer{ObservedSeq: observableSeq(m.applied.Load(), m.observable.Load()), Local: true}, nil
+		return Answer{ObservedSeq: observed, Local: true}, nil
 	}
 	return m.client.MayExist(ctx, key)
 }
