@@ -363,11 +363,14 @@ func TestAMirrorOfAKilledGateDropsItsSubleaseAndAttachesToItsSuccessor(t *testin
 	c := newClient(t, []string{via.addr()}, "users", WithDeadline(patience))
 	m := newMirror(t, c, MirrorOptions{})
 	waitHolding(t, m)
-	killed := m.clock.now()
+	// The end as it stands before the kill (read after, the mirror may have dropped it already).
+	until, killed := m.holdsUntil.Load(), m.clock.now()
+	if until <= killed {
+		t.Fatal("the mirror held no sub-lease when its gate was killed")
+	}
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	until := m.holdsUntil.Load()
 	eventually(t, "the mirror drops its sub-lease", func() bool { return !m.HoldsSublease() })
 	if dropped := m.clock.now(); dropped >= until {
 		t.Fatalf("the sub-lease ran out (%v after the kill, its end %v after) rather than being dropped when the stream ended",
