@@ -74,6 +74,18 @@
 //! the quorum stored the retry; the writer's copy then holds its write there and differs before, so it is
 //! acknowledged only by the fallback ([`Acked`]).
 //!
+//! # Mirrors of a replica
+//! A client's mirror attached to R answers `ABSENT` in its own process under a *sub-lease* from R. Take
+//! such a lookup after N's acknowledgement. If W waited for R's report of N: R reports another writer's `Add`
+//! (`replica/applier.rs`), and acknowledges its own (`replica/writes.rs`), only once every mirror holding a
+//! sub-lease has applied it or that sub-lease has ended — so the mirror has N, or its sub-lease of then
+//! ended, and any later grant names a `from_seq` at or past N, which the mirror applies before it holds. If
+//! W acknowledged by the fallback, or counted R within its grace (cases 2 and 4), R's lease had ended, and a
+//! sub-lease ends no later than R's lease on R's clock, carried to the mirror's clock with ρ and a margin.
+//! If R joined after N (case 3), every grant names a `from_seq` past N. If R left by its own record (case
+//! 5), it published the leave only once every sub-lease it granted had ended. The rules, their argument and
+//! a simulation that fails without each are in `existence_gate_core::sublease`.
+//!
 //! Restarted and wiped replicas are new incarnations: they hold no lease until they have joined and applied
 //! a barrier, both after anything acknowledged before they started. No step trusts a report's timing, the
 //! stream's reported end, or an upper bound on any delay; delays cost only liveness.
