@@ -7,6 +7,7 @@ import (
 
 	"io"
 	"math"
+	"math/bits"
 	"time"
 
 	"github.com/existence-gate/existence-gate/clients/go/existencepb"
@@ -75,12 +76,9 @@ func (m *Mirror) follow(ctx context.Context) error {
 	if err := stream.Send(&existencepb.MirrorRequest{Request: &existencepb.MirrorRequest_Open{Open: open}}); err != nil {
 		return streamError(stream, err)
 	}
-	header, copy, err := download(stream)
+	header, copy, err := download(stream, m.options.MaxFilterBytes)
 	if err != nil {
 		return err
-	}
-	if bytes := copy.filter.bytes(); bytes > m.options.MaxFilterBytes {
-		return tooLarge(bytes, m.options.MaxFilterBytes)
 	}
 	m.copy.Store(copy)
 	f := &following{
@@ -295,7 +293,10 @@ func quarter(length uint64) time.Duration {
 }
 
 // download reads the header and the layers' words: the copy as of the header's seq.
-func download(stream existencepb.Mirror_AttachClient) (*existencepb.MirrorHeader, *mirrorCopy, error) {
+//
+// A filter the header announces over limit is refused before any of it is allocated: the gate refuses one
+// itself, but the limit is this process's memory, so it does not rest on the gate alone.
+func download(stream existencepb.Mirror_AttachClient, limit uint64) (*existencepb.MirrorHeader, *mirrorCopy, error) {
 	first, err := stream.Recv()
 	if err != nil {
 		return nil, nil, err
@@ -307,6 +308,10 @@ func download(stream existencepb.Mirror_AttachClient) (*existencepb.MirrorHeader
 	spec, err := specOf(header)
 	if err != nil {
 		return nil, nil, err
+	}
+	if announced := announcedBytes(header); announced > limit {
+		return nil, nil, status.Errorf(codes.ResourceExhausted,
+			"existencegate: the gate's filter takes %d bytes, more than this mirror's MaxFilterBytes (%d)", announced, limit)
 	}
 	words := &wordStream{stream: stream}
 	windows := make([]filterWindow, 0, len(header.FilterWindows))
@@ -326,6 +331,22 @@ func download(stream existencepb.Mirror_AttachClient) (*existencepb.MirrorHeader
 		windows = append(windows, window)
 	}
 	return header, &mirrorCopy{filter: newWindowedFilter(spec, windows), hasher: newFilterHasher(header.HashSeed)}, nil
+}
+
+// announcedBytes is what the header's layers take, saturating rather than wrapping.
+func announcedBytes(header *existencepb.MirrorHeader) uint64 {
+	var total uint64
+	for _, w := range header.FilterWindows {
+		for _, l := range w.Layers {
+			hi, bytes := bits.Mul64(l.Blocks, 64)
+			if sum := total + bytes; hi == 0 && sum >= total {
+				total = sum
+			} else {
+				total = math.MaxUint64
+			}
+		}
+	}
+	return total
 }
 
 // specOf is the sizing the header carries, refused when implausible.

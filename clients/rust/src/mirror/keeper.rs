@@ -80,7 +80,7 @@ impl Keeper {
             .attach(calls.request_without_deadline(ReceiverStream::new(requests)))
             .await?
             .into_inner();
-        let (header, copy) = download(&mut stream).await?;
+        let (header, copy) = download(&mut stream, self.options.max_filter_bytes).await?;
         // The gate's margin, and two grains of this process's coarse clock ([`super::clock`]).
         let terms = Terms {
             length: header.sublease_ns,
@@ -262,9 +262,12 @@ fn request(request: proto::mirror_request::Request) -> proto::MirrorRequest {
     }
 }
 
-/// Reads the header and the filter's words: the copy as of the header's seq.
+/// Reads the header and the filter's words: the copy as of the header's seq. A filter the header announces
+/// over `max_filter_bytes` (0: no limit) is refused before any of it is allocated: the gate refuses one
+/// itself, but the cap is this process's memory, so it does not rest on the gate alone.
 async fn download(
     stream: &mut Streaming<proto::MirrorUpdate>,
+    max_filter_bytes: u64,
 ) -> Result<(proto::MirrorHeader, Copy), Status> {
     let header = match stream.message().await?.and_then(|u| u.update) {
         Some(Update::Header(header)) => header,
@@ -275,6 +278,19 @@ async fn download(
         }
     };
     let spec = spec_of(&header)?;
+    let announced = header
+        .filter_windows
+        .iter()
+        .flat_map(|window| &window.layers)
+        .fold(0u64, |bytes, layer| {
+            bytes.saturating_add(layer.blocks.saturating_mul(64))
+        });
+    if max_filter_bytes != 0 && announced > max_filter_bytes {
+        return Err(Status::resource_exhausted(format!(
+            "the gate's filter takes {announced} bytes, more than this mirror's max_filter_bytes \
+             ({max_filter_bytes})"
+        )));
+    }
     let mut windows = Vec::with_capacity(header.filter_windows.len());
     let mut pending = Vec::new();
     for window in &header.filter_windows {
