@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -264,14 +263,18 @@ func deadAddress(t *testing.T) string {
 	return addr
 }
 
-// proxy forwards TCP connections to a target; cut drops every connection and can refuse new ones, as a
-// network failure would.
+// proxy forwards TCP connections to a target that can change (a gate restarted elsewhere), as a network
+// would and as it fails: cut drops every connection and can refuse new ones; silent stops bytes flowing both
+// ways while every connection stays open (a partition TCP outlasts, or a stalled peer), so that nothing
+// tells the client its gate is gone.
 type proxy struct {
-	ln     net.Listener
-	target string
+	ln net.Listener
 
 	mu      sync.Mutex
+	target  string
 	refuse  bool
+	silent  bool
+	resumed *sync.Cond
 	conns   map[net.Conn]struct{}
 	accepts int
 }
@@ -283,8 +286,9 @@ func startProxy(t *testing.T, target string) *proxy {
 		t.Fatal(err)
 	}
 	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.resumed = sync.NewCond(&p.mu)
 	go p.serve()
-	t.Cleanup(func() { ln.Close(); p.cut(true) })
+	t.Cleanup(func() { ln.Close(); p.setSilent(false); p.cut(true) })
 	return p
 }
 
@@ -297,13 +301,13 @@ func (p *proxy) serve() {
 			return
 		}
 		p.mu.Lock()
-		refuse := p.refuse
+		refuse, target := p.refuse, p.target
 		p.mu.Unlock()
 		if refuse {
 			down.Close()
 			continue
 		}
-		up, err := net.Dial("tcp", p.target)
+		up, err := net.Dial("tcp", target)
 		if err != nil {
 			down.Close()
 			continue
@@ -313,13 +317,31 @@ func (p *proxy) serve() {
 		p.conns[up] = struct{}{}
 		p.accepts++
 		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			io.Copy(dst, src)
-			dst.Close()
-			src.Close()
+		go p.pipe(up, down)
+		go p.pipe(down, up)
+	}
+}
+
+// pipe copies src to dst, holding each read back while the proxy is silent.
+func (p *proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			for p.silent {
+				p.resumed.Wait()
+			}
+			p.mu.Unlock()
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
 		}
-		go pipe(up, down)
-		go pipe(down, up)
+		if err != nil {
+			return
+		}
 	}
 }
 
@@ -338,6 +360,21 @@ func (p *proxy) resume() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.refuse = false
+}
+
+// retarget sends new connections to target.
+func (p *proxy) retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
+
+// setSilent holds every byte (silent) or lets what was held flow on.
+func (p *proxy) setSilent(silent bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silent = silent
+	p.resumed.Broadcast()
 }
 
 // memorySource is a stand-in database: rows, soft-deleted rows, reads counted per key, an optional delay.

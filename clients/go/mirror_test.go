@@ -359,7 +359,7 @@ func TestAMirrorOfAFrozenGateStopsAnsweringWithinItsSublease(t *testing.T) {
 // from the new gate's filter, never ABSENT for a key that gate acknowledged.
 func TestAMirrorOfAKilledGateDropsItsSubleaseAndAttachesToItsSuccessor(t *testing.T) {
 	first := mirroredGate(t, "")
-	via := startLink(t, first.addr)
+	via := startProxy(t, first.addr)
 	c := newClient(t, []string{via.addr()}, "users", WithDeadline(patience))
 	m := newMirror(t, c, MirrorOptions{})
 	waitHolding(t, m)
@@ -399,7 +399,7 @@ func TestAMirrorOfAKilledGateDropsItsSubleaseAndAttachesToItsSuccessor(t *testin
 // applied it. Watched throughout, the key is never ABSENT locally.
 func TestASilentMirrorNeverAnswersAbsentForAnAddAcknowledgedMeanwhile(t *testing.T) {
 	gate := mirroredGate(t, "")
-	via := startLink(t, gate.addr)
+	via := startProxy(t, gate.addr)
 	direct := newClient(t, []string{gate.addr}, "users", WithDeadline(patience))
 	c := newClient(t, []string{via.addr()}, "users")
 	m := newMirror(t, c, MirrorOptions{})
