@@ -314,6 +314,7 @@ async fn serve_connection(
             Ok(commands) => commands,
             Err(ProtocolError(message)) => {
                 session.replies(&mut output).error("ERR", &message);
+                release(&mut input, &mut held);
                 close_after(&mut io, &output).await;
                 return;
             }
@@ -368,6 +369,7 @@ async fn serve_connection(
             crate::metrics::resp_budget_closes().increment(1);
             let message = over_budget(port.budget.total(), input.len());
             session.replies(&mut output).error("ERR", &message);
+            release(&mut input, &mut held);
             close_after(&mut io, &output).await;
             return;
         }
@@ -388,6 +390,7 @@ async fn serve_connection(
             missed = deadline.passed() => {
                 crate::metrics::resp_deadline_closes(missed.reason()).increment(1);
                 session.replies(&mut output).error(missed.kind(), &missed.message(request_within));
+                release(&mut input, &mut held);
                 close_after(&mut io, &output).await;
                 return;
             },
@@ -433,6 +436,15 @@ fn shrink(input: &mut BytesMut, held: &mut Held) {
         *input = BytesMut::from(&input[..]);
         held.cover(input.capacity());
     }
+}
+
+/// Gives back a closing connection's input buffer and its share of the budget before it lingers
+/// ([`close_after`], up to [`LINGER`]): the request it held will never be served, and another connection's
+/// may need the bytes now. (Held through the linger, a refused request's share refused the next large
+/// request for a second more, though nothing would ever use it.)
+fn release(input: &mut BytesMut, held: &mut Held) {
+    *input = BytesMut::new();
+    held.cover(0);
 }
 
 /// Why a connection whose unfinished request outgrew the port's budget is closed.
@@ -610,5 +622,75 @@ impl CommandMetrics {
             .expect("specs come from the table");
         let (succeeded, failed) = &self.counters[index];
         if ok { succeeded } else { failed }.increment(count);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Authorizer;
+    use crate::core::clock::SystemClock;
+    use crate::core::config::GateConfig;
+    use crate::core::hashing::KeyHasher;
+    use crate::core::log::VolatileLog;
+    use crate::shutdown::Shutdown;
+    use crate::writes::LocalWrites;
+
+    /// A port with no namespaces or tokens and a budget of `request_memory` bytes.
+    fn port(request_memory: usize) -> Arc<Port> {
+        let gate = Arc::new(Gate::new(
+            &GateConfig::default(),
+            KeyHasher::from_seed([1; 32]),
+            Arc::new(SystemClock),
+        ));
+        gate.open(Arc::new(VolatileLog));
+        let access = Access::new(Authorizer::new(&[]).unwrap(), Shutdown::default(), 2);
+        let writes: Arc<dyn Writes> = Arc::new(LocalWrites::new(Arc::clone(&gate)));
+        let mut options = RespOptions::new(([127, 0, 0, 1], 0).into());
+        options.request_memory = request_memory;
+        Port::new(gate, writes, access, options)
+    }
+
+    /// A request refused for outgrowing the budget gives the budget back by the time its refusal arrives,
+    /// while the connection still lingers (the peer has not closed, and time stands still): nothing held
+    /// for a request that will never be served.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_request_gives_its_budget_back_before_the_connection_lingers() {
+        let port = port(budget::FREE_BYTES);
+        let (client, server) = tokio::io::duplex(budget::FREE_BYTES);
+        let serving = Arc::clone(&port);
+        let served = tokio::spawn(async move {
+            serve_io(&serving, server, Duration::from_secs(30)).await;
+        });
+        let (mut from_server, mut to_server) = tokio::io::split(client);
+        let keys = 2_000;
+        let request = [
+            format!("*{}\r\n$7\r\nBF.MADD\r\n$5\r\nusers\r\n", keys + 2).into_bytes(),
+            (0..keys - 1)
+                .flat_map(|i| format!("$100\r\n{i:0>100}\r\n").into_bytes())
+                .collect(),
+        ]
+        .concat();
+        let writing = tokio::spawn(async move {
+            let _ = to_server.write_all(&request).await;
+            to_server // kept open: the connection lingers until the peer closes or LINGER passes
+        });
+        let mut reply = Vec::new();
+        while !reply.ends_with(b"\r\n") {
+            let mut chunk = [0u8; 512];
+            let n = from_server.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed before a whole refusal");
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(
+            reply.starts_with("-ERR the RESP port's memory for unfinished requests"),
+            "{reply}"
+        );
+        assert_eq!(port.request_memory_held(), 0, "held while lingering");
+        assert!(!served.is_finished(), "the connection still lingers");
+        drop(writing.await.unwrap());
+        served.await.unwrap();
+        assert_eq!(port.request_memory_held(), 0);
     }
 }
