@@ -39,17 +39,21 @@ async fn connection(server: &RunningServer) -> redis::aio::MultiplexedConnection
 /// Sends `request` raw and reads until `done` holds of what came back (or the peer closed).
 async fn raw(stream: &mut TcpStream, request: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
     stream.write_all(request).await.unwrap();
+    read_until(stream, done).await
+}
+
+/// Reads until `done` holds of what came back, or the peer closed (or reset) the connection.
+async fn read_until(stream: &mut TcpStream, done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
     let mut reply = Vec::new();
     while !done(&reply) {
         let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
             .await
-            .expect("a reply within 10 s")
-            .unwrap();
-        if n == 0 {
-            break;
+            .expect("a reply within 10 s");
+        match read {
+            Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
+            _ => break,
         }
-        reply.extend_from_slice(&chunk[..n]);
     }
     reply
 }
@@ -637,10 +641,11 @@ async fn unauthenticated_and_slow_clients_are_bounded_and_closed_in_time() {
 }
 
 /// Unfinished requests share one memory budget across connections (no tokens configured, so no `AUTH`
-/// limits apply): while one connection holds a large request one argument short, another's is refused with
-/// the budget named and closed, small commands go on, and once the first completes its bytes come back.
-/// (Before: 100 connections each holding a 10 MB `BF.MADD` one argument short took the gate to 1 GB; the
-/// default 1,024, about 10 GB.)
+/// limits apply): of two connections each holding a large request one argument short, one is refused with
+/// the budget named and closed (whichever the gate read second: each connection is served on its own
+/// thread), while the other goes on; small commands go on; once the survivor completes, its bytes come
+/// back and a large request fits again. (Before: 100 connections each holding a 10 MB `BF.MADD` one
+/// argument short took the gate to 1 GB; the default 1,024, about 10 GB.)
 #[tokio::test]
 async fn unfinished_requests_share_one_memory_budget() {
     let server = start_resp(NAMESPACES, |resp| resp.request_memory = 1 << 20).await;
@@ -654,52 +659,57 @@ async fn unfinished_requests_share_one_memory_budget() {
         }
         request
     };
-    let last_argument = |request: &[u8]| {
-        let start = request.len() - 1_008;
-        request.split_at(start).1.to_vec()
-    };
-    let held = request("held");
-    let mut holder = TcpStream::connect(address).await.unwrap();
-    holder.write_all(&held[..held.len() - 1_008]).await.unwrap();
-    let refused = wait_until(
+    let (first, second) = (request("first"), request("second"));
+    let last_argument = |request: &[u8]| request.len() - 1_008;
+    let (refusal, completed) = wait_until(
         PATIENCE,
-        "a second large request to be refused",
+        "one of two large requests refused while the other completes",
         async || {
-            let mut other = TcpStream::connect(address).await.unwrap();
-            let other_request = request("other");
-            other
-                .write_all(&other_request[..other_request.len() - 1_008])
+            let mut streams = [
+                TcpStream::connect(address).await.unwrap(),
+                TcpStream::connect(address).await.unwrap(),
+            ];
+            for (stream, request) in streams.iter_mut().zip([&first, &second]) {
+                stream
+                    .write_all(&request[..last_argument(request)])
+                    .await
+                    .ok()?;
+            }
+            let [one, other] = &mut streams;
+            let (refusal, survivor) = tokio::select! {
+                line = first_line(one) => (line?, 1),
+                line = first_line(other) => (line?, 0),
+                () = tokio::time::sleep(Duration::from_secs(10)) => return None,
+            };
+            let mut small = TcpStream::connect(address).await.unwrap();
+            assert_eq!(raw(&mut small, b"PING\r\n", ends_line).await, b"+PONG\r\n");
+            let (stream, request) = (&mut streams[survivor], [&first, &second][survivor]);
+            stream
+                .write_all(&request[last_argument(request)..])
                 .await
                 .ok()?;
-            // The whole refusal line, which may arrive in more than one read; an attempt that does not
-            // see one whole (not read yet, it fit, or the connection ended first) is dropped, and the
-            // next tries again.
-            let mut reply = Vec::new();
-            let mut chunk = [0u8; 512];
-            let line = tokio::time::timeout(Duration::from_secs(2), async {
-                while !reply.ends_with(b"\r\n") {
-                    match other.read(&mut chunk).await {
-                        Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
-                        _ => return false,
-                    }
-                }
-                true
-            });
-            line.await
-                .unwrap_or(false)
-                .then(|| String::from_utf8_lossy(&reply).into_owned())
+            let reply =
+                read_until(stream, |r| r.len() >= 4 + keys * 4 || r.starts_with(b"-")).await;
+            // Both refused is possible (each refused while the other still held its share): try again.
+            reply.starts_with(b"*800\r\n").then_some((refusal, reply))
         },
     )
     .await;
     assert!(
-        refused.starts_with("-ERR the RESP port's memory for unfinished requests (1 MiB")
-            && refused.contains("--resp-request-memory-mib"),
-        "{refused}"
+        refusal.starts_with("-ERR the RESP port's memory for unfinished requests (1 MiB")
+            && refusal.contains("--resp-request-memory-mib"),
+        "{refusal}"
     );
-    let mut small = TcpStream::connect(address).await.unwrap();
-    assert_eq!(raw(&mut small, b"PING\r\n", ends_line).await, b"+PONG\r\n");
-    let reply = raw(&mut holder, &last_argument(&held), |r| {
-        r.len() >= 4 + keys * 4
+    assert!(
+        completed.starts_with(b"*800\r\n:1\r\n"),
+        "{}",
+        String::from_utf8_lossy(&completed[..40])
+    );
+    // The survivor's buffer shrank before its reply was written, and the refused connection gave its
+    // share back before its refusal was: the whole budget is free now.
+    let mut next = TcpStream::connect(address).await.unwrap();
+    let reply = raw(&mut next, &request("next"), |r| {
+        r.len() >= 4 + keys * 4 || r.starts_with(b"-")
     })
     .await;
     assert!(
@@ -707,15 +717,19 @@ async fn unfinished_requests_share_one_memory_budget() {
         "{}",
         String::from_utf8_lossy(&reply[..40])
     );
-    wait_until(PATIENCE, "a large request to fit again", async || {
-        let mut next = TcpStream::connect(address).await.unwrap();
-        let reply = raw(&mut next, &request("next"), |r| {
-            r.len() >= 4 + keys * 4 || r.starts_with(b"-")
-        })
-        .await;
-        reply.starts_with(b"*800\r\n").then_some(())
-    })
-    .await;
+}
+
+/// The first whole line `stream` sends, which may arrive in more than one read; `None` if it closes first.
+async fn first_line(stream: &mut TcpStream) -> Option<String> {
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 512];
+    while !line.ends_with(b"\r\n") {
+        match stream.read(&mut chunk).await {
+            Ok(n) if n > 0 => line.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&line).into_owned())
 }
 
 /// One token holds at most `max_subscriptions_per_token` subscriptions, across both ports: a read-role
