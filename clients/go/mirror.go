@@ -114,6 +114,25 @@ func (m *Mirror) AbsentLocally(key string) bool {
 	return copy != nil && !copy.filter.contains(copy.hasher.hash(key), m.nowMs.Load())
 }
 
+// AbsentLocallyMany is AbsentLocally for each of keys, in order, with the sub-lease and the copy read
+// once for them all: every answer is as of that one reading, as a single lookup's is as of its own. All
+// false while no sub-lease holds.
+func (m *Mirror) AbsentLocallyMany(keys []string) []bool {
+	absent := make([]bool, len(keys))
+	if !m.HoldsSublease() {
+		return absent
+	}
+	copy := m.copy.Load()
+	if copy == nil {
+		return absent
+	}
+	now := m.nowMs.Load()
+	for i, key := range keys {
+		absent[i] = !copy.filter.contains(copy.hasher.hash(key), now)
+	}
+	return absent
+}
+
 // MayExist answers ABSENT from the local copy when it can (Answer.Local set), else asks the gate through
 // the client (coalesced). The seq a local answer claims is read before the copy: the copy then holds at
 // least that much, and a claim past what the lookup read could let a RecordAbsent stand over a later Add.

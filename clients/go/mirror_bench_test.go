@@ -95,6 +95,7 @@ func BenchmarkMirror10M(b *testing.B) {
 	}
 	b.Run("AbsentLocally", func(b *testing.B) { benchLocal(b, m, keys, 1) })
 	b.Run("AbsentLocallyAllCores", func(b *testing.B) { benchLocal(b, m, keys, runtime.GOMAXPROCS(0)) })
+	b.Run("AbsentLocallyMany64", func(b *testing.B) { benchLocalMany(b, m, keys, 64) })
 	b.Run("MirrorMayExistLocal", func(b *testing.B) { benchMirrorMayExist(b, m, locallyAbsent(m, keys)) })
 	b.Run("GateMayExistCoalesced64", func(b *testing.B) { benchGateMayExist(b, c, gate, keys, 64) })
 	b.Run("Attach", func(b *testing.B) { benchAttach(b, c) })
@@ -133,6 +134,23 @@ func benchLocal(b *testing.B, m *Mirror, keys []string, goroutines int) {
 	b.StopTimer()
 	b.ReportMetric(float64(local.Load())/float64(b.N), "local-share")
 	b.ReportMetric(float64(b.N)/elapsed.Seconds()/float64(goroutines), "lookups/s/goroutine")
+}
+
+// benchLocalMany looks keys up in the mirror batch at a time with AbsentLocallyMany; ns/op is per key.
+func benchLocalMany(b *testing.B, m *Mirror, keys []string, batch int) {
+	local := 0
+	mask := len(keys) - 1
+	b.ResetTimer()
+	for i := 0; i < b.N; i += batch {
+		start := i & mask
+		for _, absent := range m.AbsentLocallyMany(keys[start : start+batch]) {
+			if absent {
+				local++
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(local)/float64((b.N+batch-1)/batch*batch), "local-share")
 }
 
 // locallyAbsent is the keys the mirror answers ABSENT for (the filter's false positives left out), a

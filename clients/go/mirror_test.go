@@ -82,7 +82,8 @@ func numbered(prefix string, n int) []string {
 }
 
 // localAbsences is which of keys the mirror answers ABSENT locally, read under one sub-lease that held
-// throughout (a lapse on a loaded machine makes it read again).
+// throughout (a lapse on a loaded machine makes it read again), one key at a time and all at once: the
+// two must agree.
 func localAbsences(t *testing.T, m *Mirror, keys []string) []bool {
 	t.Helper()
 	for {
@@ -92,7 +93,13 @@ func localAbsences(t *testing.T, m *Mirror, keys []string) []bool {
 		for i, key := range keys {
 			answers[i] = m.AbsentLocally(key)
 		}
+		many := m.AbsentLocallyMany(keys)
 		if m.clock.now() < until && m.client.Stats().MirrorAttaches == attaches {
+			for i := range keys {
+				if many[i] != answers[i] {
+					t.Fatalf("%q: AbsentLocally says %v, AbsentLocallyMany %v", keys[i], answers[i], many[i])
+				}
+			}
 			return answers
 		}
 	}
@@ -334,18 +341,24 @@ func TestAMirrorOfAFrozenGateStopsAnsweringWithinItsSublease(t *testing.T) {
 	}
 	t.Cleanup(func() { gate.cmd.Process.Signal(syscall.SIGCONT) })
 	frozen := m.clock.now()
-	lastLocal := uint64(0)
+	lastLocal := map[string]uint64{"AbsentLocally": 0, "AbsentLocallyMany": 0}
+	never := []string{"never"}
 	for now := m.clock.now(); now < frozen+uint64(3*mirrorSublease); now = m.clock.now() {
 		if m.AbsentLocally("never") {
-			lastLocal = now
+			lastLocal["AbsentLocally"] = now
+		}
+		if m.AbsentLocallyMany(never)[0] {
+			lastLocal["AbsentLocallyMany"] = now
 		}
 	}
-	if lastLocal == 0 {
-		t.Fatal("the mirror never answered locally once the gate was frozen: the check proved nothing")
-	}
-	if lastLocal >= frozen+uint64(mirrorSublease) {
-		t.Fatalf("the mirror answered locally %v after its gate froze, past its sub-lease (%v)",
-			time.Duration(lastLocal-frozen), mirrorSublease)
+	for lookup, last := range lastLocal {
+		if last == 0 {
+			t.Fatalf("%s never answered locally once the gate was frozen: the check proved nothing", lookup)
+		}
+		if last >= frozen+uint64(mirrorSublease) {
+			t.Fatalf("%s answered locally %v after its gate froze, past its sub-lease (%v)",
+				lookup, time.Duration(last-frozen), mirrorSublease)
+		}
 	}
 	if err := gate.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
