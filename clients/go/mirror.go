@@ -53,6 +53,8 @@ type Mirror struct {
 	applied atomic.Uint64
 	// observable is the highest seq a local answer may claim (the latest grant's bound; MaxUint64: none).
 	observable atomic.Uint64
+	// touched keeps what AbsentLocallyMany's early loads read, so that the compiler keeps the loads.
+	touched atomic.Uint64
 
 	// mu guards state, the latest outcome of attaching, and changed, closed and replaced whenever the
 	// mirror's standing changes (for WaitReady).
@@ -126,9 +128,13 @@ func (m *Mirror) AbsentLocallyMany(keys []string) []bool {
 	if copy == nil {
 		return absent
 	}
-	now := m.nowMs.Load()
+	hashes := make([]uint64, len(keys))
 	for i, key := range keys {
-		absent[i] = !copy.filter.contains(copy.hasher.hash(key), now)
+		hashes[i] = copy.hasher.hash(key)
+	}
+	m.touched.Store(copy.filter.containsMany(hashes, m.nowMs.Load(), absent))
+	for i := range absent {
+		absent[i] = !absent[i]
 	}
 	return absent
 }
