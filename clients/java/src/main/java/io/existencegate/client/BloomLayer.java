@@ -74,6 +74,11 @@ final class BloomLayer {
     return (int) (((hash >>> 32) * geometry.blocks()) >>> 32) * WORDS_PER_BLOCK;
   }
 
+  /** The first word of {@code hash}'s block: read ahead of the probes, it brings the block's line in. */
+  long touch(long hash) {
+    return words[blockStart(hash)];
+  }
+
   boolean contains(long hash) {
     int start = blockStart(hash);
     int state = (int) hash;

@@ -74,6 +74,12 @@ public final class Mirror implements AutoCloseable {
   volatile boolean attached;
   /** The status the latest stream ended with; null once a download succeeded. */
   volatile StatusRuntimeException lastError;
+  /**
+   * What a batched lookup's early loads read ({@link WindowedFilter#containsMany}), kept so that the compiler
+   * keeps the loads; plain, since no one reads it.
+   */
+  @SuppressWarnings("unused")
+  private long touched;
 
   Mirror(GateClient client, MirrorOptions options) {
     this.client = client;
@@ -102,7 +108,8 @@ public final class Mirror implements AutoCloseable {
    * {@link #absentLocally(byte[])} for each of {@code keys}, in order, with one reading of the sub-lease and
    * of the clock for them all. The clock is read after the probes, so the answers hold at that later moment
    * too; read once per batch, its fence (the TSC read waits for every load before it) no longer keeps the CPU
-   * from overlapping one key's cache miss with the next's.
+   * from overlapping one key's cache miss with the next's. The blocks of 8 keys at a time are loaded before
+   * they are probed ({@link WindowedFilter#containsMany}), so that their misses overlap.
    */
   public boolean[] absentLocally(byte[][] keys) {
     boolean[] absent = new boolean[keys.length];
@@ -111,9 +118,13 @@ public final class Mirror implements AutoCloseable {
     if (held == null || until == 0) {
       return absent;
     }
-    long at = nowMs;
+    long[] hashes = new long[keys.length];
     for (int i = 0; i < keys.length; i++) {
-      absent[i] = !held.filter().contains(held.hash().hash(keys[i]), at);
+      hashes[i] = held.hash().hash(keys[i]);
+    }
+    touched = held.filter().containsMany(hashes, nowMs, absent);
+    for (int i = 0; i < absent.length; i++) {
+      absent[i] = !absent[i];
     }
     return clock() < until ? absent : new boolean[keys.length];
   }
