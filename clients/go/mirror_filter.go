@@ -322,7 +322,9 @@ func (f *windowedFilter) containsMany(hashes []uint64, nowMs uint64, present []b
 	return touched
 }
 
-// liveContain reports whether any layer of windows contains hash.
+// liveContain reports whether any layer of windows contains hash. (contains keeps its own loop, newest
+// window first, stopping at the first dead one: built on this one, single lookups at 10M keys took 167–192
+// ns against 128 ns side by side.)
 func liveContain(windows []filterWindow, hash uint64) bool {
 	for w := range windows {
 		for _, layer := range windows[w].layers {
