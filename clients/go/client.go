@@ -395,6 +395,12 @@ func (c *GateClient) anotherUp(tried []bool) bool {
 	return false
 }
 
+// firstUp is the first address that is up, or, with every address down, the one down longest: where a
+// mirror attaches.
+func (c *GateClient) firstUp() int {
+	return c.pick(-1, 0, make([]bool, len(c.addrs)), true)
+}
+
 // pick chooses the next address of a call: prefer if up, else the first up and untried one from start
 // (round robin) or from 0 (pick first); on the first attempt with every address down, the one down longest.
 func (c *GateClient) pick(prefer, start int, tried []bool, first bool) int {

@@ -27,10 +27,11 @@ type MirrorOptions struct {
 // every mirror holding a sub-lease has applied it (or that sub-lease has ended), so a mirror never answers
 // ABSENT for an acknowledged key.
 //
-// A goroutine keeps the copy: it attaches to the client's first address, downloads the filter, applies
-// every later Add in seq order and acknowledges each, asks for a sub-lease every quarter of one, and when
-// the stream ends (a restart, a RESYNC after a rebuild) drops the sub-lease at once and attaches again,
-// backing off from 200 ms to 5 s. Lookups are safe from any number of goroutines. Memory: the filter's
+// A goroutine keeps the copy: it attaches to the client's first address that is up, downloads the filter,
+// applies every later Add in seq order and acknowledges each, asks for a sub-lease every quarter of one, and
+// when the stream ends (a restart, a RESYNC after a rebuild) drops the sub-lease at once and attaches again,
+// backing off from 200 ms to 5 s; an address that answered UNAVAILABLE is marked down (1 s) as the client's
+// calls mark it, so the next attach goes to the next address that is up. Lookups are safe from any number of goroutines. Memory: the filter's
 // bytes (the gate's filter_bytes for the namespace).
 type Mirror struct {
 	client  *GateClient
@@ -78,8 +79,8 @@ type mirrorCopy struct {
 	hasher filterHasher
 }
 
-// Mirror makes a mirror of the client's namespace, attached to the client's first address (a single
-// server or a replica with [mirrors] max_per_namespace set; with tokens, the token needs the mirror role).
+// Mirror makes a mirror of the client's namespace, attached to the client's first address that is up (a
+// single server or a replica with [mirrors] max_per_namespace set; with tokens, the token needs the mirror role).
 // It attaches in the background: WaitReady waits until it answers locally. Close it before the client.
 func (c *GateClient) Mirror(options MirrorOptions) (*Mirror, error) {
 	select {

@@ -36,12 +36,16 @@ func (m *Mirror) keep(ctx context.Context) {
 	defer close(m.done)
 	backoff := mirrorFirstBackoff
 	for {
-		err := m.follow(ctx)
+		index := m.client.firstUp()
+		err := m.follow(ctx, index)
 		m.setHoldsUntil(0)
 		m.copy.Store(nil)
 		if ctx.Err() != nil {
 			m.setState(mirrorState{err: closedError()})
 			return
+		}
+		if status.Code(err) == codes.Unavailable {
+			m.client.addrs[index].markDown(time.Now())
 		}
 		if errors.Is(err, errResync) || errors.Is(err, io.EOF) {
 			backoff = mirrorFirstBackoff
@@ -63,12 +67,12 @@ func (m *Mirror) keep(ctx context.Context) {
 	}
 }
 
-// follow attaches to the client's first address, downloads the copy and follows the stream until it ends.
-func (m *Mirror) follow(ctx context.Context) error {
+// follow attaches to the client's address index, downloads the copy and follows the stream until it ends.
+func (m *Mirror) follow(ctx context.Context, index int) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c := m.client
-	stream, err := existencepb.NewMirrorClient(c.addrs[0].conn).Attach(c.withToken(ctx))
+	stream, err := existencepb.NewMirrorClient(c.addrs[index].conn).Attach(c.withToken(ctx))
 	if err != nil {
 		return err
 	}
@@ -95,6 +99,7 @@ func (m *Mirror) follow(ctx context.Context) error {
 	if err := f.acknowledge(header.Seq); err != nil {
 		return err
 	}
+	c.addrs[index].markUp()
 	c.mirrorAttaches.Add(1)
 	m.setState(mirrorState{attached: true})
 	return f.run(ctx, receive(ctx, stream))

@@ -405,6 +405,30 @@ func TestAMirrorOfAKilledGateDropsItsSubleaseAndAttachesToItsSuccessor(t *testin
 	}
 }
 
+// A client of two gates: its mirror attaches to the first; when that one is killed, the mirror marks it
+// down and attaches to the second, answering locally from its filter, never ABSENT for a key it holds.
+func TestAMirrorWhoseGateDiesAttachesToTheNextAddress(t *testing.T) {
+	first, second := mirroredGate(t, ""), mirroredGate(t, "")
+	onSecond := newClient(t, []string{second.addr}, "users", WithDeadline(patience))
+	if _, err := onSecond.Add(context.Background(), []string{"only-on-the-second"}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, []string{first.addr, second.addr}, "users", WithDeadline(patience))
+	m := newMirror(t, c, MirrorOptions{})
+	waitHolding(t, m)
+	waitAbsentLocally(t, m, "only-on-the-second") // the first gate's copy
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the mirror attaches to the second gate", func() bool {
+		return c.Stats().MirrorAttaches >= 2 && m.HoldsSublease()
+	})
+	waitAbsentLocally(t, m, "never")
+	if m.AbsentLocally("only-on-the-second") {
+		t.Fatal("the mirror answered ABSENT for a key the second gate holds: it is not following it")
+	}
+}
+
 // A mirror whose link goes silent keeps no sub-lease past the gate's: an Add through another link waits
 // for that sub-lease to run out at the gate, and when it returns the mirror no longer holds. Once the link
 // passes again the gate's answers to the asks it held back come before the Add (it reads asks first), so
