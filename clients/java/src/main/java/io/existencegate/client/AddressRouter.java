@@ -4,6 +4,7 @@ import io.existencegate.v1.ExistenceGateGrpc;
 import io.grpc.Deadline;
 import io.grpc.Status;
 import io.grpc.stub.StreamObserver;
+import java.nio.channels.ClosedChannelException;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
@@ -14,7 +15,7 @@ import java.util.function.BooleanSupplier;
 
 /**
  * Which gate address each attempt of a client's call goes to: the address policy, the addresses marked down
- * (for 1 s, after UNAVAILABLE or no answer in time) and skipped meanwhile, and the retry on another address.
+ * (for 1 s, after UNAVAILABLE, a connection lost or no answer in time) and skipped meanwhile, and the retry on another address.
  * Shared by a client's calls and its mirrors, so that an address one of them found down is skipped by all.
  */
 final class AddressRouter {
@@ -71,7 +72,7 @@ final class AddressRouter {
 
   /**
    * Starts {@code rpc} on an address chosen by the policy ({@code preferred} first when it is up) and, when
-   * an address answers UNAVAILABLE, or does not answer within half of what is left of {@code callDeadline}
+   * an address answers UNAVAILABLE (or the connection closes under the call), or does not answer within half of what is left of {@code callDeadline}
    * while another address not tried yet is up, marks it down for 1 s and retries on the next address that is
    * up and not tried yet, within {@code callDeadline}. Every other status ends the call as it is.
    */
@@ -112,9 +113,10 @@ final class AddressRouter {
           @Override
           public void onError(Throwable error) {
             Status status = Status.fromThrowable(error);
+            Status lost = connectionLossAsUnavailable(status);
             boolean silent =
                 status.getCode() == Status.Code.DEADLINE_EXCEEDED && !callDeadline.isExpired();
-            if (status.getCode() == Status.Code.UNAVAILABLE || silent) {
+            if (lost.getCode() == Status.Code.UNAVAILABLE || silent) {
               markDown(index);
               int next = callDeadline.isExpired() || closed.getAsBoolean() ? -1 : pick(tried, -1, index);
               if (next >= 0) {
@@ -123,7 +125,8 @@ final class AddressRouter {
                 return;
               }
             }
-            result.completeExceptionally(GateClient.asStatusException(error));
+            result.completeExceptionally(
+                lost == status ? GateClient.asStatusException(error) : lost.asRuntimeException());
           }
 
           @Override
@@ -141,6 +144,28 @@ final class AddressRouter {
 
   private long now() {
     return System.nanoTime() - base;
+  }
+
+  /**
+   * {@code status}, with a connection that closed under the call said as UNAVAILABLE. grpc-java reports a
+   * write to a connection the server's end has closed (a replica killed, a reset) as UNKNOWN "channel
+   * closed", a {@link ClosedChannelException} its cause (grpc/grpc-java#10120), where a refused connect or a
+   * read that ends is UNAVAILABLE. Either way the call got no answer from that address, so it moves on as
+   * after any UNAVAILABLE (an Add twice adds nothing twice), and a caller whose retries ran out sees the
+   * code that says "try again". Any other UNKNOWN (the server's own) is kept as it is.
+   */
+  static Status connectionLossAsUnavailable(Status status) {
+    if (status.getCode() != Status.Code.UNKNOWN) {
+      return status;
+    }
+    for (Throwable cause = status.getCause(); cause != null; cause = cause.getCause()) {
+      if (cause instanceof ClosedChannelException) {
+        return Status.UNAVAILABLE
+            .withDescription("the connection closed under the call (" + status.getDescription() + ")")
+            .withCause(status.getCause());
+      }
+    }
+    return status;
   }
 
   /** Skips {@code index} for a while: it answered UNAVAILABLE, or nothing in time. */

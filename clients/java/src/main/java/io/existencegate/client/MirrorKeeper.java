@@ -93,7 +93,7 @@ final class MirrorKeeper {
           break;
         }
         mirror.lastError = e;
-        if (e.getStatus().getCode() == Status.Code.UNAVAILABLE) {
+        if (AddressRouter.connectionLossAsUnavailable(e.getStatus()).getCode() == Status.Code.UNAVAILABLE) {
           client.router().markDown(index);
         }
       } catch (InterruptedException e) {

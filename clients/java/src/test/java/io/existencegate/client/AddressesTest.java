@@ -9,9 +9,14 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.net.InetAddress;
 import java.net.ServerSocket;
+import java.nio.channels.ClosedChannelException;
+import java.util.ArrayList;
 import java.time.Duration;
 import java.util.List;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
 import org.junit.AfterClass;
 import org.junit.BeforeClass;
 import org.junit.Test;
@@ -72,6 +77,67 @@ public class AddressesTest {
       }
       assertEquals(1, gate.stats().retries());
     }
+  }
+
+  /**
+   * A replica killed under a steady load, five times: the calls it held move on to the live address
+   * (grpc-java reports some of them as UNKNOWN "channel closed", a connection lost, not the server's answer),
+   * so none fails.
+   */
+  @Test
+  public void aKilledAddressCostsNoCall() throws Exception {
+    for (int kill = 0; kill < 5; kill++) {
+      try (GateServer doomed = GateServer.start("multi");
+          GateClient gate =
+              GateClient.builder(doomed.address, server.address)
+                  .namespace("multi")
+                  .coalesceWindow(Duration.ZERO)
+                  .deadline(Duration.ofSeconds(10))
+                  .build()) {
+        AtomicBoolean stop = new AtomicBoolean();
+        AtomicLong calls = new AtomicLong();
+        List<StatusRuntimeException> failed = new CopyOnWriteArrayList<>();
+        List<Thread> callers = new ArrayList<>();
+        for (int c = 0; c < 32; c++) {
+          String prefix = "killed-" + kill + "-" + c + "-";
+          Thread thread = new Thread(() -> {
+            for (int i = 0; !stop.get(); i++) {
+              try {
+                gate.add(List.of(prefix + i));
+                calls.incrementAndGet();
+              } catch (StatusRuntimeException e) {
+                failed.add(e);
+              }
+            }
+          });
+          thread.start();
+          callers.add(thread);
+        }
+        GateServer.eventually("calls answered by both addresses", () -> calls.get() > 400);
+        doomed.signal("KILL");
+        long before = calls.get();
+        GateServer.eventually("calls answered after the kill", () -> calls.get() > before + 400);
+        stop.set(true);
+        for (Thread caller : callers) {
+          caller.join();
+        }
+        assertTrue("calls failed: " + failed, failed.isEmpty());
+      }
+    }
+  }
+
+  @Test
+  public void aConnectionClosedUnderACallIsUnavailableAndAnyOtherUnknownIsKept() {
+    Status closed = Status.UNKNOWN.withDescription("channel closed").withCause(new ClosedChannelException());
+    Status lost = AddressRouter.connectionLossAsUnavailable(closed);
+    assertEquals(Status.Code.UNAVAILABLE, lost.getCode());
+    assertTrue(lost.getDescription(), lost.getDescription().contains("channel closed"));
+    Status wrapped = Status.UNKNOWN.withCause(new IllegalStateException(new ClosedChannelException()));
+    assertEquals(Status.Code.UNAVAILABLE, AddressRouter.connectionLossAsUnavailable(wrapped).getCode());
+    Status servers = Status.UNKNOWN.withDescription("the handler threw");
+    assertEquals(servers, AddressRouter.connectionLossAsUnavailable(servers));
+    Status internal = Status.INTERNAL.withCause(new ClosedChannelException());
+    assertEquals(internal, AddressRouter.connectionLossAsUnavailable(internal));
   }
 
   @Test
