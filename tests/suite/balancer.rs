@@ -501,7 +501,7 @@ fn assert_lost_at_most(
     for library in libraries {
         let lost = library.between(from, to);
         eprintln!(
-            "{event}: the {} library lost {} calls",
+            "{event} ({from}..{to}): the {} library lost {} calls",
             library.lang,
             lost.len()
         );
@@ -523,6 +523,9 @@ async fn finish_drivers(drivers: Vec<LoadDriver>) -> Vec<DriverReport> {
             "{} library: {} calls, {} failed, {} false ABSENT",
             report.lang, report.calls, report.failed, report.false_absent
         );
+        for (at, what) in &report.events {
+            eprintln!("  {} at {at}: {what}", report.lang);
+        }
         reports.push(report);
     }
     reports
