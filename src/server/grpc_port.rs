@@ -18,6 +18,7 @@ use crate::service::access::{Access, GrpcResponse, InFlightLimitLayer};
 use crate::service::add_request::AddRoute;
 use crate::service::admin::AdminService;
 use crate::service::auth::Authorizer;
+use crate::service::deadline::DeadlineLayer;
 use crate::service::grpc::GateService;
 use crate::service::lifecycle::Lifecycle;
 use crate::service::listener::{Incoming, Plaintext};
@@ -74,6 +75,7 @@ pub(super) fn serve(
                 .layer(tower::util::MapResponseLayer::new(
                     client_errors_as_client_errors as fn(GrpcResponse) -> GrpcResponse,
                 ))
+                .layer(DeadlineLayer::new(limits.request_timeout))
                 .layer(InFlightLimitLayer::new(limits.max_in_flight)),
         )
         .add_service(health_service)

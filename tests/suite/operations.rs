@@ -199,7 +199,7 @@ async fn readiness(routes: &axum::Router) -> u16 {
 #[tokio::test]
 async fn the_binary_shuts_down_gracefully_on_sigterm() {
     let data_dir = tempfile::tempdir().unwrap();
-    let (mut child, channel) = spawned(data_dir.path(), "").await;
+    let (mut child, channel) = spawned(data_dir.path(), "", &[]).await;
     let mut client =
         existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
     let mut stream = client
@@ -227,15 +227,17 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
     assert!(exit.success(), "exit status {exit:?}");
 }
 
-/// The binary on `dir` with `FAILPOINTS=faults`, and a channel to its gRPC port as soon as it is bound (before
-/// the state is loaded); its output is read on, so that it never blocks on a full pipe.
+/// The binary on `dir` with `FAILPOINTS=faults` and `extra` arguments, and a channel to its gRPC port as soon
+/// as it is bound (before the state is loaded); its output is read on, so that it never blocks on a full pipe.
 async fn spawned(
     dir: &std::path::Path,
     faults: &str,
+    extra: &[&std::ffi::OsStr],
 ) -> (tokio::process::Child, tonic::transport::Channel) {
     let mut child = common::binary::serve()
         .arg("--data-dir")
         .arg(dir)
+        .args(extra)
         .env("FAILPOINTS", faults)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -397,7 +399,7 @@ async fn resp_connection(address: &str) -> tokio::net::TcpStream {
 #[tokio::test]
 async fn an_add_sent_while_the_state_loads_waits_for_it() {
     let data_dir = tempfile::tempdir().unwrap();
-    let (mut child, channel) = spawned(data_dir.path(), "recovery-start=sleep(1500)").await;
+    let (mut child, channel) = spawned(data_dir.path(), "recovery-start=sleep(1500)", &[]).await;
     let mut health = HealthClient::new(channel.clone());
     let status = health
         .check(HealthCheckRequest {
@@ -420,6 +422,40 @@ async fn an_add_sent_while_the_state_loads_waits_for_it() {
         "sent while loading: it waits for the state",
     )
     .await;
+    child.kill().await.unwrap();
+}
+
+/// An `Add` held past the server's deadline (here: sent while the state loads, to a server whose
+/// `request_timeout` is 300 ms, shorter than the client's 20 s) ends `DEADLINE_EXCEEDED` at 300 ms, naming
+/// the deadline; not tonic's `CANCELLED: Timeout expired`, which client libraries take for the caller's own
+/// cancellation and do not retry on another address.
+#[tokio::test]
+async fn a_call_held_past_its_deadline_ends_deadline_exceeded() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = common::replicas::config_file(
+        config_dir.path(),
+        "[limits]\nrequest_timeout = \"300ms\"\n\n[namespaces.default]\nexpected_keys = 1000\n",
+    );
+    let (mut child, channel) = spawned(
+        data_dir.path(),
+        "recovery-start=sleep(5000)",
+        &["--config".as_ref(), config.as_os_str()],
+    )
+    .await;
+    let mut client =
+        existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
+    let mut add = tonic::Request::new(AddRequest {
+        keys: vec![Bytes::from_static(b"held-past-its-deadline")],
+        ..Default::default()
+    });
+    add.set_timeout(Duration::from_secs(20));
+    let status = client
+        .add(add)
+        .await
+        .expect_err("the state loads for 5 s: the Add is held past the server's 300 ms");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("300ms"), "{status:?}");
     child.kill().await.unwrap();
 }
 

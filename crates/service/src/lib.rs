@@ -4,7 +4,8 @@
 //!   [`request_keys`]: a request's keys as sent (repeated, packed, or an `Add` read straight into one
 //!   buffer); [`add_request`]: the `Add` method served from that, in front of the generated server.
 //! - [`admin`]: stats, snapshots, rebuild.
-//! - [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both.
+//! - [`access`] and [`auth`]: shutdown refusal, load shedding and bearer tokens in front of both;
+//!   [`deadline`]: a call past its deadline ends `DEADLINE_EXCEEDED`, not tonic's `CANCELLED`.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`listener`]: accepting connections — backoff at the descriptor limit, a deadline for the handshake.
 //! - [`lifecycle`]: the one state (loading, ready, failed, draining) that health, `/readyz` and admin read.
@@ -25,6 +26,7 @@ pub mod access;
 pub mod add_request;
 pub mod admin;
 pub mod auth;
+pub mod deadline;
 pub mod grpc;
 pub mod http;
 pub mod lifecycle;
