@@ -38,6 +38,26 @@ def eventually(condition, timeout=30.0, interval=0.01):
         time.sleep(interval)
 
 
+def concurrently(n, fn):
+    """Runs fn(i) in n threads released together; returns the results (or exceptions) in order."""
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = fn(i)
+        except BaseException as error:  # noqa: B902 - handed back to the test
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
 def closed_port_address():
     """An address nothing listens on: a port bound, noted and closed."""
     sock = socket.socket()

@@ -4,7 +4,6 @@ import asyncio
 import concurrent.futures as cf
 import subprocess
 import os
-import threading
 import time
 
 import grpc
@@ -14,7 +13,7 @@ from existence_gate_client import AbsenceKind, GateClient, GateError, RecordOutc
 from existence_gate_client._gen import existence_pb2 as pb
 from existence_gate_client._gen import existence_pb2_grpc as pb_grpc
 
-from conftest import closed_port_address, eventually
+from conftest import closed_port_address, concurrently, eventually
 
 
 def unary_answer(gate, namespace, key):
@@ -36,26 +35,6 @@ def hold_a_batch(client, timeout):
     held = client.may_exist_future("held", timeout=timeout)
     assert eventually(lambda: client.stats().gate_calls == 1), client.stats()
     return held
-
-
-def concurrently(n, fn):
-    """Runs fn(i) in n threads released together; returns the results (or exceptions) in order."""
-    barrier = threading.Barrier(n)
-    results = [None] * n
-
-    def run(i):
-        barrier.wait()
-        try:
-            results[i] = fn(i)
-        except BaseException as error:  # noqa: B902 - handed back to the test
-            results[i] = error
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return results
 
 
 def test_concurrent_lookups_are_coalesced_and_match_unary_answers(gate, namespace):

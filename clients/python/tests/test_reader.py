@@ -10,7 +10,7 @@ from existence_gate_client import DELETED, Answer, GateClient, GatedReader
 from existence_gate_client._gen import existence_pb2 as pb
 from existence_gate_client._gen import existence_pb2_grpc as pb_grpc
 
-from conftest import closed_port_address, eventually
+from conftest import closed_port_address, concurrently, eventually
 
 
 class Source:
@@ -89,14 +89,11 @@ def test_concurrent_reads_of_one_key_share_one_source_read(gate, namespace, read
     source.delay = 0.3
     # A window wide enough for eight threads started together to share calls on a loaded machine (5 ms let
     # each thread make its own call when the cores were busy).
+    # The eight are released together: started one by one, each thread could make its own lookup and have
+    # its answer before the next one started, on a loaded machine.
     reader = reader_for(gate.grpc_addr, namespace, source, coalesce_window=0.25)
     reader.add(["slow"])
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(reader.get("slow"))) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    results = concurrently(8, lambda i: reader.get("slow"))
     assert results == ["value"] * 8
     assert source.reads == {"slow": 1}
     stats = reader.stats()
