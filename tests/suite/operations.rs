@@ -199,7 +199,7 @@ async fn readiness(routes: &axum::Router) -> u16 {
 #[tokio::test]
 async fn the_binary_shuts_down_gracefully_on_sigterm() {
     let data_dir = tempfile::tempdir().unwrap();
-    let (mut child, channel) = spawned(data_dir.path(), "", &[]).await;
+    let (mut child, channel, _) = spawned(data_dir.path(), "", &[]).await;
     let mut client =
         existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
     let mut stream = client
@@ -228,12 +228,13 @@ async fn the_binary_shuts_down_gracefully_on_sigterm() {
 }
 
 /// The binary on `dir` with `FAILPOINTS=faults` and `extra` arguments, and a channel to its gRPC port as soon
-/// as it is bound (before the state is loaded); its output is read on, so that it never blocks on a full pipe.
+/// as it is bound (before the state is loaded), and that port's address; its output is read on, so that it
+/// never blocks on a full pipe.
 async fn spawned(
     dir: &std::path::Path,
     faults: &str,
     extra: &[&std::ffi::OsStr],
-) -> (tokio::process::Child, tonic::transport::Channel) {
+) -> (tokio::process::Child, tonic::transport::Channel, String) {
     let mut child = common::binary::serve()
         .arg("--data-dir")
         .arg(dir)
@@ -260,7 +261,7 @@ async fn spawned(
         .connect()
         .await
         .unwrap();
-    (child, channel)
+    (child, channel, grpc_addr)
 }
 
 /// Adds `key` and looks it up: both answered (`when` says when, for the failure message), and the key found.
@@ -399,7 +400,7 @@ async fn resp_connection(address: &str) -> tokio::net::TcpStream {
 #[tokio::test]
 async fn an_add_sent_while_the_state_loads_waits_for_it() {
     let data_dir = tempfile::tempdir().unwrap();
-    let (mut child, channel) = spawned(data_dir.path(), "recovery-start=sleep(1500)", &[]).await;
+    let (mut child, channel, _) = spawned(data_dir.path(), "recovery-start=sleep(1500)", &[]).await;
     let mut health = HealthClient::new(channel.clone());
     let status = health
         .check(HealthCheckRequest {
@@ -437,7 +438,7 @@ async fn a_call_held_past_its_deadline_ends_deadline_exceeded() {
         config_dir.path(),
         "[limits]\nrequest_timeout = \"300ms\"\n\n[namespaces.default]\nexpected_keys = 1000\n",
     );
-    let (mut child, channel) = spawned(
+    let (mut child, channel, _) = spawned(
         data_dir.path(),
         "recovery-start=sleep(5000)",
         &["--config".as_ref(), config.as_os_str()],
@@ -457,6 +458,43 @@ async fn a_call_held_past_its_deadline_ends_deadline_exceeded() {
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert!(status.message().contains("300ms"), "{status:?}");
     child.kill().await.unwrap();
+}
+
+/// The Rust library moves an `Add` that a gate held past that gate's deadline (a replica still loading,
+/// with `request_timeout` 300 ms) to its next address, where it is acknowledged, well within the call's own
+/// 10 s deadline; that first address is then skipped while down.
+#[tokio::test]
+async fn the_rust_library_moves_a_call_a_gate_held_past_its_deadline_to_the_next_address() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = common::replicas::config_file(
+        config_dir.path(),
+        "[limits]\nrequest_timeout = \"300ms\"\n\n[namespaces.default]\nexpected_keys = 1000\n",
+    );
+    let (mut loading, _, loading_address) = spawned(
+        data_dir.path(),
+        "recovery-start=sleep(30000)",
+        &["--config".as_ref(), config.as_os_str()],
+    )
+    .await;
+    let live = start("").await;
+    let options = existence_gate_client::ClientOptions {
+        deadline: Duration::from_secs(10),
+        address_policy: existence_gate_client::AddressPolicy::PickFirst,
+        down_for: Duration::from_secs(600),
+        ..existence_gate_client::ClientOptions::namespace("")
+    };
+    let addresses = [loading_address, live.grpc_addr.to_string()];
+    let client = existence_gate_client::GateClient::new(addresses, options).unwrap();
+    for i in 0..3 {
+        client
+            .add([Bytes::from(format!("moved-on-{i}"))])
+            .await
+            .unwrap_or_else(|status| panic!("Add {i}: {status:?}"));
+    }
+    assert_eq!(client.stats().retries, 1, "the held address tried once");
+    loading.kill().await.unwrap();
+    live.stop().await.unwrap();
 }
 
 /// `existence-gate probe` exits 0 only for a SERVING server (container HEALTHCHECKs and scripts rely on it).

@@ -174,11 +174,14 @@ impl Endpoints {
             let attempt_ends = Instant::now() + budget;
             let client = self.addresses[index].client.clone();
             let answered = tokio::time::timeout(budget, call(client, budget)).await;
-            // tonic's own timer, set from the request's `grpc-timeout`, ends the call as CANCELLED.
+            // tonic's own timer, set from the request's `grpc-timeout`, ends the call as CANCELLED; the gate
+            // ends a call it held past its deadline (this attempt's, or its `request_timeout` if shorter) as
+            // DEADLINE_EXCEEDED: either way this address gave no answer in time, and the call moves on.
             let timed_out = match &answered {
                 Err(_) => true,
                 Ok(Err(status)) => {
-                    status.code() == Code::Cancelled && Instant::now() >= attempt_ends
+                    status.code() == Code::DeadlineExceeded
+                        || (status.code() == Code::Cancelled && Instant::now() >= attempt_ends)
                 }
                 Ok(Ok(_)) => false,
             };
