@@ -426,26 +426,48 @@ async fn an_add_sent_while_the_state_loads_waits_for_it() {
     child.kill().await.unwrap();
 }
 
+/// A server whose state takes `load_ms` to load (fault point `recovery-start`) and whose `request_timeout` is
+/// 300 ms, serving namespace `default` meanwhile: a call to it is held past its deadline.
+struct Loading {
+    child: tokio::process::Child,
+    channel: tonic::transport::Channel,
+    address: String,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+impl Loading {
+    async fn for_ms(load_ms: u64) -> Self {
+        let data_dir = tempfile::tempdir().unwrap();
+        let config_dir = tempfile::tempdir().unwrap();
+        let config = common::replicas::config_file(
+            config_dir.path(),
+            "[limits]\nrequest_timeout = \"300ms\"\n\n[namespaces.default]\nexpected_keys = 1000\n",
+        );
+        let (child, channel, address) = spawned(
+            data_dir.path(),
+            &format!("recovery-start=sleep({load_ms})"),
+            &["--config".as_ref(), config.as_os_str()],
+        )
+        .await;
+        Self {
+            child,
+            channel,
+            address,
+            _dirs: [data_dir, config_dir],
+        }
+    }
+}
+
 /// An `Add` held past the server's deadline (here: sent while the state loads, to a server whose
 /// `request_timeout` is 300 ms, shorter than the client's 20 s) ends `DEADLINE_EXCEEDED` at 300 ms, naming
 /// the deadline; not tonic's `CANCELLED: Timeout expired`, which client libraries take for the caller's own
 /// cancellation and do not retry on another address.
 #[tokio::test]
 async fn a_call_held_past_its_deadline_ends_deadline_exceeded() {
-    let data_dir = tempfile::tempdir().unwrap();
-    let config_dir = tempfile::tempdir().unwrap();
-    let config = common::replicas::config_file(
-        config_dir.path(),
-        "[limits]\nrequest_timeout = \"300ms\"\n\n[namespaces.default]\nexpected_keys = 1000\n",
+    let mut loading = Loading::for_ms(5000).await;
+    let mut client = existence_gate::proto::existence_gate_client::ExistenceGateClient::new(
+        loading.channel.clone(),
     );
-    let (mut child, channel, _) = spawned(
-        data_dir.path(),
-        "recovery-start=sleep(5000)",
-        &["--config".as_ref(), config.as_os_str()],
-    )
-    .await;
-    let mut client =
-        existence_gate::proto::existence_gate_client::ExistenceGateClient::new(channel);
     let mut add = tonic::Request::new(AddRequest {
         keys: vec![Bytes::from_static(b"held-past-its-deadline")],
         ..Default::default()
@@ -457,7 +479,7 @@ async fn a_call_held_past_its_deadline_ends_deadline_exceeded() {
         .expect_err("the state loads for 5 s: the Add is held past the server's 300 ms");
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert!(status.message().contains("300ms"), "{status:?}");
-    child.kill().await.unwrap();
+    loading.child.kill().await.unwrap();
 }
 
 /// The Rust library moves an `Add` that a gate held past that gate's deadline (a replica still loading,
@@ -465,18 +487,7 @@ async fn a_call_held_past_its_deadline_ends_deadline_exceeded() {
 /// 10 s deadline; that first address is then skipped while down.
 #[tokio::test]
 async fn the_rust_library_moves_a_call_a_gate_held_past_its_deadline_to_the_next_address() {
-    let data_dir = tempfile::tempdir().unwrap();
-    let config_dir = tempfile::tempdir().unwrap();
-    let config = common::replicas::config_file(
-        config_dir.path(),
-        "[limits]\nrequest_timeout = \"300ms\"\n\n[namespaces.default]\nexpected_keys = 1000\n",
-    );
-    let (mut loading, _, loading_address) = spawned(
-        data_dir.path(),
-        "recovery-start=sleep(30000)",
-        &["--config".as_ref(), config.as_os_str()],
-    )
-    .await;
+    let mut loading = Loading::for_ms(30_000).await;
     let live = start("").await;
     let options = existence_gate_client::ClientOptions {
         deadline: Duration::from_secs(10),
@@ -484,7 +495,7 @@ async fn the_rust_library_moves_a_call_a_gate_held_past_its_deadline_to_the_next
         down_for: Duration::from_secs(600),
         ..existence_gate_client::ClientOptions::namespace("")
     };
-    let addresses = [loading_address, live.grpc_addr.to_string()];
+    let addresses = [loading.address.clone(), live.grpc_addr.to_string()];
     let client = existence_gate_client::GateClient::new(addresses, options).unwrap();
     for i in 0..3 {
         client
@@ -493,7 +504,7 @@ async fn the_rust_library_moves_a_call_a_gate_held_past_its_deadline_to_the_next
             .unwrap_or_else(|status| panic!("Add {i}: {status:?}"));
     }
     assert_eq!(client.stats().retries, 1, "the held address tried once");
-    loading.kill().await.unwrap();
+    loading.child.kill().await.unwrap();
     live.stop().await.unwrap();
 }
 
