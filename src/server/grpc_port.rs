@@ -67,7 +67,6 @@ pub(super) fn serve(
     let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_max_pending_accept_reset_streams(Some(PENDING_ACCEPT_RESETS))
-        .timeout(limits.request_timeout)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .layer(

@@ -11,9 +11,12 @@
 //! library's own timer fired, and the `Add` failed instead of moving on: 3 `Add`s in one rolling restart
 //! of the balancer test, against a bound of 4.
 //!
-//! How: this layer sits inside tonic's timeout, and its timer starts first with the same duration. Its
-//! deadline is never later than tonic's, and tonic polls the call before its own timer. So this layer's
-//! answer always wins, with the deadline's length in the message.
+//! How: this layer sits inside tonic's timeout, and its timer starts first. tonic's server is given no
+//! `Server::timeout`: this layer enforces `request_timeout`, so a call that sends no `grpc-timeout` has one
+//! timer, as before. A call that sends one has tonic's timer too, set from the header alone, while this
+//! layer's is the shorter of the header and `request_timeout`. So this layer's deadline is never later
+//! than tonic's, and tonic polls the call before its own timer: this layer's answer always wins, with the
+//! deadline's length in the message. (A timer costs a call about 95 ns, measured apart from the gate.)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,8 +36,9 @@ pub struct DeadlineLayer {
 }
 
 impl DeadlineLayer {
-    /// Calls end at their client's deadline, and at `request_timeout` at the latest: tonic's
-    /// `Server::timeout` must be given the same value, so that this layer's timer is never the later one.
+    /// Calls end at their client's deadline, and at `request_timeout` at the latest. tonic's
+    /// `Server::timeout` must not be set shorter (it is not set at all), so that this layer's timer is never
+    /// the later one.
     pub fn new(request_timeout: Duration) -> Self {
         Self { request_timeout }
     }
