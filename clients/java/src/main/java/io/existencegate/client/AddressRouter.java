@@ -15,8 +15,9 @@ import java.util.function.BooleanSupplier;
 
 /**
  * Which gate address each attempt of a client's call goes to: the address policy, the addresses marked down
- * (for 1 s, after UNAVAILABLE, a connection lost or no answer in time) and skipped meanwhile, and the retry on another address.
- * Shared by a client's calls and its mirrors, so that an address one of them found down is skipped by all.
+ * (for 1 s, after UNAVAILABLE, a connection lost or no answer in time) and skipped meanwhile, and the retry
+ * on another address. Shared by a client's calls and its mirrors, so that an address one of them found down
+ * is skipped by all.
  */
 final class AddressRouter {
   /** How long an address that answered UNAVAILABLE is skipped. */
@@ -72,9 +73,10 @@ final class AddressRouter {
 
   /**
    * Starts {@code rpc} on an address chosen by the policy ({@code preferred} first when it is up) and, when
-   * an address answers UNAVAILABLE (or the connection closes under the call), or does not answer within half of what is left of {@code callDeadline}
-   * while another address not tried yet is up, marks it down for 1 s and retries on the next address that is
-   * up and not tried yet, within {@code callDeadline}. Every other status ends the call as it is.
+   * an address answers UNAVAILABLE (or the connection closes under the call), or does not answer within half
+   * of what is left of {@code callDeadline} while another address not tried yet is up, marks it down for 1 s
+   * and retries on the next address that is up and not tried yet, within {@code callDeadline}. Every other
+   * status ends the call as it is.
    */
   <R> CompletableFuture<Answered<R>> invoke(Rpc<R> rpc, Deadline callDeadline, int preferred, Runnable onAttempt) {
     CompletableFuture<Answered<R>> result = new CompletableFuture<>();
